@@ -1,0 +1,29 @@
+# Two entry points (see README): `make demo` runs the main job on embedded defaults, `make test` runs the suite.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+
+.PHONY: demo test lint bench install
+
+$(BIN)/guardian: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[dev]'
+	touch $(BIN)/guardian
+
+install: $(BIN)/guardian
+
+demo: install
+	$(BIN)/guardian demo
+
+lint: install
+	$(BIN)/ruff check guardian tests bench
+	$(BIN)/ruff format --check guardian tests bench
+	$(BIN)/mypy
+
+test: lint
+	$(BIN)/pytest -q
+
+bench: install
+	$(BIN)/python bench/detection.py
+	$(BIN)/python bench/ingest.py

@@ -1,0 +1,5 @@
+import sys
+
+from guardian.cli import main
+
+sys.exit(main())

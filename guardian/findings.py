@@ -1,0 +1,48 @@
+"""What a health check says about a run at a step."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import IntEnum
+
+EvidenceValue = float | int | str | None
+
+
+class Severity(IntEnum):
+    """A check's verdict at a step, ordered so that max() picks the worst."""
+
+    UNKNOWN = -1  # the signals the check needs are missing, or too few steps to judge yet
+    OK = 0
+    WARN = 1
+    CRITICAL = 2
+
+    @property
+    def label(self) -> str:
+        return self.name.lower()
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    """One check's verdict at one step.
+
+    ``onset_step`` estimates where the trouble began (for choosing a rollback target); ``evidence``
+    holds the numbers the verdict rests on, so an incident can be read without re-running the checks.
+    """
+
+    check: str
+    severity: Severity
+    step: int | None
+    message: str
+    onset_step: int | None = None
+    evidence: Mapping[str, EvidenceValue] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "check": self.check,
+            "severity": self.severity.label,
+            "step": self.step,
+            "onset_step": self.onset_step,
+            "message": self.message,
+            "evidence": dict(self.evidence),
+        }

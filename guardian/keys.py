@@ -1,0 +1,133 @@
+"""Every metric key the guardian reads, in one place.
+
+A *signal* is a health quantity the checks reason about (entropy, KL to the reference, reward …).
+Each signal maps to the verl keys that can carry it, in priority order: the first alias present in a
+step's record wins. Aliases cover verl versions (``actor/entropy`` in 0.9.1, ``actor/entropy_loss`` in
+runs from 2025) and, last and clearly marked, the names used by the other frameworks whose runs ship
+in the calibration traces (AReaL, miles, TinyZero's per-micro-batch monitor).
+
+Sources: ../shared/docs/verl-0.9.1-facts.md §1 (metric keys), §1.8 (effective group ratio), §5 (dumps).
+No other module spells a metric key as a string literal; they import the names below.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from enum import StrEnum
+
+
+class Signal(StrEnum):
+    """Health signals, named after what they measure, not after a verl key."""
+
+    ENTROPY = "entropy"
+    KL = "kl"
+    LOG_PPL = "log_ppl"
+    REWARD = "reward"
+    REWARD_MAX = "reward_max"
+    REWARD_MIN = "reward_min"
+    LENGTH_MEAN = "length_mean"
+    LENGTH_MAX = "length_max"
+    LENGTH_CLIP_RATIO = "length_clip_ratio"
+    TRUNCATION = "truncation"
+    GRAD_NORM = "grad_norm"
+    LOSS = "loss"
+    LR = "lr"
+    PG_CLIPFRAC = "pg_clipfrac"
+    STEP_TIME = "step_time"
+    EGR = "egr"
+    GROUPS_ALL_ZERO = "groups_all_zero"
+    GROUPS_ALL_ONE = "groups_all_one"
+    GROUP_REWARD_STD = "group_reward_std"
+    FILTER_EVICTED = "filter_evicted"
+
+
+# Keys the guardian itself adds to a step's record (computed from rollout dumps). The ``guardian/``
+# prefix keeps them apart from anything verl writes.
+EGR_KEY = "guardian/rollout/effective_group_ratio"
+ALL_ZERO_KEY = "guardian/rollout/all_zero_group_fraction"
+ALL_ONE_KEY = "guardian/rollout/all_one_group_fraction"
+GROUP_STD_KEY = "guardian/rollout/mean_group_reward_std"
+GROUPS_KEY = "guardian/rollout/groups"
+SAMPLES_KEY = "guardian/rollout/samples"
+ROLLOUT_KEYS: tuple[str, ...] = (EGR_KEY, ALL_ZERO_KEY, ALL_ONE_KEY, GROUP_STD_KEY, GROUPS_KEY, SAMPLES_KEY)
+
+# verl's own step counter inside the data dict (facts §1.3); the line's "step" field is authoritative.
+GLOBAL_STEP_KEY = "training/global_step"
+
+# verl keys per signal, newest verl first.
+VERL_ALIASES: dict[Signal, tuple[str, ...]] = {
+    # old-policy token entropy (0.9.1); older verl logged it as entropy_loss (facts §1.1, traces dstack/verlnb)
+    Signal.ENTROPY: ("actor/entropy", "actor/entropy_loss"),
+    # KL to the reference: kl loss (use_kl_loss), in-reward penalty (use_kl_in_reward), pre-2025 critic/kl
+    Signal.KL: ("actor/kl_loss", "actor/reward_kl_penalty", "critic/kl"),
+    # mean -log pi per token of the sampled responses under the old policy (facts §1.4)
+    Signal.LOG_PPL: ("rollout_corr/training_log_ppl",),
+    Signal.REWARD: ("critic/score/mean", "critic/rewards/mean"),
+    Signal.REWARD_MAX: ("critic/score/max", "critic/rewards/max"),
+    Signal.REWARD_MIN: ("critic/score/min", "critic/rewards/min"),
+    Signal.LENGTH_MEAN: ("response_length/mean",),
+    Signal.LENGTH_MAX: ("response_length/max",),
+    # V0: truncation rate; V1: fraction at the batch max (facts gotcha 7) - see checks/length.py
+    Signal.LENGTH_CLIP_RATIO: ("response_length/clip_ratio",),
+    Signal.TRUNCATION: (),
+    Signal.GRAD_NORM: ("actor/grad_norm",),
+    Signal.LOSS: ("actor/pg_loss", "actor/loss"),
+    Signal.LR: ("actor/lr",),
+    Signal.PG_CLIPFRAC: ("actor/pg_clipfrac",),
+    Signal.STEP_TIME: ("timing_s/step", "perf/time_per_step"),
+    Signal.EGR: (EGR_KEY,),
+    Signal.GROUPS_ALL_ZERO: (ALL_ZERO_KEY,),
+    Signal.GROUPS_ALL_ONE: (ALL_ONE_KEY,),
+    Signal.GROUP_REWARD_STD: (GROUP_STD_KEY,),
+    # DAPO dynamic sampling (V1, filter_groups.enable): groups evicted for zero variance (facts §1.8)
+    Signal.FILTER_EVICTED: ("training/filter_groups/evicted_samples",),
+}
+
+# Names used by non-verl runs in the calibration traces (AReaL, miles, TinyZero monitor, TRL-style).
+# Lowest priority: a verl key always wins.
+OTHER_FRAMEWORK_ALIASES: dict[Signal, tuple[str, ...]] = {
+    Signal.ENTROPY: ("entropy", "entropy_mb0"),
+    Signal.KL: ("kl", "kl_mb0"),
+    Signal.REWARD: ("train reward", "reward", "score"),
+    Signal.LENGTH_MEAN: ("resp_len", "seq_len"),
+    Signal.TRUNCATION: ("trunc",),
+    Signal.GRAD_NORM: ("grad_norm",),
+}
+
+ALIASES: dict[Signal, tuple[str, ...]] = {
+    signal: VERL_ALIASES[signal] + OTHER_FRAMEWORK_ALIASES.get(signal, ()) for signal in Signal
+}
+
+# Signals whose non-finite value means the numbers themselves broke (NaN/inf, written as null by verl).
+NUMERIC_HEALTH_SIGNALS: tuple[Signal, ...] = (
+    Signal.GRAD_NORM,
+    Signal.LOSS,
+    Signal.ENTROPY,
+    Signal.KL,
+    Signal.LOG_PPL,
+    Signal.REWARD,
+)
+# Every raw key whose non-finite value the non-finite check reports (all aliases of the signals above
+# plus the per-micro-batch twins some forks log).
+NON_FINITE_WATCHED_KEYS: frozenset[str] = frozenset(
+    key for signal in NUMERIC_HEALTH_SIGNALS for key in ALIASES[signal]
+) | frozenset({"entropy_mb1", "kl_mb1"})
+
+
+def resolve(signal: Signal, data: Mapping[str, float]) -> tuple[str, float] | None:
+    """The first alias of ``signal`` present in ``data``, with its value; None when absent."""
+    for key in ALIASES[signal]:
+        if key in data:
+            return key, data[key]
+    return None
+
+
+def signals_present(keys: set[str] | frozenset[str]) -> dict[Signal, str]:
+    """Which signals a run has, and the key that carries each (for the start-up report)."""
+    found: dict[Signal, str] = {}
+    for signal in Signal:
+        for key in ALIASES[signal]:
+            if key in keys:
+                found[signal] = key
+                break
+    return found

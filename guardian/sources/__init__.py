@@ -1,0 +1,1 @@
+"""Readers of what a verl run writes: metrics JSONL, console lines, rollout dumps."""
