@@ -19,7 +19,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from guardian.keys import ALIASES, Signal
+from guardian.keys import ALIASES, EGR_KEY, NON_FINITE_WATCHED_KEYS, Signal, resolve
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,11 +45,13 @@ class Arrival(StrEnum):
 class Series:
     """One signal's values by step, steps strictly increasing."""
 
-    __slots__ = ("steps", "values")
+    __slots__ = ("_smoothed", "steps", "values")
 
     def __init__(self) -> None:
         self.steps: list[int] = []
         self.values: list[float] = []
+        # window -> rolling median of finite values ending at each position (extended lazily)
+        self._smoothed: dict[int, list[float]] = {}
 
     def __len__(self) -> int:
         return len(self.steps)
@@ -65,11 +67,24 @@ class Series:
         else:
             self.steps.insert(i, step)
             self.values.insert(i, value)
+        self._forget_smoothed_from(i)
 
     def truncate_after(self, step: int) -> None:
         i = bisect_right(self.steps, step)
         del self.steps[i:]
         del self.values[i:]
+        self._forget_smoothed_from(i)
+
+    def _forget_smoothed_from(self, position: int) -> None:
+        for cached in self._smoothed.values():
+            del cached[position:]
+
+    def smoothed(self, window: int) -> list[float]:
+        """Rolling median (finite values only, NaN where none) over ``window`` points, per position."""
+        cached = self._smoothed.setdefault(window, [])
+        for i in range(len(cached), len(self.values)):
+            cached.append(median(self.finite(i - window + 1, i + 1)))
+        return cached
 
     def finite(self, start: int, stop: int) -> list[float]:
         """Finite values at positions [start, stop)."""
@@ -85,10 +100,19 @@ class RunHistory:
 
     series: dict[Signal, Series] = field(default_factory=lambda: {s: Series() for s in Signal})
     last_step: int | None = None
+    # the metric steps of the active timeline, increasing
+    steps: list[int] = field(default_factory=list)
     branch: int = 0
     keys_seen: set[str] = field(default_factory=set)
-    # wall-clock arrival of each step's first line (for stall detection); None where unknown
+    # wall-clock arrival of each step's first line (for stall detection)
     arrivals: dict[int, float] = field(default_factory=dict)
+    # data.max_response_length when known; else the longest response seen stands in for it
+    length_cap: float | None = None
+    # data.train_batch_size when known: lets EGR be estimated from DAPO eviction counts
+    train_batch_size: int | None = None
+    _longest_seen: float = 0.0
+    # steps whose watched keys (keys.NON_FINITE_WATCHED_KEYS) were NaN/inf/null, and which keys
+    non_finite: dict[int, frozenset[str]] = field(default_factory=dict)
 
     def add(self, record: StepRecord, arrived_at: float | None = None) -> Arrival:
         """Add a metric line. Returns what it did to the timeline."""
@@ -96,6 +120,7 @@ class RunHistory:
         if self.last_step is None or step > self.last_step:
             outcome = Arrival.NEW_STEP
             self.last_step = step
+            self.steps.append(step)
             if arrived_at is not None:
                 self.arrivals[step] = arrived_at
         elif step == self.last_step:
@@ -105,8 +130,12 @@ class RunHistory:
             self.branch += 1
             for s in self.series.values():
                 s.truncate_after(step)
-            for later in [k for k in self.arrivals if k > step]:
-                del self.arrivals[later]
+            del self.steps[bisect_right(self.steps, step) :]
+            if not self.steps or self.steps[-1] != step:
+                self.steps.append(step)
+            for table in (self.arrivals, self.non_finite):
+                for later in [k for k in table if k > step]:
+                    del table[later]
             self.last_step = step
             if arrived_at is not None:
                 self.arrivals[step] = arrived_at
@@ -119,12 +148,34 @@ class RunHistory:
 
     def _merge_values(self, step: int, data: Mapping[str, float]) -> None:
         self.keys_seen.update(data)
+        self._derive(step, data)
+        broken = frozenset(k for k in NON_FINITE_WATCHED_KEYS if k in data and not math.isfinite(data[k]))
+        if broken:
+            self.non_finite[step] = self.non_finite.get(step, frozenset()) | broken
         for signal, aliases in ALIASES.items():
             for key in aliases:
                 value = data.get(key)
                 if value is not None:
                     self.series[signal].set(step, value)
                     break
+
+    def _derive(self, step: int, data: Mapping[str, float]) -> None:
+        """Signals verl does not log but that follow from what it does log."""
+        clip = resolve(Signal.LENGTH_CLIP_RATIO, data)
+        longest = resolve(Signal.LENGTH_MAX, data)
+        if clip is not None and longest is not None and resolve(Signal.TRUNCATION, data) is None:
+            self.series[Signal.TRUNCATION].set(step, derive_truncation(clip[1], longest[1], self._cap(longest[1])))
+        evicted = resolve(Signal.FILTER_EVICTED, data)
+        # an EGR measured from rollout dumps always wins over the estimate
+        if evicted is not None and self.train_batch_size and EGR_KEY not in self.keys_seen:
+            self.series[Signal.EGR].set(step, estimate_egr(evicted[1], self.train_batch_size))
+
+    def _cap(self, longest: float) -> float:
+        if self.length_cap is not None:
+            return self.length_cap
+        if math.isfinite(longest):
+            self._longest_seen = max(self._longest_seen, longest)
+        return self._longest_seen
 
     def signal(self, signal: Signal) -> Series:
         return self.series[signal]
@@ -139,6 +190,25 @@ class RunHistory:
         s = self.series[signal]
         i = bisect_right(s.steps, step) - 1
         return s.values[i] if i >= 0 else None
+
+
+def derive_truncation(clip_ratio: float, longest: float, cap: float) -> float:
+    """Share of responses cut at the length cap.
+
+    verl V0 pads responses to ``max_response_length``, so ``response_length/clip_ratio`` is the
+    truncated share; V1 pads to the batch max, so it is the share *at the batch max* (facts gotcha 7).
+    Both read right when the batch max reached the cap, and no response was cut when it did not.
+    """
+    if not math.isfinite(clip_ratio):
+        return math.nan
+    return clip_ratio if math.isfinite(longest) and cap > 0 and longest >= cap else 0.0
+
+
+def estimate_egr(evicted_groups: float, train_batch_size: int) -> float:
+    """EGR before DAPO filtering: kept / (kept + evicted) groups (facts §1.8; ignores surplus)."""
+    if not math.isfinite(evicted_groups):
+        return math.nan
+    return train_batch_size / (train_batch_size + max(evicted_groups, 0.0))
 
 
 def median(values: Iterable[float]) -> float:

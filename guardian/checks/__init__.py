@@ -1,0 +1,74 @@
+"""Health checks: pure functions from a run's history to findings, and the named rule sets.
+
+``build_checks(config)`` returns the configured checks of the chosen rule set; ``evaluate`` runs them.
+An unknown rule set fails with the list of known ones.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+from guardian.checks.base import Check, CheckContext
+from guardian.checks.drift import kl_drift, logprob_decline
+from guardian.checks.egr import egr_collapse
+from guardian.checks.entropy import entropy_collapse, entropy_explosion
+from guardian.checks.length import length_collapse, length_explosion, truncation
+from guardian.checks.reward import reward_collapse
+from guardian.checks.seed import seed_egr, seed_entropy, seed_kl, seed_lld
+from guardian.checks.spikes import grad_spike, non_finite
+from guardian.checks.stall import stall
+from guardian.config import ChecksConfig
+from guardian.findings import Finding
+
+RULE_SETS = ("default", "seed")
+
+
+def default_checks(c: ChecksConfig) -> list[Check]:
+    candidates = [
+        (c.non_finite.enabled, "non_finite", partial(non_finite, cfg=c.non_finite)),
+        (
+            c.entropy_collapse.enabled,
+            "entropy_collapse",
+            partial(entropy_collapse, cfg=c.entropy_collapse, reward_cfg=c.reward_collapse, egr_cfg=c.egr_collapse),
+        ),
+        (
+            c.entropy_explosion.enabled,
+            "entropy_explosion",
+            partial(entropy_explosion, cfg=c.entropy_explosion, reward_cfg=c.reward_collapse),
+        ),
+        (c.egr_collapse.enabled, "egr_collapse", partial(egr_collapse, cfg=c.egr_collapse)),
+        (c.kl_drift.enabled, "kl_drift", partial(kl_drift, cfg=c.kl_drift)),
+        (c.logprob_decline.enabled, "logprob_decline", partial(logprob_decline, cfg=c.logprob_decline)),
+        (c.reward_collapse.enabled, "reward_collapse", partial(reward_collapse, cfg=c.reward_collapse)),
+        (c.length.enabled, "length_collapse", partial(length_collapse, cfg=c.length)),
+        (c.length.enabled, "length_explosion", partial(length_explosion, cfg=c.length)),
+        (c.length.enabled, "truncation", partial(truncation, cfg=c.length)),
+        (c.grad_spike.enabled, "grad_spike", partial(grad_spike, cfg=c.grad_spike)),
+        (c.stall.enabled, "stall", partial(stall, cfg=c.stall)),
+    ]
+    return [Check(name, fn) for enabled, name, fn in candidates if enabled]
+
+
+def seed_checks() -> list[Check]:
+    return [
+        Check("seed_entropy_collapse", seed_entropy),
+        Check("seed_adv_collapse", seed_egr),
+        Check("seed_kl_drift", seed_kl),
+        Check("seed_lld_risk", seed_lld),
+    ]
+
+
+def build_checks(c: ChecksConfig, rules: str | None = None) -> list[Check]:
+    chosen = rules or c.rules
+    if chosen == "default":
+        return default_checks(c)
+    if chosen == "seed":
+        return seed_checks()
+    raise ValueError(f"unknown rule set {chosen!r}; known: {', '.join(RULE_SETS)}")
+
+
+def evaluate(ctx: CheckContext, checks: list[Check]) -> list[Finding]:
+    return [check.evaluate(ctx) for check in checks]
+
+
+__all__ = ["RULE_SETS", "Check", "CheckContext", "build_checks", "evaluate"]

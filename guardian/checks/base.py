@@ -1,0 +1,152 @@
+"""What every check shares: the context it reads, baselines, hysteresis and onset estimation.
+
+A check is a pure function ``CheckContext -> Finding``. Most checks judge one signal by a *level
+function* ``level_at(position) -> Severity`` over the signal's series; ``judge`` then applies the
+hysteresis (the verdict is the mildest level of the last ``for_steps`` points, so one noisy step never
+raises a critical) and walks back to estimate where the trouble began.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from guardian.config import BaselineConfig
+from guardian.findings import EvidenceValue, Finding, Severity
+from guardian.history import RunHistory, Series, median
+from guardian.keys import Signal
+
+# How far back (in points) an onset estimate may walk; bounds the cost of a long-running condition.
+ONSET_LOOKBACK = 500
+
+
+@dataclass(frozen=True, slots=True)
+class CheckContext:
+    """Everything a check may read. ``now``/``started_at`` are wall-clock seconds; None in replay."""
+
+    history: RunHistory
+    baseline: BaselineConfig
+    now: float | None = None
+    started_at: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Check:
+    """A named, configured check."""
+
+    name: str
+    evaluate: Callable[[CheckContext], Finding]
+
+
+def baseline(series: Series, cfg: BaselineConfig) -> float | None:
+    """Median of the first ``cfg.steps`` finite values after ``cfg.warmup_steps`` points; None until known."""
+    values = series.finite(cfg.warmup_steps, cfg.warmup_steps + cfg.steps)
+    if len(values) < cfg.steps:
+        return None
+    return median(values)
+
+
+def baseline_end(cfg: BaselineConfig) -> int:
+    """First position judged against the baseline (positions before it form the baseline)."""
+    return cfg.warmup_steps + cfg.steps
+
+
+def smoothed_at(series: Series, position: int, cfg: BaselineConfig) -> float:
+    return series.smoothed(cfg.smooth_steps)[position]
+
+
+def unknown(check: str, step: int | None, why: str) -> Finding:
+    return Finding(check=check, severity=Severity.UNKNOWN, step=step, message=why)
+
+
+def waiting(check: str, step: int | None) -> Finding:
+    return unknown(check, step, "baseline not established yet")
+
+
+def ok(check: str, step: int | None, message: str, evidence: dict[str, EvidenceValue]) -> Finding:
+    return Finding(check=check, severity=Severity.OK, step=step, message=message, evidence=evidence)
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    severity: Severity
+    onset_step: int | None
+
+
+def judge(
+    series: Series,
+    level_at: Callable[[int], Severity],
+    *,
+    for_steps: int,
+    first_position: int,
+    departed_at: Callable[[int], bool] | None = None,
+) -> Verdict:
+    """Hysteresis over the last ``for_steps`` points, then onset by walking back.
+
+    The onset is the earliest point of the unbroken run (ending now) in which the signal had
+    ``departed`` from normal; by default "departed" means a level of WARN or worse.
+    """
+    last = len(series) - 1
+    if last < first_position:
+        return Verdict(Severity.UNKNOWN, None)
+    start = max(first_position, last - for_steps + 1)
+    if last - start + 1 < for_steps:
+        return Verdict(Severity.OK, None)
+    severity = min(level_at(i) for i in range(start, last + 1))
+    if severity < Severity.WARN:
+        return Verdict(severity, None)
+    departed = departed_at or (lambda i: level_at(i) >= Severity.WARN)
+    onset = last
+    floor = max(first_position, last - ONSET_LOOKBACK)
+    while onset - 1 >= floor and departed(onset - 1):
+        onset -= 1
+    return Verdict(severity, series.steps[onset])
+
+
+def conclude(
+    check: str,
+    step: int | None,
+    verdict: Verdict,
+    evidence: dict[str, EvidenceValue],
+    *,
+    healthy: str,
+    unhealthy: str,
+) -> Finding:
+    """The finding for a verdict: ``unhealthy`` text for WARN/CRITICAL, ``healthy`` for OK."""
+    if verdict.severity >= Severity.WARN:
+        return Finding(check, verdict.severity, step, unhealthy, verdict.onset_step, evidence)
+    if verdict.severity == Severity.UNKNOWN:
+        return Finding(check, Severity.UNKNOWN, step, "not enough steps to judge yet", None, evidence)
+    return ok(check, step, healthy, evidence)
+
+
+def ratio(value: float, reference: float) -> float:
+    if not math.isfinite(value) or not math.isfinite(reference) or reference == 0:
+        return math.nan
+    return value / reference
+
+
+def rounded(value: float | None, digits: int = 4) -> float | None:
+    """Evidence values: finite floats rounded for reading, non-finite as None."""
+    if value is None or not math.isfinite(value):
+        return None
+    return float(f"{value:.{digits}g}")
+
+
+def need(history: RunHistory, check: str, *signals: Signal) -> Finding | None:
+    """An UNKNOWN finding naming the first missing signal, or None when all are present."""
+    for s in signals:
+        if not history.has(s):
+            return unknown(check, history.last_step, f"signal '{s.value}' not logged by this run")
+    return None
+
+
+def ratio_to_baseline(series: Series, cfg: BaselineConfig, floor: float = 0.0) -> Callable[[int], float] | None:
+    """``position -> smoothed value / max(baseline, floor)``; None until the baseline is known."""
+    base = baseline(series, cfg)
+    if base is None:
+        return None
+    reference = max(base, floor)
+    smooth = series.smoothed(cfg.smooth_steps)
+    return lambda i: ratio(smooth[i], reference)

@@ -1,0 +1,98 @@
+"""Effective group ratio (EGR) collapse, also called advantage collapse.
+
+GRPO gives exactly zero advantage to every sample of a group whose rewards are all equal, so the
+share of groups with mixed rewards is the share of the batch that still teaches the policy. verl logs
+no such metric; the rollout source computes it from ``trainer.rollout_data_dir`` dumps, or it is
+estimated from DAPO's eviction counter (facts §1.8). Low EGR because nearly every group is all-correct
+(or all-wrong) means the data is too easy (hard) for the policy - a curriculum problem, reported as a
+warning - not a collapse of the policy itself.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_right
+from dataclasses import dataclass
+
+from guardian.checks.base import (
+    CheckContext,
+    Verdict,
+    baseline,
+    conclude,
+    judge,
+    need,
+    rounded,
+)
+from guardian.config import EgrCollapseConfig
+from guardian.findings import EvidenceValue, Finding, Severity
+from guardian.history import RunHistory
+from guardian.keys import Signal
+
+CHECK = "egr_collapse"
+
+
+@dataclass(frozen=True, slots=True)
+class EgrState:
+    egr: float
+    all_zero: float | None
+    all_one: float | None
+    saturated: bool  # low EGR explained by all-one (or all-zero) groups
+
+    def low(self, cfg: EgrCollapseConfig) -> bool:
+        return self.egr < cfg.warn_below and not self.saturated
+
+
+def egr_state_at(h: RunHistory, step: int, cfg: EgrCollapseConfig) -> EgrState | None:
+    """The latest EGR at or before ``step``; None when the run has no EGR."""
+    series = h.signal(Signal.EGR)
+    i = bisect_right(series.steps, step) - 1
+    if i < 0:
+        return None
+    at = series.steps[i]
+    zero = h.value_at_or_before(Signal.GROUPS_ALL_ZERO, at)
+    one = h.value_at_or_before(Signal.GROUPS_ALL_ONE, at)
+    saturated = (zero is not None and zero >= cfg.saturation_fraction) or (
+        one is not None and one >= cfg.saturation_fraction
+    )
+    return EgrState(series.values[i], zero, one, saturated)
+
+
+def egr_collapse(ctx: CheckContext, cfg: EgrCollapseConfig) -> Finding:
+    h = ctx.history
+    if (missing := need(h, CHECK, Signal.EGR)) is not None:
+        return missing
+    series = h.signal(Signal.EGR)
+    base = baseline(series, ctx.baseline)
+
+    def level_at(i: int) -> Severity:
+        state = egr_state_at(h, series.steps[i], cfg)
+        if state is None or state.egr >= cfg.warn_below:
+            return Severity.OK
+        relative_ok = base is None or state.egr < cfg.relative_to_baseline * base
+        if state.egr < cfg.critical_below and relative_ok and not state.saturated:
+            return Severity.CRITICAL
+        return Severity.WARN
+
+    verdict = judge(series, level_at, for_steps=cfg.for_steps, first_position=0)
+    state = egr_state_at(h, series.steps[-1], cfg)
+    assert state is not None
+    evidence: dict[str, EvidenceValue] = {
+        "egr": rounded(state.egr),
+        "egr_baseline": rounded(base),
+        "all_zero_group_fraction": rounded(state.all_zero),
+        "all_one_group_fraction": rounded(state.all_one),
+    }
+    why = ""
+    if state.saturated:
+        why = (
+            " (most groups all-correct: data too easy)"
+            if (state.all_one or 0) >= (state.all_zero or 0)
+            else (" (most groups all-wrong: data too hard)")
+        )
+    return conclude(
+        CHECK,
+        series.steps[-1],
+        verdict if verdict.severity != Severity.UNKNOWN else Verdict(Severity.OK, None),
+        evidence,
+        healthy="groups still carry signal",
+        unhealthy=f"only {state.egr:.0%} of groups have mixed rewards{why}",
+    )

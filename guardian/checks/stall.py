@@ -1,0 +1,61 @@
+"""Stall: no new step for k times the run's typical step time (NVRx computes hang timeouts the same
+way, with a safety factor of 5). Needs the wall clock, so it is UNKNOWN in replay."""
+
+from __future__ import annotations
+
+import math
+from itertools import pairwise
+
+from guardian.checks.base import CheckContext, ok, rounded
+from guardian.config import StallConfig
+from guardian.findings import EvidenceValue, Finding, Severity
+from guardian.history import RunHistory, median
+from guardian.keys import Signal
+
+CHECK = "stall"
+TYPICAL_WINDOW = 20
+
+
+def typical_step_seconds(h: RunHistory) -> float | None:
+    """Median logged step time, else the median gap between step arrivals; None when unknown."""
+    logged = h.signal(Signal.STEP_TIME).finite(-TYPICAL_WINDOW, len(h.signal(Signal.STEP_TIME)))
+    if logged:
+        return median(logged)
+    arrived = [h.arrivals[s] for s in h.steps[-TYPICAL_WINDOW - 1 :] if s in h.arrivals]
+    gaps = [b - a for a, b in pairwise(arrived) if b >= a]
+    return median(gaps) if gaps else None
+
+
+def stall(ctx: CheckContext, cfg: StallConfig) -> Finding:
+    h = ctx.history
+    if ctx.now is None:
+        return Finding(CHECK, Severity.UNKNOWN, h.last_step, "no wall clock (replay)")
+    if h.last_step is None or h.last_step not in h.arrivals:
+        if ctx.started_at is None:
+            return Finding(CHECK, Severity.UNKNOWN, None, "no steps yet")
+        waited = ctx.now - ctx.started_at
+        evidence: dict[str, EvidenceValue] = {"seconds_since_start": rounded(waited)}
+        if waited >= cfg.startup_seconds:
+            return Finding(CHECK, Severity.CRITICAL, None, f"no first step {waited:.0f}s after start", None, evidence)
+        return ok(CHECK, None, "waiting for the first step", evidence)
+    silent = ctx.now - h.arrivals[h.last_step]
+    typical = typical_step_seconds(h)
+    evidence = {"seconds_since_last_step": rounded(silent), "typical_step_seconds": rounded(typical)}
+    if typical is None or not math.isfinite(typical):
+        return ok(CHECK, h.last_step, "step time not known yet", evidence)
+    warn_after = max(cfg.warn_factor * typical, cfg.min_seconds)
+    critical_after = max(cfg.critical_factor * typical, cfg.min_seconds)
+    if silent >= critical_after:
+        severity = Severity.CRITICAL
+    elif silent >= warn_after:
+        severity = Severity.WARN
+    else:
+        return ok(CHECK, h.last_step, "steps arriving", evidence)
+    return Finding(
+        CHECK,
+        severity,
+        h.last_step,
+        f"no new step for {silent:.0f}s ({silent / typical:.1f}x the typical {typical:.0f}s step)",
+        h.last_step,
+        evidence,
+    )

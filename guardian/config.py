@@ -1,0 +1,238 @@
+"""``guardian.yaml``: the schema, its defaults, loading and environment overrides.
+
+Every field has a default and a description; ``guardian config --example`` prints the documented
+file (docs/guardian.example.yaml is that output). Unknown keys and bad values fail at start with the
+dotted path of the field. Secrets and the database URL can come from the environment instead of the
+file (see ``ENV_OVERRIDES``), so the file can be committed.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+
+class ConfigError(ValueError):
+    """The configuration cannot be used; the message names the file and the field."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
+
+
+class CheckBase(_Section):
+    enabled: bool = Field(True, description="Run this check.")
+    for_steps: int = Field(3, ge=1, description="Hysteresis: the condition must hold this many steps in a row.")
+
+
+class EntropyCollapseConfig(CheckBase):
+    warn_ratio: float = Field(0.3, gt=0, lt=1, description="Warn when smoothed entropy < this × baseline.")
+    critical_ratio: float = Field(
+        0.15, gt=0, lt=1, description="Critical below this × baseline if reward stalls or EGR is low."
+    )
+    extreme_ratio: float = Field(
+        0.05, gt=0, lt=1, description="Critical below this × baseline unless reward is still improving."
+    )
+
+
+class EntropyExplosionConfig(CheckBase):
+    warn_ratio: float = Field(1.6, gt=1, description="Warn when smoothed entropy > this × baseline.")
+    critical_ratio: float = Field(3.0, gt=1, description="Critical above this × baseline.")
+    min_entropy: float = Field(0.05, ge=0, description="Ignore rises while entropy is below this (nats).")
+
+
+class EgrCollapseConfig(CheckBase):
+    warn_below: float = Field(0.4, ge=0, le=1, description="Warn when the effective group ratio is below this.")
+    critical_below: float = Field(0.2, ge=0, le=1, description="Critical below this (and not saturation).")
+    relative_to_baseline: float = Field(
+        0.5, gt=0, le=1, description="Critical also needs EGR < this × the run's baseline EGR."
+    )
+    saturation_fraction: float = Field(
+        0.8,
+        gt=0,
+        le=1,
+        description="All-one (or all-zero) group share above which low EGR means easy (hard) data.",
+    )
+
+
+class KlDriftConfig(CheckBase):
+    warn_ratio: float = Field(2.0, gt=1, description="Warn when smoothed KL > this × baseline.")
+    critical_ratio: float = Field(4.0, gt=1, description="Critical when smoothed KL > this × baseline.")
+    floor: float = Field(0.1, gt=0, description="Baseline floor (per-token KL), so a near-zero start is not 0.")
+
+
+class LogprobDeclineConfig(CheckBase):
+    warn_rise: float = Field(0.4, gt=0, description="Warn when mean -log pi rose by this fraction of baseline.")
+    critical_rise: float = Field(1.0, gt=0, description="Critical when mean -log pi rose by this fraction.")
+    floor: float = Field(0.05, gt=0, description="Baseline floor (nats/token).")
+
+
+class RewardCollapseConfig(CheckBase):
+    warn_drop: float = Field(0.25, gt=0, description="Warn when reward fell this fraction of its scale from peak.")
+    critical_drop: float = Field(0.5, gt=0, description="Critical when reward fell this fraction from its peak.")
+    plateau_steps: int = Field(20, ge=2, description="Window (steps) over which 'reward stalled' is judged.")
+    plateau_tolerance: float = Field(0.02, ge=0, description="Gain below this fraction of scale = stalled.")
+    saturation_margin: float = Field(
+        0.1, ge=0, lt=1, description="Reward within this fraction of scale from its maximum = saturated."
+    )
+
+
+class LengthConfig(CheckBase):
+    collapse_warn_ratio: float = Field(0.5, gt=0, lt=1, description="Warn when mean length < this × baseline.")
+    collapse_critical_ratio: float = Field(0.2, gt=0, lt=1, description="Critical below this × baseline.")
+    explosion_warn_ratio: float = Field(2.0, gt=1, description="Warn when mean length > this × baseline.")
+    explosion_critical_ratio: float = Field(3.0, gt=1, description="Critical above this × baseline if fast.")
+    explosion_fast_growth: float = Field(1.8, gt=1, description="... and grew by this factor within fast_window_steps.")
+    fast_window_steps: int = Field(10, ge=1, description="Window for the growth-rate condition.")
+    truncation_warn: float = Field(0.1, ge=0, le=1, description="Warn when truncated-response share > this.")
+    truncation_critical: float = Field(0.3, ge=0, le=1, description="Critical above this share ...")
+    truncation_rise: float = Field(0.2, ge=0, le=1, description="... when also this far above its baseline.")
+    max_response_length: int | None = Field(
+        None, ge=1, description="data.max_response_length; inferred from response_length/max when unset."
+    )
+
+
+class GradSpikeConfig(CheckBase):
+    for_steps: int = Field(2, ge=1, description="Critical when grad norm >= warn_ratio this many steps in a row.")
+    window: int = Field(20, ge=3, description="Reference: median grad norm of this many previous steps.")
+    warn_ratio: float = Field(5.0, gt=1, description="Warn when grad norm > this × the reference.")
+
+
+class NonFiniteConfig(CheckBase):
+    for_steps: int = Field(2, ge=1, description="Critical when non-finite values persist this many steps.")
+
+
+class StallConfig(CheckBase):
+    warn_factor: float = Field(3.0, gt=1, description="Warn after this × the typical step time without a step.")
+    critical_factor: float = Field(5.0, gt=1, description="Critical after this × the typical step time.")
+    min_seconds: float = Field(60.0, gt=0, description="Never call a stall before this many seconds.")
+    startup_seconds: float = Field(3600.0, gt=0, description="Critical when no step arrives this long after start.")
+
+
+class BaselineConfig(_Section):
+    warmup_steps: int = Field(0, ge=0, description="Steps skipped before the baseline window starts.")
+    steps: int = Field(5, ge=1, description="Steps whose median is a signal's baseline (its healthy level).")
+    smooth_steps: int = Field(3, ge=1, description="Median window used to smooth a signal before judging it.")
+
+
+class ChecksConfig(_Section):
+    rules: Literal["default", "seed"] = Field(
+        "default", description="Rule set: 'default' (calibrated) or 'seed' (the tutorial's naive rules)."
+    )
+    baseline: BaselineConfig = BaselineConfig()
+    entropy_collapse: EntropyCollapseConfig = EntropyCollapseConfig()
+    entropy_explosion: EntropyExplosionConfig = EntropyExplosionConfig()
+    egr_collapse: EgrCollapseConfig = EgrCollapseConfig()
+    kl_drift: KlDriftConfig = KlDriftConfig()
+    logprob_decline: LogprobDeclineConfig = LogprobDeclineConfig()
+    reward_collapse: RewardCollapseConfig = RewardCollapseConfig()
+    length: LengthConfig = LengthConfig()
+    grad_spike: GradSpikeConfig = GradSpikeConfig()
+    non_finite: NonFiniteConfig = NonFiniteConfig()
+    stall: StallConfig = StallConfig()
+
+
+class SourcesConfig(_Section):
+    poll_interval_s: float = Field(1.0, gt=0, description="Seconds between polls of the run's files.")
+    train_batch_size: int | None = Field(
+        None, ge=1, description="data.train_batch_size; lets EGR be estimated from DAPO eviction counts."
+    )
+
+
+class GuardianConfig(_Section):
+    home: Path = Field(Path(".guardian"), description="Guardian home: database, run folders.")
+    db_url: str | None = Field(
+        None,
+        description="SQLAlchemy URL of the store; default sqlite:///<home>/guardian.db. Env: GUARDIAN_DB_URL.",
+    )
+    mode: Literal["observe", "advise", "enforce"] = Field(
+        "observe", description="observe: findings only; advise: alert with the action; enforce: act."
+    )
+    sources: SourcesConfig = SourcesConfig()
+    checks: ChecksConfig = ChecksConfig()
+
+    def database_url(self) -> str:
+        return self.db_url or f"sqlite:///{self.home / 'guardian.db'}"
+
+
+# environment variable -> dotted field path
+ENV_OVERRIDES: dict[str, str] = {
+    "GUARDIAN_HOME": "home",
+    "GUARDIAN_DB_URL": "db_url",
+    "GUARDIAN_MODE": "mode",
+}
+
+
+def _set_dotted(tree: dict[str, Any], dotted: str, value: str) -> None:
+    *parents, leaf = dotted.split(".")
+    node = tree
+    for part in parents:
+        node = node.setdefault(part, {})
+    node[leaf] = value
+
+
+def _format_validation_error(err: ValidationError, origin: str) -> str:
+    lines = [f"invalid configuration in {origin}:"]
+    for e in err.errors():
+        where = ".".join(str(p) for p in e["loc"]) or "(top level)"
+        got = "" if e["type"] == "missing" else f" (got {e.get('input')!r})"
+        reason = "unknown key" if e["type"] == "extra_forbidden" else e["msg"]
+        lines.append(f"  {where}: {reason}{got}")
+    return "\n".join(lines)
+
+
+def load_config(path: Path | None = None, env: Mapping[str, str] | None = None) -> GuardianConfig:
+    """Load ``path`` (or the defaults when None), then apply environment overrides."""
+    env = os.environ if env is None else env
+    raw: dict[str, Any] = {}
+    origin = "defaults"
+    if path is not None:
+        origin = str(path)
+        try:
+            text = path.read_text(encoding="utf-8")
+        except OSError as exc:
+            raise ConfigError(f"cannot read config file {path}: {exc.strerror or exc}") from exc
+        try:
+            loaded = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"config file {path} is not valid YAML: {exc}") from exc
+        if loaded is not None and not isinstance(loaded, dict):
+            raise ConfigError(f"config file {path} must hold a mapping at the top, got {type(loaded).__name__}")
+        raw = loaded or {}
+    for var, dotted in ENV_OVERRIDES.items():
+        if env.get(var):
+            _set_dotted(raw, dotted, env[var])
+            origin += f" + ${var}"
+    try:
+        return GuardianConfig.model_validate(raw)
+    except ValidationError as exc:
+        raise ConfigError(_format_validation_error(exc, origin)) from None
+
+
+def example_yaml() -> str:
+    """The documented default configuration, one comment per field."""
+    lines = [
+        "# guardian.yaml - every field with its default. Env overrides: "
+        + ", ".join(f"{k} -> {v}" for k, v in ENV_OVERRIDES.items()),
+    ]
+
+    def emit(model: type[BaseModel], instance: BaseModel, indent: int) -> None:
+        pad = "  " * indent
+        for name, field in model.model_fields.items():
+            value = getattr(instance, name)
+            if isinstance(value, BaseModel):
+                lines.append(f"{pad}{name}:")
+                emit(type(value), value, indent + 1)
+                continue
+            if field.description:
+                lines.append(f"{pad}# {field.description}")
+            dumped = yaml.safe_dump(str(value) if isinstance(value, Path) else value, default_flow_style=True)
+            lines.append(f"{pad}{name}: {dumped.strip().removesuffix('...').strip()}")
+
+    emit(GuardianConfig, GuardianConfig(), 0)
+    return "\n".join(lines) + "\n"
