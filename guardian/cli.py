@@ -1,0 +1,290 @@
+"""``guardian`` command line. Every command is ``main(argv) -> exit code``.
+
+Exit codes: 0 ok / healthy, 1 error, 2 usage, 3 unhealthy run (replay, watch).
+``--json`` prints one JSON document on stdout; logs go to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import signal
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import orjson
+from rich.console import Console
+
+from guardian import __version__
+from guardian.config import ConfigError, GuardianConfig, example_yaml, load_config
+from guardian.findings import Severity
+from guardian.logs import event, get_logger, init_logging
+from guardian.replay import ReplayResult, replay_file
+from guardian.store import Store, StoreError
+
+EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_UNHEALTHY = 0, 1, 2, 3
+log = get_logger("cli")
+SEVERITY_STYLE = {"warn": "yellow", "critical": "bold red", "ok": "green", "unknown": "dim"}
+
+
+def _print_json(document: object) -> None:
+    sys.stdout.write(orjson.dumps(document, option=orjson.OPT_INDENT_2).decode() + "\n")
+
+
+def _config(args: argparse.Namespace) -> GuardianConfig:
+    return load_config(Path(args.config) if args.config else None)
+
+
+# -- replay ---------------------------------------------------------------------------------------
+def cmd_replay(args: argparse.Namespace) -> int:
+    config = _config(args)
+    path = Path(args.trace)
+    if not path.is_file():
+        log.error(event("error", {"message": f"trace file {path} does not exist"}))
+        return EXIT_ERROR
+    rollouts = Path(args.rollouts) if args.rollouts else None
+    result = replay_file(path, config.checks, rules=args.rules, rollouts=rollouts)
+    for bad in result.bad_lines[:20]:
+        log.warning(event("bad_line", {"detail": str(bad)}))
+    if args.json:
+        _print_json(result.to_json())
+    else:
+        _print_timeline(result, Console())
+    return EXIT_OK if result.healthy else EXIT_UNHEALTHY
+
+
+def _print_timeline(result: ReplayResult, console: Console) -> None:
+    console.print(f"[bold]{result.run}[/]: {result.steps} steps, signals: {', '.join(result.signals) or 'none'}")
+    if result.bad_lines:
+        console.print(f"[yellow]{len(result.bad_lines)} unreadable line(s) skipped[/]")
+    for t in result.transitions:
+        f = t.finding
+        style = SEVERITY_STYLE[f.severity.label]
+        onset = f" (onset ~{f.onset_step})" if f.onset_step is not None and f.onset_step != f.step else ""
+        console.print(
+            f"  step {f.step:>6}  [{style}]{f.severity.label:8}[/] {f.check:18} {t.change.value:9} {f.message}{onset}"
+        )
+    first = result.first_critical
+    verdict = f"[bold red]UNHEALTHY[/] from step {first.step} ({first.check})" if first else "[green]HEALTHY[/]"
+    console.print(f"verdict: {verdict}")
+
+
+# -- watch ----------------------------------------------------------------------------------------
+def derive_run_id(metrics: Path) -> str:
+    digest = hashlib.sha1(str(metrics.resolve()).encode()).hexdigest()[:8]
+    return f"{metrics.stem}-{digest}"
+
+
+def cmd_watch(args: argparse.Namespace) -> int:
+    from guardian.daemon import Guardian
+    from guardian.sources.console import ConsoleFile
+    from guardian.sources.jsonl import MetricsFile
+    from guardian.sources.rollouts import RolloutDir
+
+    config = _config(args)
+    path = Path(args.metrics or args.console)
+    source = MetricsFile(path) if args.metrics else ConsoleFile(path)
+    run_id = args.run_id or derive_run_id(path)
+    stop = threading.Event()
+    with _open_store(config) as store:
+        store.ensure_run(
+            run_id,
+            name=run_id,
+            metrics_path=str(path.resolve()),
+            rollouts_dir=str(Path(args.rollouts).resolve()) if args.rollouts else "",
+            checkpoints_dir=str(Path(args.checkpoints).resolve()) if args.checkpoints else None,
+            mode="observe",
+            now=time.time(),
+        )
+        guardian = Guardian(
+            config=config,
+            store=store,
+            run_id=run_id,
+            metrics=source,
+            clock=time.time,
+            rollouts=RolloutDir(Path(args.rollouts)) if args.rollouts else None,
+            checkpoints_dir=Path(args.checkpoints) if args.checkpoints else None,
+        )
+        log.info(event("watch", {"run": run_id, "metrics": path, "db": store.url}))
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, lambda *_: stop.set())
+        _watch_loop(guardian, stop, live=sys.stdout.isatty() and not args.no_live, max_ticks=args.max_ticks)
+        worst = guardian.tracker.worst()
+        log.info(event("watch_stopped", {"run": run_id, "last_step": guardian.history.last_step}))
+    return EXIT_UNHEALTHY if worst == Severity.CRITICAL else EXIT_OK
+
+
+def _watch_loop(guardian: object, stop: threading.Event, *, live: bool, max_ticks: int | None) -> None:
+    from rich.live import Live
+
+    from guardian.daemon import Guardian
+    from guardian.view import render
+
+    assert isinstance(guardian, Guardian)
+    ticks = 0
+
+    def counted(_result: object) -> None:
+        nonlocal ticks
+        ticks += 1
+        if max_ticks is not None and ticks >= max_ticks:
+            stop.set()
+
+    if not live:
+        guardian.run_forever(stop, on_tick=counted)
+        return
+    with Live(render(guardian.run_id, guardian.history, guardian.tracker, time.time()), refresh_per_second=4) as view:
+
+        def redraw(result: object) -> None:
+            counted(result)
+            view.update(render(guardian.run_id, guardian.history, guardian.tracker, time.time()))
+
+        guardian.run_forever(stop, on_tick=redraw)
+
+
+def _open_store(config: GuardianConfig) -> Store:
+    return Store.open(config.database_url())
+
+
+# -- incidents ------------------------------------------------------------------------------------
+def cmd_incidents(args: argparse.Namespace) -> int:
+    config = _config(args)
+    with _open_store(config) as store:
+        if args.action == "list":
+            incidents = store.list_incidents(args.run, limit=args.limit)
+            if args.json:
+                _print_json([i.to_json() for i in incidents])
+                return EXIT_OK
+            console = Console()
+            if not incidents:
+                console.print("no incidents")
+            for i in incidents:
+                style = SEVERITY_STYLE[i.severity.label]
+                console.print(
+                    f"#{i.id:<4} {i.run_id:28} step {i.opened_step!s:>6} (onset {i.onset_step!s:>5}) "
+                    f"[{style}]{i.severity.label:8}[/] {i.status:10} {i.check:18} {i.message}"
+                )
+            return EXIT_OK
+        detail = store.get_incident(args.id)
+        if detail is None:
+            log.error(event("error", {"message": f"no incident #{args.id} in {store.url}"}))
+            return EXIT_ERROR
+        if args.json:
+            _print_json(detail.to_json())
+            return EXIT_OK
+        console = Console()
+        i = detail.incident
+        console.print(
+            f"[bold]incident #{i.id}[/] run {i.run_id}: {i.check} [{SEVERITY_STYLE[i.severity.label]}]"
+            f"{i.severity.label}[/] status {i.status}"
+        )
+        console.print(f"  opened at step {i.opened_step} (estimated onset {i.onset_step}) - {i.message}")
+        for key, value in i.evidence.items():
+            console.print(f"    {key} = {value}")
+        for f in detail.findings:
+            console.print(f"  step {f.step!s:>6} {f.severity.label:8} {f.check:18} {f.message}")
+        return EXIT_OK
+
+
+# -- doctor, config -------------------------------------------------------------------------------
+def cmd_doctor(args: argparse.Namespace) -> int:
+    from guardian.doctor import diagnose
+
+    report = diagnose(args.config)
+    if args.json:
+        _print_json([r.to_json() for r in report])
+    else:
+        console = Console()
+        for r in report:
+            mark = {"ok": "[green]ok[/]", "missing": "[yellow]missing[/]", "error": "[red]error[/]"}[r.status]
+            console.print(f"{mark:>22}  {r.name:28} {r.detail}")
+    return EXIT_ERROR if any(r.status == "error" for r in report) else EXIT_OK
+
+
+def cmd_config(args: argparse.Namespace) -> int:
+    if args.example:
+        sys.stdout.write(example_yaml())
+        return EXIT_OK
+    config = _config(args)
+    _print_json(config.model_dump(mode="json"))
+    return EXIT_OK
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from guardian.demo_replay import run_demo
+
+    return run_demo(_config(args), json_output=args.json)
+
+
+# -- parser ---------------------------------------------------------------------------------------
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="guardian", description="Guard a verl RL training run.")
+    parser.add_argument("--version", action="version", version=f"verl-guardian {__version__}")
+    parser.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING, ERROR (default INFO)")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    def add(name: str, help_text: str) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        p.add_argument("--config", help="guardian.yaml (default: built-in defaults + env overrides)")
+        return p
+
+    p = add("replay", "Run the checks over a finished metrics log as if live; exit 3 if unhealthy.")
+    p.add_argument("trace", help="verl file-logger JSONL ({'step':N,'data':{...}} per line)")
+    p.add_argument("--rollouts", help="trainer.rollout_data_dir with {step}.jsonl dumps (for EGR)")
+    p.add_argument("--rules", choices=("default", "seed"), help="rule set (default: from config)")
+    p.add_argument("--json", action="store_true", help="print one JSON document")
+    p.set_defaults(func=cmd_replay)
+
+    p = add("watch", "Attach to a live run in observe mode: findings and incidents to the store.")
+    source = p.add_mutually_exclusive_group(required=True)
+    source.add_argument("--metrics", help="the run's file-logger JSONL (VERL_FILE_LOGGER_PATH)")
+    source.add_argument("--console", help="the run's stdout log, parsed as verl console lines (fallback)")
+    p.add_argument("--rollouts", help="trainer.rollout_data_dir")
+    p.add_argument("--checkpoints", help="trainer.default_local_dir (global_step_N folders)")
+    p.add_argument("--run-id", help="run id in the store (default: derived from the metrics path)")
+    p.add_argument("--no-live", action="store_true", help="no live terminal view (logs only)")
+    p.add_argument("--max-ticks", type=int, help=argparse.SUPPRESS)
+    p.set_defaults(func=cmd_watch)
+
+    p = add("incidents", "Incident history.")
+    isub = p.add_subparsers(dest="action", required=True)
+    pl = isub.add_parser("list", help="newest first")
+    pl.add_argument("--run", help="only this run id")
+    pl.add_argument("--limit", type=int, default=50)
+    pl.add_argument("--json", action="store_true")
+    ps = isub.add_parser("show", help="one incident with its findings")
+    ps.add_argument("id", type=int)
+    ps.add_argument("--json", action="store_true")
+    for q in (pl, ps):
+        q.add_argument("--config", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    p.set_defaults(func=cmd_incidents)
+
+    p = add("doctor", "What is installed, reachable or missing.")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_doctor)
+
+    p = add("config", "Print the resolved configuration (or --example: the documented defaults).")
+    p.add_argument("--example", action="store_true")
+    p.set_defaults(func=cmd_config)
+
+    p = add("demo", "Guard a bundled real collapsing verl run, streamed as if live (observe mode).")
+    p.add_argument("--json", action="store_true", help="print the incident timeline as JSON")
+    p.set_defaults(func=cmd_demo)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    init_logging(args.log_level)
+    try:
+        code: int = args.func(args)
+        return code
+    except ConfigError as exc:
+        log.error(str(exc))
+        return EXIT_USAGE
+    except StoreError as exc:
+        log.error(event("store_error", {"message": str(exc)}))
+        return EXIT_ERROR

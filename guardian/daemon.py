@@ -1,0 +1,248 @@
+"""The guard loop's wiring: poll sources -> store -> checks -> findings and incidents -> alerts.
+
+``Guardian.tick()`` is one pass and does all the work; ``run_forever`` only repeats it until told to
+stop. The clock is injected, so tests drive ticks against files they write.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+from guardian.checks import CheckContext, build_checks, evaluate
+from guardian.config import GuardianConfig
+from guardian.findings import Severity
+from guardian.history import Arrival, RunHistory, StepRecord
+from guardian.keys import signals_present
+from guardian.logs import event, get_logger
+from guardian.sources.checkpoints import scan_checkpoints
+from guardian.sources.jsonl import MetricsBatch, NewSegment
+from guardian.sources.rollouts import RolloutDir
+from guardian.store import Store
+from guardian.tracker import Change, StatusTracker, Transition
+
+log = get_logger("daemon")
+Clock = Callable[[], float]
+
+
+class MetricsSource(Protocol):
+    """What the daemon needs of a metrics reader (``MetricsFile`` or ``ConsoleFile``)."""
+
+    @property
+    def path(self) -> Path: ...
+
+    def poll(self, *, final: bool = False) -> MetricsBatch: ...
+
+
+@dataclass
+class TickResult:
+    new_steps: int = 0
+    transitions: list[Transition] = field(default_factory=list)
+    bad_lines: int = 0
+
+
+@dataclass
+class Guardian:
+    config: GuardianConfig
+    store: Store
+    run_id: str
+    metrics: MetricsSource
+    clock: Clock
+    rollouts: RolloutDir | None = None
+    checkpoints_dir: Path | None = None
+    on_transition: list[Callable[[str, Transition], None]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.history = RunHistory(
+            length_cap=self.config.checks.length.max_response_length,
+            train_batch_size=self.config.sources.train_batch_size,
+        )
+        self.tracker = StatusTracker()
+        self.checks = build_checks(self.config.checks)
+        self.started_at = self.clock()
+        self._ctx = CheckContext(self.history, self.config.checks.baseline, started_at=self.started_at)
+        self._attempt_id: int | None = None
+        # steps judged before a restart of the guardian: their findings are already stored
+        self._judged_through: int | None = None
+        self._known_checkpoints: dict[Path, str] = {}
+        self._reported_signals = False
+        self.bad_lines_total = 0
+
+    # -- one pass -----------------------------------------------------------------------------
+    def tick(self) -> TickResult:
+        now = self.clock()
+        result = TickResult()
+        batch = self.metrics.poll()
+        result.bad_lines = len(batch.bad_lines)
+        self.bad_lines_total += result.bad_lines
+        for bad in batch.bad_lines:
+            log.warning(event("bad_line", {"run": self.run_id, "detail": str(bad)}))
+        pending: list[StepRecord] = []
+        for item in batch.items:
+            if isinstance(item, NewSegment):
+                self._flush(pending, now)
+                self._begin_attempt(item.segment, now)
+                continue
+            if self._attempt_id is None:
+                self._begin_attempt(0, now)
+            before = self.history.branch
+            arrival = self.history.add(item, arrived_at=now)
+            if self.history.branch != before:
+                self._flush(pending, now, branch=before)
+            pending.append(item)
+            result.new_steps += arrival is not Arrival.MERGED
+            result.transitions.extend(self._judge(now))
+        self._flush(pending, now)
+        if self.rollouts is not None:
+            stats = self.rollouts.poll()
+            for step, group_stats in stats.stats:
+                values = group_stats.as_metrics()
+                self.history.merge(step, values)
+                if self._attempt_id is not None:
+                    self.store.merge_step_values(self.run_id, self._attempt_id, self.history.branch, step, values, now)
+            for problem in stats.bad:
+                log.warning(event("bad_rollout_line", {"run": self.run_id, "detail": problem}))
+        result.transitions.extend(self._judge(now))
+        self._scan_checkpoints(now)
+        if not self._reported_signals and self.history.steps:
+            self._report_signals()
+        return result
+
+    def run_forever(self, stop: threading.Event, on_tick: Callable[[TickResult], None] | None = None) -> None:
+        while not stop.is_set():
+            result = self.tick()
+            if on_tick is not None:
+                on_tick(result)
+            stop.wait(self.config.sources.poll_interval_s)
+
+    # -- stages -------------------------------------------------------------------------------
+    def _begin_attempt(self, segment: int, now: float) -> None:
+        latest = self.store.latest_attempt(self.run_id)
+        if segment == 0 and latest is not None and latest.ended_at is None:
+            # a restarted guardian re-reads the file from the start: same attempt, steps already stored
+            self._attempt_id = latest.id
+            stored = self.store.latest_step(self.run_id)
+            self._judged_through = stored[0] if stored else None
+        else:
+            if latest is not None and latest.ended_at is None:
+                self.store.end_attempt(latest.id, exit_code=None, now=now)
+            attempt = self.store.start_attempt(self.run_id, metrics_path=str(self.metrics.path), now=now)
+            self._attempt_id = attempt.id
+            self._judged_through = None
+        log.info(event("attempt", {"run": self.run_id, "attempt_id": self._attempt_id, "segment": segment}))
+
+    def _flush(self, pending: list[StepRecord], now: float, branch: int | None = None) -> None:
+        if pending and self._attempt_id is not None:
+            self.store.write_steps(
+                self.run_id, self._attempt_id, self.history.branch if branch is None else branch, pending, now
+            )
+        pending.clear()
+
+    def _judge(self, now: float) -> list[Transition]:
+        ctx = CheckContext(self.history, self._ctx.baseline, now=now, started_at=self.started_at)
+        transitions = self.tracker.update(evaluate(ctx, self.checks))
+        fresh = [t for t in transitions if not self._already_stored(t)]
+        for transition in fresh:
+            self._record(transition, now)
+            for sink in self.on_transition:
+                sink(self.run_id, transition)
+        return fresh
+
+    def _already_stored(self, t: Transition) -> bool:
+        return (
+            self._judged_through is not None and t.finding.step is not None and (t.finding.step <= self._judged_through)
+        )
+
+    def _record(self, t: Transition, now: float) -> None:
+        finding = t.finding
+        incident = self.store.open_incident_for(self.run_id, finding.check)
+        if finding.severity == Severity.CRITICAL and t.change in (Change.RAISED, Change.ESCALATED):
+            if incident is None:
+                incident = self.store.open_incident(self.run_id, finding, now)
+                log.error(
+                    event(
+                        "incident_opened",
+                        {
+                            "run": self.run_id,
+                            "incident": incident.id,
+                            "check": finding.check,
+                            "step": finding.step,
+                            "onset": finding.onset_step,
+                            "message": finding.message,
+                        },
+                    )
+                )
+            else:
+                incident = self.store.escalate_incident(incident.id, finding, now)
+            if finding.onset_step is not None:
+                self._mark_checkpoints_after(finding.onset_step, f"after onset of incident {incident.id}", now)
+        self.store.add_finding(
+            self.run_id, self._attempt_id, finding, now, incident_id=incident.id if incident else None
+        )
+        if t.change is Change.CLEARED and incident is not None:
+            self.store.close_incident(
+                incident.id, status="resolved", now=now, step=finding.step, note="recovered without intervention"
+            )
+            log.info(event("incident_recovered", {"run": self.run_id, "incident": incident.id, "step": finding.step}))
+        level = {Severity.CRITICAL: log.error, Severity.WARN: log.warning}.get(finding.severity, log.info)
+        level(
+            event(
+                "finding",
+                {
+                    "run": self.run_id,
+                    "check": finding.check,
+                    "change": t.change.value,
+                    "severity": finding.severity.label,
+                    "step": finding.step,
+                    "onset": finding.onset_step,
+                    "message": finding.message,
+                },
+            )
+        )
+
+    def _scan_checkpoints(self, now: float) -> None:
+        if self.checkpoints_dir is None:
+            return
+        last = self.history.last_step
+        for ckpt in scan_checkpoints(self.checkpoints_dir):
+            if last is None or ckpt.step > last:
+                verdict = "unknown"  # saved before its step's metrics line: judged once the line arrives
+            else:
+                verdict = "unhealthy" if self._troubled_at(ckpt.step) else "healthy"
+            if self._known_checkpoints.get(ckpt.path) == verdict:
+                continue
+            self._known_checkpoints[ckpt.path] = verdict
+            self.store.record_checkpoint(self.run_id, step=ckpt.step, path=str(ckpt.path), verdict=verdict, now=now)
+
+    def _troubled_at(self, step: int) -> bool:
+        """A critical check whose estimated onset is at or before ``step`` is current."""
+        return any(
+            f.severity == Severity.CRITICAL and f.onset_step is not None and f.onset_step <= step
+            for f in self.tracker.latest.values()
+        )
+
+    def _mark_checkpoints_after(self, onset: int, note: str, now: float) -> None:
+        for ckpt in self.store.checkpoints(self.run_id):
+            if ckpt.step >= onset and ckpt.verdict != "unhealthy":
+                self.store.record_checkpoint(
+                    self.run_id, step=ckpt.step, path=ckpt.path, verdict="unhealthy", now=now, note=note
+                )
+                self._known_checkpoints[Path(ckpt.path)] = "unhealthy"
+
+    def _report_signals(self) -> None:
+        present = signals_present(frozenset(self.history.keys_seen))
+        missing = [s.value for s in self.history.series if s not in present]
+        log.info(
+            event(
+                "signals",
+                {
+                    "run": self.run_id,
+                    "present": ",".join(f"{s.value}={k}" for s, k in present.items()),
+                    "missing": ",".join(missing),
+                },
+            )
+        )
+        self._reported_signals = True

@@ -1,0 +1,57 @@
+"""``guardian doctor``: what the guardian can use on this machine, and what is missing."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import platform
+import shutil
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from guardian.config import ConfigError, load_config
+from guardian.store import Store, StoreError, head_revision
+
+OPTIONAL_PACKAGES = {
+    "verl": "validate overrides against verl's own Hydra config (remediation)",
+    "hydra-core": "compose verl configs offline",
+    "prometheus-client": "Prometheus exporter",
+    "wandb": "wandb.alert notifier",
+    "ray": "guard Ray Jobs",
+}
+OPTIONAL_TOOLS = {"promtool": "check alert rules", "nvidia-smi": "confirm GPUs are free after a stop"}
+
+
+@dataclass(frozen=True, slots=True)
+class Check:
+    name: str
+    status: str  # ok | missing | error
+    detail: str
+
+    def to_json(self) -> dict[str, str]:
+        return {"name": self.name, "status": self.status, "detail": self.detail}
+
+
+def diagnose(config_path: str | None) -> list[Check]:
+    report = [Check("python", "ok" if sys.version_info >= (3, 11) else "error", platform.python_version())]
+    try:
+        config = load_config(Path(config_path) if config_path else None)
+    except ConfigError as exc:
+        return [*report, Check("config", "error", str(exc))]
+    report.append(Check("config", "ok", config_path or "built-in defaults"))
+    try:
+        with Store.open(config.database_url()) as store:
+            version = store.schema_version()
+            status = "ok" if version == head_revision() else "error"
+            report.append(Check("store", status, f"{store.url} schema {version} (head {head_revision()})"))
+    except StoreError as exc:
+        report.append(Check("store", "error", str(exc)))
+    for package, purpose in OPTIONAL_PACKAGES.items():
+        try:
+            report.append(Check(package, "ok", importlib.metadata.version(package)))
+        except importlib.metadata.PackageNotFoundError:
+            report.append(Check(package, "missing", f"optional: {purpose}"))
+    for tool, purpose in OPTIONAL_TOOLS.items():
+        found = shutil.which(tool)
+        report.append(Check(tool, "ok" if found else "missing", found or f"optional: {purpose}"))
+    return report

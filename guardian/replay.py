@@ -1,0 +1,117 @@
+"""Run the checks over a finished log as if it were live: one step at a time, the rollout statistics
+of a step merged just before the step is judged. Used by ``guardian replay`` and the benchmarks."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from guardian.checks import CheckContext, build_checks, evaluate
+from guardian.config import ChecksConfig
+from guardian.findings import Finding, Severity
+from guardian.history import Arrival, RunHistory, StepRecord
+from guardian.keys import signals_present
+from guardian.sources.jsonl import BadLineReport, iter_records
+from guardian.sources.rollouts import RolloutDir
+from guardian.tracker import Change, StatusTracker, Transition
+
+
+@dataclass
+class ReplayResult:
+    run: str
+    steps: int = 0
+    transitions: list[Transition] = field(default_factory=list)
+    signals: dict[str, str] = field(default_factory=dict)
+    bad_lines: list[BadLineReport] = field(default_factory=list)
+    rollout_problems: list[str] = field(default_factory=list)
+    rewinds: int = 0
+
+    @property
+    def raised(self) -> list[Finding]:
+        """Findings that entered or worsened trouble, in order."""
+        return [t.finding for t in self.transitions if t.change in (Change.RAISED, Change.ESCALATED)]
+
+    @property
+    def first_critical(self) -> Finding | None:
+        return next((f for f in self.raised if f.severity == Severity.CRITICAL), None)
+
+    @property
+    def healthy(self) -> bool:
+        return self.first_critical is None
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "run": self.run,
+            "steps": self.steps,
+            "signals": self.signals,
+            "findings": [f.to_json() for f in self.raised],
+            "verdict": "healthy" if self.healthy else "unhealthy",
+            "first_critical_step": self.first_critical.step if self.first_critical else None,
+            "bad_lines": len(self.bad_lines),
+            "rewinds": self.rewinds,
+        }
+
+
+def replay_records(
+    records: Iterable[StepRecord],
+    checks_config: ChecksConfig,
+    *,
+    run: str,
+    rules: str | None = None,
+    rollout_stats: Mapping[int, Mapping[str, float]] | None = None,
+    history: RunHistory | None = None,
+) -> ReplayResult:
+    checks = build_checks(checks_config, rules)
+    history = history if history is not None else RunHistory()
+    ctx = CheckContext(history, checks_config.baseline)
+    tracker = StatusTracker()
+    result = ReplayResult(run=run)
+    pending = dict(rollout_stats or {})
+    for record in records:
+        if pending:
+            for step in [s for s in pending if s <= record.step]:
+                history.merge(step, pending.pop(step))
+        arrival = history.add(record)
+        result.rewinds += arrival is Arrival.REWOUND
+        result.transitions.extend(tracker.update(evaluate(ctx, checks)))
+    result.steps = len(history.steps)
+    result.signals = {s.value: key for s, key in signals_present(frozenset(history.keys_seen)).items()}
+    return result
+
+
+def replay_file(
+    path: Path,
+    checks_config: ChecksConfig,
+    *,
+    rules: str | None = None,
+    rollouts: Path | None = None,
+    history: RunHistory | None = None,
+) -> ReplayResult:
+    """Replay a metrics JSONL file (streamed), with rollout dumps from ``rollouts`` if given."""
+    stats: dict[int, Mapping[str, float]] = {}
+    problems: list[str] = []
+    if rollouts is not None:
+        dumps = RolloutDir(rollouts)
+        # a finished directory: the second poll sees every dump unchanged, so all count as complete
+        for batch in (dumps.poll(), dumps.poll()):
+            stats.update({step: s.as_metrics() for step, s in batch.stats})
+            problems.extend(batch.bad)
+    bad: list[BadLineReport] = []
+
+    def records() -> Iterable[StepRecord]:
+        for chunk, chunk_bad in iter_records(path):
+            bad.extend(chunk_bad)
+            yield from chunk
+
+    result = replay_records(
+        records(),
+        checks_config,
+        run=path.stem,
+        rules=rules,
+        rollout_stats=stats,
+        history=history,
+    )
+    result.bad_lines = bad
+    result.rollout_problems = problems
+    return result

@@ -1,0 +1,40 @@
+"""verl checkpoint folders: ``{default_local_dir}/global_step_N/`` and the tracker file
+``latest_checkpointed_iteration.txt`` (facts §3.1; the tracker is written last, after the folder)."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+TRACKER_FILE = "latest_checkpointed_iteration.txt"
+STEP_DIR = re.compile(r"^global_step_(\d+)$")
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointDir:
+    step: int
+    path: Path
+
+
+def scan_checkpoints(root: Path) -> list[CheckpointDir]:
+    """The ``global_step_N`` folders under ``root``, by step; none when ``root`` does not exist."""
+    try:
+        entries = list(root.iterdir())
+    except FileNotFoundError:
+        return []
+    found = []
+    for entry in entries:
+        match = STEP_DIR.match(entry.name)
+        if match and entry.is_dir():
+            found.append(CheckpointDir(int(match.group(1)), entry.resolve()))
+    return sorted(found, key=lambda c: c.step)
+
+
+def read_tracker(root: Path) -> int | None:
+    """The step the tracker file names, or None when it is missing or unreadable."""
+    try:
+        text = (root / TRACKER_FILE).read_text(encoding="utf-8").strip()
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    return int(text) if text.isdigit() else None
