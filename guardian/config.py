@@ -138,7 +138,7 @@ class ChecksConfig(_Section):
 
 
 class SourcesConfig(_Section):
-    poll_interval_s: float = Field(1.0, gt=0, description="Seconds between polls of the run's files.")
+    poll_interval_s: float = Field(0.25, gt=0, description="Seconds between polls of the run's files.")
     train_batch_size: int | None = Field(
         None, ge=1, description="data.train_batch_size; lets EGR be estimated from DAPO eviction counts."
     )
