@@ -1,0 +1,112 @@
+"""Read verl's ``console`` logger from a captured stdout log (facts §2); a fallback to the JSONL.
+
+verl prints ``step:N - k1:v1 - k2:v2 ...`` with each number formatted by ``pprint.pformat``, so numpy
+scalars appear as ``np.float64(0.0123)`` / ``np.int64(4)`` and NaN as ``nan``. Under Ray the line is
+prefixed by the actor, e.g. ``(TaskRunnerV1 pid=1543)`` or ``(TaskRunner pid=1, ip=10.0.0.1)``, often
+in ANSI colour. Everything else in the log (config dumps, warnings, tracebacks) is not a metric line
+and is passed over quietly. A malformed ``k:v`` pair is skipped; the rest of its line still counts.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+
+from guardian.history import StepRecord
+from guardian.sources.jsonl import BadLineReport, MetricsBatch
+from guardian.sources.tail import LineTail, NewSegment
+
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+# Ray's per-actor prefix: "(TaskRunnerV1 pid=1543)", "(pid=2122)", "(TaskRunner pid=1, ip=10.0.0.1)"
+_RAY_PREFIX = re.compile(r"\([^()]*\bpid=\d+[^()]*\)\s*")
+_STEP = re.compile(r"step:(\d+)(?: - |\s*$)")
+# pprint of a numpy scalar: np.float64(0.5), np.int32(4), numpy.float32(nan)
+_NUMPY_SCALAR = re.compile(r"(?:np|numpy)\.[A-Za-z_][A-Za-z0-9_]*\((.*)\)")
+_PAIR_SEPARATOR = " - "
+
+
+def console_value(text: str) -> float | None:
+    """A printed number as a float (``math.nan`` if non-finite); None if it is not a plain number."""
+    text = text.strip()
+    wrapped = _NUMPY_SCALAR.fullmatch(text)
+    if wrapped is not None:
+        text = wrapped.group(1).strip()
+    try:
+        value = float(text)  # accepts 1e-05, nan, inf, -inf; rejects True/False, reprs, names
+    except (ValueError, OverflowError):
+        return None
+    return value if math.isfinite(value) else math.nan
+
+
+def parse_console_line(line: str) -> StepRecord | None:
+    """The metrics of one console line, or None if the line is not a ``step:N - ...`` line."""
+    text = _ANSI.sub("", line).rstrip("\r\n")
+    text = text.rsplit("\r", 1)[-1].strip()  # a carriage return redraws the line: the last part shows
+    prefix = _RAY_PREFIX.match(text)
+    if prefix is not None:
+        text = text[prefix.end() :]
+    head = _STEP.match(text)
+    if head is None:
+        return None
+    data: dict[str, float] = {}
+    for pair in text[head.end() :].split(_PAIR_SEPARATOR):
+        key, colon, raw = pair.rpartition(":")
+        key = key.strip()
+        if not colon or not key:
+            continue
+        value = console_value(raw)
+        if value is not None:
+            data[key] = value
+    return StepRecord(step=int(head.group(1)), data=data)
+
+
+class ConsoleFile:
+    """Tail a stdout log and return the metric lines in it, like ``MetricsFile`` does for the JSONL.
+
+    Non-metric lines are skipped without a report; only lines too long to keep are reported as bad.
+    """
+
+    def __init__(
+        self,
+        path: Path,
+        *,
+        chunk_bytes: int = 1 << 20,
+        max_line_bytes: int = 16 << 20,
+        max_poll_bytes: int = 64 << 20,
+    ) -> None:
+        self._tail = LineTail(
+            path, chunk_bytes=chunk_bytes, max_line_bytes=max_line_bytes, max_poll_bytes=max_poll_bytes
+        )
+        self._max_line = max_line_bytes
+        self._segment = 0
+        self._line_number = 0
+
+    @property
+    def path(self) -> Path:
+        return self._tail.path
+
+    @property
+    def segment(self) -> int:
+        return self._tail.segment
+
+    def poll(self, *, final: bool = False) -> MetricsBatch:
+        """New metric lines since the last poll; ``final=True`` also reads an unterminated last line."""
+        batch = self._tail.poll(final=final)
+        items: list[StepRecord | NewSegment] = []
+        bad: list[BadLineReport] = []
+        for item in batch.items:
+            if isinstance(item, NewSegment):
+                self._segment = item.segment
+                self._line_number = 0
+                items.append(item)
+                continue
+            self._line_number += 1
+            if isinstance(item, bytes):
+                record = parse_console_line(item.decode("utf-8", errors="replace"))
+                if record is not None:
+                    items.append(record)
+            else:
+                reason = f"line longer than {self._max_line} bytes, skipped"
+                bad.append(BadLineReport(self.path, self._segment, self._line_number, reason))
+        return MetricsBatch(items=items, bad_lines=bad, more=batch.more)

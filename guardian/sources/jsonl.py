@@ -1,0 +1,214 @@
+"""Read verl's ``file`` logger: one ``{"step":N,"data":{...}}`` object per line (facts §2).
+
+verl writes compact orjson with NaN/±inf as ``null``; the calibration traces write the bare tokens
+``NaN``/``Infinity`` instead, so a line orjson rejects is retried with the stdlib parser, which accepts
+them. Only numbers are kept (as floats); a non-finite value, however written, becomes ``math.nan``.
+A line that cannot be read is reported with its file, segment and line number and skipped: one bad
+line never costs the good lines around it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import orjson
+
+from guardian.history import StepRecord
+from guardian.sources.tail import LineTail, NewSegment, OversizedLine
+
+__all__ = [
+    "BadLine",
+    "BadLineReport",
+    "MetricsBatch",
+    "MetricsFile",
+    "NewSegment",  # re-exported: consumers of MetricsBatch.items need it
+    "iter_records",
+    "metric_value",
+    "parse_metrics_line",
+    "read_all",
+]
+
+
+class BadLine(Exception):
+    """A line that is not a metrics record; ``reason`` says why."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+@dataclass(frozen=True, slots=True)
+class BadLineReport:
+    """One unreadable line: where it is (``line_number`` counts from 1 within the segment) and why."""
+
+    path: Path
+    segment: int
+    line_number: int
+    reason: str
+
+    def __str__(self) -> str:
+        return f"{self.path}:{self.line_number} (segment {self.segment}): {self.reason}"
+
+
+@dataclass(frozen=True, slots=True)
+class MetricsBatch:
+    """Records and segment markers in file order, plus the lines that could not be read.
+
+    ``more`` is True when the file held more than one poll may read; poll again.
+    """
+
+    items: list[StepRecord | NewSegment]
+    bad_lines: list[BadLineReport]
+    more: bool = False
+
+
+def _excerpt(value: object, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _loads(line: bytes) -> object:
+    try:
+        return orjson.loads(line)
+    except orjson.JSONDecodeError:
+        pass
+    try:  # the stdlib parser accepts NaN / Infinity / -Infinity and integers of any size
+        return json.loads(line)
+    except (ValueError, RecursionError) as exc:
+        raise BadLine(f"not JSON ({exc}): {_excerpt(line)}") from None
+
+
+def _step(value: object) -> int:
+    if isinstance(value, int) and not isinstance(value, bool):
+        step = value
+    elif isinstance(value, float) and value.is_integer():
+        step = int(value)
+    else:
+        raise BadLine(f"'step' must be an integer, got {_excerpt(value)}")
+    if step < 0:
+        raise BadLine(f"'step' must be >= 0, got {step}")
+    return step
+
+
+def metric_value(value: object) -> float | None:
+    """A JSON value as a metric: a float, ``math.nan`` for null/non-finite, None for non-numbers."""
+    if value is None:
+        return math.nan
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, float):
+        return value if math.isfinite(value) else math.nan
+    if isinstance(value, int):
+        try:
+            return float(value)
+        except OverflowError:  # beyond float range: as good as infinite
+            return math.nan
+    return None
+
+
+def parse_metrics_line(line: bytes) -> StepRecord:
+    """Parse one ``file`` logger line; raise ``BadLine`` if it is not a metrics record."""
+    obj = _loads(line)
+    if not isinstance(obj, dict):
+        raise BadLine(f"not a JSON object: {_excerpt(obj)}")
+    if "step" not in obj:
+        raise BadLine("no 'step' field")
+    step = _step(obj["step"])
+    if "data" not in obj:
+        raise BadLine("no 'data' field")
+    raw = obj["data"]
+    if not isinstance(raw, dict):
+        raise BadLine(f"'data' must be an object, got {_excerpt(raw)}")
+    data: dict[str, float] = {}
+    for key, value in raw.items():
+        number = metric_value(value)
+        if number is not None:
+            data[key] = number
+    return StepRecord(step=step, data=data)
+
+
+class MetricsFile:
+    """Tail a ``file`` logger JSONL as it grows; each poll returns the new records.
+
+    A new segment (the file was truncated or replaced: verl restarted) is marked with ``NewSegment``
+    before its records; line numbers in reports restart at 1 with each segment.
+    """
+
+    def __init__(
+        self,
+        path: Path,
+        *,
+        chunk_bytes: int = 1 << 20,
+        max_line_bytes: int = 16 << 20,
+        max_poll_bytes: int = 64 << 20,
+    ) -> None:
+        self._tail = LineTail(
+            path, chunk_bytes=chunk_bytes, max_line_bytes=max_line_bytes, max_poll_bytes=max_poll_bytes
+        )
+        self._max_line = max_line_bytes
+        self._segment = 0
+        self._line_number = 0
+
+    @property
+    def path(self) -> Path:
+        return self._tail.path
+
+    @property
+    def segment(self) -> int:
+        return self._tail.segment
+
+    def poll(self, *, final: bool = False) -> MetricsBatch:
+        """New records since the last poll; ``final=True`` also reads an unterminated last line."""
+        batch = self._tail.poll(final=final)
+        items: list[StepRecord | NewSegment] = []
+        bad: list[BadLineReport] = []
+        for item in batch.items:
+            if isinstance(item, NewSegment):
+                self._segment = item.segment
+                self._line_number = 0
+                items.append(item)
+                continue
+            self._line_number += 1
+            try:
+                record = self._parse(item)
+            except BadLine as exc:
+                bad.append(BadLineReport(self.path, self._segment, self._line_number, exc.reason))
+                continue
+            if record is not None:
+                items.append(record)
+        return MetricsBatch(items=items, bad_lines=bad, more=batch.more)
+
+    def _parse(self, item: bytes | OversizedLine) -> StepRecord | None:
+        if isinstance(item, OversizedLine):
+            raise BadLine(f"line longer than {self._max_line} bytes, skipped")
+        if not item.strip():
+            return None  # a blank line carries nothing and is not worth a report
+        return parse_metrics_line(item)
+
+
+def iter_records(
+    path: Path, *, max_poll_bytes: int = 64 << 20
+) -> Iterator[tuple[list[StepRecord], list[BadLineReport]]]:
+    """Replay a finished file in bounded pieces: each yield is one poll's records and bad lines."""
+    if not Path(path).is_file():
+        raise FileNotFoundError(f"metrics file {path} does not exist")
+    source = MetricsFile(path, max_poll_bytes=max_poll_bytes)
+    while True:
+        batch = source.poll(final=True)
+        yield [item for item in batch.items if isinstance(item, StepRecord)], batch.bad_lines
+        if not batch.more:
+            return
+
+
+def read_all(path: Path, *, max_poll_bytes: int = 64 << 20) -> tuple[list[StepRecord], list[BadLineReport]]:
+    """Every record of a finished file, and its bad lines (the file is streamed, never slurped)."""
+    records: list[StepRecord] = []
+    bad: list[BadLineReport] = []
+    for chunk_records, chunk_bad in iter_records(path, max_poll_bytes=max_poll_bytes):
+        records.extend(chunk_records)
+        bad.extend(chunk_bad)
+    return records, bad

@@ -1,0 +1,256 @@
+"""Per-group reward statistics from ``trainer.rollout_data_dir`` dumps (facts §5, §1.8).
+
+verl writes ``{dir}/{step}.jsonl`` (one object per sample: input, output, gts, score, step, and in V1
+``uid = "{group-uuid}_{session}_{index}"``) from a background thread, so a step's file can appear or
+be half-written after its metric line, and a replayed step overwrites its file. GRPO learns nothing
+from a group whose samples all scored the same; the effective group ratio (EGR) is the fraction of
+groups that still carry signal. verl does not log it, so it is computed here.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import statistics
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO
+
+import orjson
+
+from guardian.keys import ALL_ONE_KEY, ALL_ZERO_KEY, EGR_KEY, GROUP_STD_KEY, GROUPS_KEY, SAMPLES_KEY
+
+# Scores within this distance count as equal (a group of equal scores has zero GRPO advantage).
+SCORE_TOLERANCE = 1e-9
+
+
+@dataclass(frozen=True, slots=True)
+class GroupStats:
+    """Group statistics of one step's rollout dump.
+
+    The fractions are over groups with at least two samples (NaN when there are none);
+    ``mean_group_reward_std`` is the mean over those groups of the sample standard deviation of their
+    scores (Bessel-corrected, as GRPO normalises advantages). ``skipped_rows`` counts rows without a
+    finite numeric score or without a way to group them.
+    """
+
+    groups: int
+    samples: int
+    effective_group_ratio: float
+    all_zero_fraction: float
+    all_one_fraction: float
+    mean_group_reward_std: float
+    skipped_rows: int = 0
+
+    def as_metrics(self) -> dict[str, float]:
+        """The statistics under the guardian's own metric keys, ready to merge into a step."""
+        return {
+            EGR_KEY: self.effective_group_ratio,
+            ALL_ZERO_KEY: self.all_zero_fraction,
+            ALL_ONE_KEY: self.all_one_fraction,
+            GROUP_STD_KEY: self.mean_group_reward_std,
+            GROUPS_KEY: float(self.groups),
+            SAMPLES_KEY: float(self.samples),
+        }
+
+
+def _score(row: Mapping[str, object]) -> float | None:
+    value = row.get("score")
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    try:
+        score = float(value)
+    except OverflowError:
+        return None
+    return score if math.isfinite(score) else None
+
+
+def _sample_key(row: Mapping[str, object], position: int) -> tuple[str, int, int] | None:
+    """(group, session, index) of a row; None if it cannot be grouped.
+
+    V1 rows carry ``uid = "{group}_{session}_{index}"``. V0 rows have no uid and are grouped by their
+    prompt text; each row is its own sample (``position`` keeps them apart).
+    """
+    uid = row.get("uid")
+    if isinstance(uid, str):
+        parts = uid.rsplit("_", 2)
+        if len(parts) == 3 and parts[1].isdigit() and parts[2].isdigit():
+            return "uid:" + parts[0], int(parts[1]), int(parts[2])
+        return "uid:" + uid, position, 0  # a bare group id: every row is a sample
+    prompt = row.get("input")
+    if isinstance(prompt, str):
+        return "input:" + prompt, position, 0
+    return None
+
+
+def group_stats(rows: Iterable[Mapping[str, object]]) -> GroupStats:
+    """Group the rows of one dump and measure how many groups still have a reward spread."""
+    # group -> session -> (index, score): one sample per session, the highest index wins
+    groups: dict[str, dict[int, tuple[int, float]]] = {}
+    skipped = 0
+    for position, row in enumerate(rows):
+        score = _score(row)
+        key = _sample_key(row, position)
+        if score is None or key is None:
+            skipped += 1
+            continue
+        group, session, index = key
+        sessions = groups.setdefault(group, {})
+        previous = sessions.get(session)
+        if previous is None or index >= previous[0]:
+            sessions[session] = (index, score)
+
+    multi = 0
+    uniform = all_zero = all_one = 0
+    stds: list[float] = []
+    for sessions in groups.values():
+        scores = [score for _, score in sessions.values()]
+        if len(scores) < 2:
+            continue
+        multi += 1
+        stds.append(statistics.stdev(scores))
+        if max(scores) - min(scores) <= SCORE_TOLERANCE:
+            uniform += 1
+            all_zero += abs(scores[0]) <= SCORE_TOLERANCE
+            all_one += abs(scores[0] - 1.0) <= SCORE_TOLERANCE
+
+    def fraction(count: int) -> float:
+        return count / multi if multi else math.nan
+
+    return GroupStats(
+        groups=len(groups),
+        samples=sum(len(sessions) for sessions in groups.values()),
+        effective_group_ratio=fraction(multi - uniform),
+        all_zero_fraction=fraction(all_zero),
+        all_one_fraction=fraction(all_one),
+        mean_group_reward_std=statistics.fmean(stds) if stds else math.nan,
+        skipped_rows=skipped,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class RolloutBatch:
+    """Steps whose dump was (re)computed this poll, in step order, and the unreadable lines."""
+
+    stats: list[tuple[int, GroupStats]]
+    bad: list[str]
+
+
+def _load_row(line: bytes) -> object:
+    try:
+        return orjson.loads(line)
+    except orjson.JSONDecodeError:
+        pass
+    return json.loads(line)  # verl writes with json.dumps: a NaN score is the bare token NaN
+
+
+class RolloutDir:
+    """Watch a rollout dump directory; each poll returns stats for dumps that are complete and new.
+
+    A dump is read once it ends with a newline and either a later step's dump was written no earlier
+    than it (the writer thread works in step order) or its size and mtime did not change since the
+    previous poll. A dump that changes afterwards (a replayed step) is read again; an unchanged one
+    never is.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self._path = Path(path)
+        self._seen: dict[int, tuple[int, int]] = {}  # step -> (size, mtime_ns) at the previous poll
+        self._done: dict[int, tuple[int, int]] = {}  # step -> (size, mtime_ns) when last computed
+
+    @property
+    def path(self) -> Path:
+        return self._path
+
+    def poll(self) -> RolloutBatch:
+        current = self._scan()
+        stats: list[tuple[int, GroupStats]] = []
+        bad: list[str] = []
+        for step in sorted(current):
+            signature = current[step]
+            if self._done.get(step) == signature or not self._ready(step, current):
+                continue
+            result = self._compute(step, signature, bad)
+            if result is not None:
+                stats.append((step, result))
+                self._done[step] = signature
+        self._seen = current
+        self._done = {step: sig for step, sig in self._done.items() if step in current}
+        return RolloutBatch(stats=stats, bad=bad)
+
+    def _file(self, step: int) -> Path:
+        return self._path / f"{step}.jsonl"
+
+    def _scan(self) -> dict[int, tuple[int, int]]:
+        found: dict[int, tuple[int, int]] = {}
+        try:
+            entries = list(os.scandir(self._path))
+        except (FileNotFoundError, NotADirectoryError):
+            return found  # the directory appears with the first dump
+        for entry in entries:
+            stem, dot, ext = entry.name.rpartition(".")
+            if not dot or ext != "jsonl" or not (stem.isascii() and stem.isdigit()):
+                continue
+            try:
+                st = entry.stat()
+            except FileNotFoundError:
+                continue
+            found[int(stem)] = (st.st_size, st.st_mtime_ns)
+        return found
+
+    def _ready(self, step: int, current: dict[int, tuple[int, int]]) -> bool:
+        size, mtime_ns = current[step]
+        if size == 0 or not self._ends_with_newline(step, size):
+            return False
+        if self._seen.get(step) == current[step]:
+            return True
+        return any(later > step and sig[1] >= mtime_ns for later, sig in current.items())
+
+    def _ends_with_newline(self, step: int, size: int) -> bool:
+        try:
+            with open(self._file(step), "rb") as handle:
+                handle.seek(size - 1)
+                return handle.read(1) == b"\n"
+        except FileNotFoundError:
+            return False
+
+    def _compute(self, step: int, signature: tuple[int, int], bad: list[str]) -> GroupStats | None:
+        """Stats of the complete lines in the first ``signature[0]`` bytes.
+
+        None if the file changed while being read: it is tried again next poll, and its bad lines are
+        reported then (so never twice for one version of the file).
+        """
+        path = self._file(step)
+        problems: list[str] = []
+        try:
+            with open(path, "rb") as handle:
+                result = group_stats(_rows(handle, signature[0], path, problems))
+            st = path.stat()
+        except FileNotFoundError:
+            return None
+        if (st.st_size, st.st_mtime_ns) != signature:
+            return None
+        bad.extend(problems)
+        return result
+
+
+def _rows(handle: BinaryIO, size: int, path: Path, problems: list[str]) -> Iterator[Mapping[str, object]]:
+    """The JSON objects on the complete lines within the first ``size`` bytes, one at a time."""
+    remaining = size
+    for number, line in enumerate(handle, start=1):
+        remaining -= len(line)
+        if remaining < 0 or not line.endswith(b"\n"):
+            return  # a partial last line, or bytes written after the scan
+        if not line.strip():
+            continue
+        try:
+            row = _load_row(line)
+        except (ValueError, RecursionError) as exc:
+            problems.append(f"{path}:{number}: not JSON ({exc})")
+            continue
+        if not isinstance(row, dict):
+            problems.append(f"{path}:{number}: not a JSON object")
+            continue
+        yield row

@@ -1,0 +1,219 @@
+"""Follow a growing text file line by line, by byte offset.
+
+verl's ``file`` logger appends one line per step to a file that it truncates on every (re)start
+(facts §2); stdout logs grow the same way and may be rotated (replaced). ``LineTail`` is the one place
+that touches the file system for these: each ``poll`` reads only the bytes appended since the last
+poll, in bounded chunks, and returns the complete lines. A partial last line (the writer is mid-line)
+waits in a small buffer until its newline arrives.
+
+A *segment* is one uninterrupted life of the file. A new segment starts when the file
+
+- shrank below the offset already read (truncated, e.g. verl restarted),
+- was replaced (``st_dev``/``st_ino`` changed, e.g. ``os.replace`` or delete-and-recreate), or
+- was truncated and rewritten to at least the old size between two polls (its first bytes, up to
+  ``HEAD_BYTES``, no longer match what was read before).
+
+A rewrite whose first ``HEAD_BYTES`` bytes equal the old ones and that is at least as long is not
+detectable from the outside; that is the limit of this design.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO
+
+# How many leading bytes fingerprint a segment (compared on every poll to catch same-size rewrites).
+HEAD_BYTES = 256
+
+
+@dataclass(frozen=True, slots=True)
+class NewSegment:
+    """Marker: the lines after it belong to segment ``segment`` (0 for the first content seen)."""
+
+    segment: int
+
+
+@dataclass(frozen=True, slots=True)
+class OversizedLine:
+    """Placeholder, in line order, for a line longer than ``max_line_bytes`` that was dropped.
+
+    It keeps line numbering exact for the readers that report bad lines by number.
+    """
+
+    segment: int
+
+
+TailItem = bytes | NewSegment | OversizedLine
+
+
+@dataclass(frozen=True, slots=True)
+class TailBatch:
+    """What one poll found, in file order.
+
+    ``items`` holds complete lines (without the newline), a ``NewSegment`` before the lines of each
+    segment (the first segment included), and an ``OversizedLine`` where a line was dropped.
+    ``oversized_lines`` counts those placeholders. ``more`` is True when the file held more bytes than
+    this poll was allowed to read: poll again (a replay of a large finished file).
+    """
+
+    items: list[TailItem]
+    oversized_lines: int = 0
+    more: bool = False
+
+
+class LineTail:
+    """Stream complete lines from ``path`` as it grows; see the module docstring for segments.
+
+    Memory is bounded: the file is read ``chunk_bytes`` at a time, at most ``max_poll_bytes`` per
+    poll, and a partial line is kept only up to ``max_line_bytes`` (longer lines are skipped to their
+    newline and reported as ``OversizedLine``).
+    """
+
+    def __init__(
+        self,
+        path: Path,
+        *,
+        chunk_bytes: int = 1 << 20,
+        max_line_bytes: int = 16 << 20,
+        max_poll_bytes: int = 64 << 20,
+    ) -> None:
+        if chunk_bytes <= 0 or max_line_bytes <= 0 or max_poll_bytes <= 0:
+            raise ValueError(
+                f"LineTail({path}): chunk_bytes, max_line_bytes and max_poll_bytes must be positive, got "
+                f"{chunk_bytes}, {max_line_bytes}, {max_poll_bytes}"
+            )
+        self._path = Path(path)
+        self._chunk = chunk_bytes
+        self._max_line = max_line_bytes
+        self._max_poll = max_poll_bytes
+        self._started = False  # True once the first byte of content was seen
+        self._segment = 0
+        self._offset = 0  # bytes of the current segment consumed (the partial buffer included)
+        self._ident: tuple[int, int] | None = None  # (st_dev, st_ino) of the file being read
+        self._head = b""  # the file's first min(HEAD_BYTES, offset) bytes, as read
+        self._partial = bytearray()  # the unterminated last line so far
+        self._skipping = False  # inside an oversized line: discard bytes until its newline
+
+    @property
+    def path(self) -> Path:
+        return self._path
+
+    @property
+    def segment(self) -> int:
+        """The current segment number (0 until a second segment is seen)."""
+        return self._segment
+
+    @property
+    def offset(self) -> int:
+        """Bytes of the current segment read so far (including a buffered partial line)."""
+        return self._offset
+
+    @property
+    def buffered_bytes(self) -> int:
+        """Size of the partial line held in memory (never more than ``max_line_bytes``)."""
+        return len(self._partial)
+
+    def poll(self, *, final: bool = False) -> TailBatch:
+        """Read what was appended since the last poll and return the complete lines.
+
+        ``final=True`` means the writer is done: once the file is read to its end, a partial last line
+        (no trailing newline) is returned as a line too. A missing file gives an empty batch.
+        """
+        out: list[TailItem] = []
+        try:
+            # Reading an open descriptor cannot raise these; only the open itself can.
+            with open(self._path, "rb", buffering=0) as handle:
+                more = self._poll_open(handle, out)
+        except (FileNotFoundError, NotADirectoryError):
+            return TailBatch(items=out)  # not there (yet): not an error
+        if final and not more and self._partial and not self._skipping:
+            out.append(bytes(self._partial))
+            self._partial.clear()
+        oversized = sum(1 for item in out if isinstance(item, OversizedLine))
+        return TailBatch(items=out, oversized_lines=oversized, more=more)
+
+    def _poll_open(self, handle: BinaryIO, out: list[TailItem]) -> bool:
+        """Segment bookkeeping and reading for an open file; returns True if bytes were left unread."""
+        st = os.fstat(handle.fileno())
+        ident = (st.st_dev, st.st_ino)
+        size = st.st_size
+        if self._started and self._is_new_segment(handle, ident, size):
+            self._start_segment(self._segment + 1, out)
+        self._ident = ident
+        if not self._started:
+            if size == 0:
+                return False
+            self._start_segment(0, out)
+        return self._read_new(handle, size, out)
+
+    def _is_new_segment(self, handle: BinaryIO, ident: tuple[int, int], size: int) -> bool:
+        if ident != self._ident or size < self._offset:
+            return True
+        if not self._head:
+            return False
+        handle.seek(0)
+        return handle.read(len(self._head)) != self._head
+
+    def _start_segment(self, segment: int, out: list[TailItem]) -> None:
+        self._started = True
+        self._segment = segment
+        self._offset = 0
+        self._head = b""
+        self._partial.clear()
+        self._skipping = False
+        out.append(NewSegment(segment))
+
+    def _read_new(self, handle: BinaryIO, size: int, out: list[TailItem]) -> bool:
+        remaining = min(size - self._offset, self._max_poll)
+        handle.seek(self._offset)
+        while remaining > 0:
+            data = handle.read(min(self._chunk, remaining))
+            if not data:
+                break
+            if len(self._head) < HEAD_BYTES:
+                self._head += data[: HEAD_BYTES - len(self._head)]
+            self._offset += len(data)
+            remaining -= len(data)
+            self._split(data, out)
+        return self._offset < size
+
+    def _split(self, data: bytes, out: list[TailItem]) -> None:
+        """Cut one chunk into lines, continuing the partial line from the previous chunk."""
+        start = 0
+        if self._skipping:
+            newline = data.find(b"\n")
+            if newline < 0:
+                return
+            self._skipping = False
+            start = newline + 1
+        if self._partial:
+            newline = data.find(b"\n", start)
+            if newline < 0:
+                self._hold(data[start:], out)
+                return
+            self._emit(bytes(self._partial) + data[start:newline], out)
+            self._partial.clear()
+            start = newline + 1
+        last = data.rfind(b"\n", start)
+        if last >= 0:
+            for line in data[start:last].split(b"\n"):
+                self._emit(line, out)
+            start = last + 1
+        self._hold(data[start:], out)
+
+    def _emit(self, line: bytes, out: list[TailItem]) -> None:
+        if len(line) > self._max_line:
+            out.append(OversizedLine(self._segment))
+        else:
+            out.append(line)
+
+    def _hold(self, piece: bytes, out: list[TailItem]) -> None:
+        """Buffer the start of an unterminated line, or give up on it if it is already too long."""
+        if len(self._partial) + len(piece) > self._max_line:
+            self._partial.clear()
+            self._skipping = True
+            out.append(OversizedLine(self._segment))
+        else:
+            self._partial += piece

@@ -1,0 +1,37 @@
+"""The guardian's SQL history: one repository object (``Store``) and the frozen views it returns."""
+
+from guardian.store.repository import (
+    CLOSED_INCIDENT_STATUSES,
+    INCIDENT_OPEN,
+    MODES,
+    VERDICTS,
+    AttemptView,
+    CheckpointView,
+    FindingView,
+    IncidentDetail,
+    IncidentView,
+    NotFoundError,
+    RunView,
+    Store,
+    StoreError,
+    head_revision,
+    mask_url,
+)
+
+__all__ = [
+    "CLOSED_INCIDENT_STATUSES",
+    "INCIDENT_OPEN",
+    "MODES",
+    "VERDICTS",
+    "AttemptView",
+    "CheckpointView",
+    "FindingView",
+    "IncidentDetail",
+    "IncidentView",
+    "NotFoundError",
+    "RunView",
+    "Store",
+    "StoreError",
+    "head_revision",
+    "mask_url",
+]

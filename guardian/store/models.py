@@ -1,0 +1,154 @@
+"""SQLAlchemy 2 declarative models: the guardian's persistent schema.
+
+The schema is versioned by the Alembic environment in ``migrations/``; any change here needs a new
+revision there (``tests/test_store.py`` fails when the two disagree).
+
+Timestamps are timezone-aware UTC ``DateTime`` columns. A step's metric values live in one blob per
+step (``orjson`` bytes of ``{key: float | null}``), never a row per value, so 10,000 steps × 300 keys
+stay small and fast to write.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from sqlalchemy import (
+    DateTime,
+    ForeignKey,
+    Index,
+    Integer,
+    LargeBinary,
+    MetaData,
+    String,
+    Text,
+    UniqueConstraint,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+NAMING_CONVENTION = {
+    "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+
+class Base(DeclarativeBase):
+    """Declarative base with a constraint naming convention (stable names for migrations)."""
+
+    metadata = MetaData(naming_convention=NAMING_CONVENTION)
+
+
+def _utc() -> DateTime:
+    return DateTime(timezone=True)
+
+
+class Run(Base):
+    """One guarded training run."""
+
+    __tablename__ = "runs"
+
+    id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    name: Mapped[str] = mapped_column(String(255))
+    created_at: Mapped[datetime] = mapped_column(_utc())
+    metrics_path: Mapped[str] = mapped_column(Text)
+    rollouts_dir: Mapped[str] = mapped_column(Text)
+    checkpoints_dir: Mapped[str | None] = mapped_column(Text)
+    mode: Mapped[str] = mapped_column(String(16))
+    status: Mapped[str] = mapped_column(String(32))
+    config_json: Mapped[str | None] = mapped_column(Text)
+
+
+class Attempt(Base):
+    """One launch of the trainer for a run (the first start, then each resume)."""
+
+    __tablename__ = "attempts"
+    __table_args__ = (UniqueConstraint("run_id", "number"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id"))
+    number: Mapped[int] = mapped_column(Integer)
+    started_at: Mapped[datetime] = mapped_column(_utc())
+    ended_at: Mapped[datetime | None] = mapped_column(_utc())
+    command_json: Mapped[str | None] = mapped_column(Text)
+    metrics_path: Mapped[str] = mapped_column(Text)
+    pid: Mapped[int | None] = mapped_column(Integer)
+    exit_code: Mapped[int | None] = mapped_column(Integer)
+
+
+class Step(Base):
+    """All metric values of one step of one branch of one attempt, as one orjson blob."""
+
+    __tablename__ = "steps"
+    __table_args__ = (
+        UniqueConstraint("attempt_id", "branch", "step"),
+        Index("ix_steps_run_id_step", "run_id", "step"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id"))
+    attempt_id: Mapped[int] = mapped_column(ForeignKey("attempts.id"))
+    branch: Mapped[int] = mapped_column(Integer)
+    step: Mapped[int] = mapped_column(Integer)
+    recorded_at: Mapped[datetime] = mapped_column(_utc())
+    metrics: Mapped[bytes] = mapped_column(LargeBinary)
+
+
+class Checkpoint(Base):
+    """A checkpoint folder the guardian has seen, with its health verdict."""
+
+    __tablename__ = "checkpoints"
+    __table_args__ = (UniqueConstraint("run_id", "path"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id"))
+    step: Mapped[int] = mapped_column(Integer)
+    path: Mapped[str] = mapped_column(String(1024))
+    found_at: Mapped[datetime] = mapped_column(_utc())
+    verdict: Mapped[str] = mapped_column(String(16))
+    note: Mapped[str | None] = mapped_column(Text)
+
+
+class Incident(Base):
+    """A problem the guardian tracks from detection to closing (the intervention state machine)."""
+
+    __tablename__ = "incidents"
+    __table_args__ = (Index("ix_incidents_run_id_status", "run_id", "status"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id"))
+    check: Mapped[str] = mapped_column(String(64))
+    severity: Mapped[str] = mapped_column(String(16))
+    status: Mapped[str] = mapped_column(String(32))
+    opened_at: Mapped[datetime] = mapped_column(_utc())
+    opened_step: Mapped[int | None] = mapped_column(Integer)
+    onset_step: Mapped[int | None] = mapped_column(Integer)
+    updated_at: Mapped[datetime] = mapped_column(_utc())
+    closed_at: Mapped[datetime | None] = mapped_column(_utc())
+    closed_step: Mapped[int | None] = mapped_column(Integer)
+    message: Mapped[str] = mapped_column(Text)
+    evidence_json: Mapped[str] = mapped_column(Text)
+    note: Mapped[str | None] = mapped_column(Text)
+
+
+class FindingRow(Base):
+    """One check's verdict at one step (only the ones worth keeping: not OK)."""
+
+    __tablename__ = "findings"
+    __table_args__ = (
+        Index("ix_findings_run_id", "run_id"),
+        Index("ix_findings_incident_id", "incident_id"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id"))
+    attempt_id: Mapped[int | None] = mapped_column(ForeignKey("attempts.id"))
+    check: Mapped[str] = mapped_column(String(64))
+    severity: Mapped[str] = mapped_column(String(16))
+    step: Mapped[int | None] = mapped_column(Integer)
+    onset_step: Mapped[int | None] = mapped_column(Integer)
+    message: Mapped[str] = mapped_column(Text)
+    evidence_json: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(_utc())
+    incident_id: Mapped[int | None] = mapped_column(ForeignKey("incidents.id"))

@@ -1,0 +1,380 @@
+"""The SQL store on real SQLite files: migrations, step blobs, timelines, incidents, concurrency, errors."""
+
+from __future__ import annotations
+
+import json
+import math
+import sqlite3
+import threading
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+from alembic.autogenerate import compare_metadata
+from alembic.runtime.migration import MigrationContext
+from sqlalchemy import create_engine, inspect
+
+from guardian.findings import Finding, Severity
+from guardian.history import StepRecord
+from guardian.store import (
+    NotFoundError,
+    Store,
+    StoreError,
+    head_revision,
+    mask_url,
+)
+from guardian.store.models import Base
+
+T0 = 1_795_000_000.0  # 2026-11-18, any fixed instant
+
+
+def _url(path: Path) -> str:
+    return f"sqlite:///{path}"
+
+
+@pytest.fixture
+def db_path(tmp_path: Path) -> Path:
+    return tmp_path / "home" / "guardian.db"
+
+
+@pytest.fixture
+def store(db_path: Path) -> Iterator[Store]:
+    with Store.open(_url(db_path)) as opened:
+        yield opened
+
+
+def _run(store: Store, run_id: str = "run-20261130-0142-ab12") -> str:
+    store.ensure_run(
+        run_id,
+        name="gsm8k-grpo",
+        metrics_path="/runs/a/metrics.jsonl",
+        rollouts_dir="/runs/a/rollouts",
+        checkpoints_dir="/ckpt/a",
+        mode="observe",
+        now=T0,
+    )
+    return run_id
+
+
+def _finding(
+    severity: Severity = Severity.WARN, step: int = 10, check: str = "entropy", onset: int | None = 8
+) -> Finding:
+    return Finding(
+        check=check,
+        severity=severity,
+        step=step,
+        message=f"entropy collapsing at {step}",
+        onset_step=onset,
+        evidence={"entropy": 0.01, "baseline": 0.6, "ratio": math.nan, "key": "actor/entropy"},
+    )
+
+
+# ------------------------------------------------------------------------------------ schema
+
+
+def test_open_creates_the_schema_at_head_with_wal(db_path: Path, store: Store) -> None:
+    assert db_path.exists()
+    assert store.schema_version() == head_revision() == "0001"
+    engine = create_engine(_url(db_path))
+    try:
+        tables = set(inspect(engine).get_table_names())
+    finally:
+        engine.dispose()
+    assert {"runs", "attempts", "steps", "checkpoints", "findings", "incidents", "alembic_version"} <= tables
+    with sqlite3.connect(db_path) as raw:
+        assert raw.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    raw.close()
+
+
+def test_reopening_is_a_no_op_upgrade_that_keeps_history(db_path: Path) -> None:
+    with Store.open(_url(db_path)) as first:
+        run_id = _run(first)
+        first.add_finding(run_id, None, _finding(), now=T0)
+    with Store.open(_url(db_path)) as second:
+        assert second.schema_version() == head_revision()
+        assert [r.id for r in second.list_runs()] == [run_id]
+    with sqlite3.connect(db_path) as raw:
+        assert raw.execute("SELECT version_num FROM alembic_version").fetchall() == [("0001",)]
+        assert raw.execute("SELECT count(*) FROM findings").fetchone()[0] == 1
+    raw.close()
+
+
+def test_hand_written_migration_matches_the_models(db_path: Path, store: Store) -> None:
+    engine = create_engine(_url(db_path))
+    try:
+        with engine.connect() as connection:
+            diffs = compare_metadata(MigrationContext.configure(connection), Base.metadata)
+    finally:
+        engine.dispose()
+    assert diffs == []
+
+
+def test_in_memory_sqlite_works_across_threads() -> None:
+    with Store.open("sqlite://") as memory:
+        run_id = _run(memory)
+        seen: list[int] = []
+        thread = threading.Thread(target=lambda: seen.append(len(memory.list_runs())))
+        thread.start()
+        thread.join()
+        assert seen == [1]
+        assert memory.get_run(run_id) is not None
+
+
+# ------------------------------------------------------------------------------------ errors
+
+
+def test_missing_driver_raises_store_error_without_the_password() -> None:
+    url = "postgresql+psycopg://u:secret@127.0.0.1:1/db"
+    with pytest.raises(StoreError) as caught:
+        Store.open(url)
+    message = str(caught.value)
+    assert "secret" not in message
+    assert "postgresql+psycopg://u:***@127.0.0.1:1/db" in message
+
+
+def test_unwritable_sqlite_location_raises_store_error(tmp_path: Path) -> None:
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("a file where a folder should be")
+    with pytest.raises(StoreError, match="not-a-dir"):
+        Store.open(_url(blocker / "sub" / "guardian.db"))
+
+
+def test_unparseable_url_is_masked_too() -> None:
+    with pytest.raises(StoreError) as caught:
+        Store.open("postgresql://u:secret@host:notaport/db")
+    assert "secret" not in str(caught.value)
+    assert mask_url("nonsense://u:secret@x") == "nonsense://u:***@x"
+
+
+def test_invalid_values_are_refused(store: Store) -> None:
+    run_id = _run(store)
+    with pytest.raises(ValueError, match="mode"):
+        store.ensure_run("other", name="n", metrics_path="m", rollouts_dir="r", checkpoints_dir=None, mode="x", now=T0)
+    with pytest.raises(ValueError, match="verdict"):
+        store.record_checkpoint(run_id, step=1, path="/c/1", verdict="great", now=T0)
+    with pytest.raises(NotFoundError):
+        store.start_attempt("no-such-run", metrics_path="m", now=T0)
+    with pytest.raises(NotFoundError):
+        store.close_incident(999, status="resolved", now=T0)
+
+
+# ------------------------------------------------------------------------------ runs, attempts
+
+
+def test_runs_and_attempts(store: Store) -> None:
+    run_id = _run(store)
+    again = store.ensure_run(
+        run_id, name="renamed", metrics_path="x", rollouts_dir="y", checkpoints_dir=None, mode="enforce", now=T0
+    )
+    assert again.name == "gsm8k-grpo" and again.mode == "observe"
+    assert again.created_at == datetime.fromtimestamp(T0, tz=UTC)
+    assert store.latest_attempt(run_id) is None
+
+    first = store.start_attempt(run_id, metrics_path="/a1/metrics.jsonl", now=T0, command=["python", "-m", "x"])
+    store.end_attempt(first.id, exit_code=1, now=T0 + 60)
+    second = store.start_attempt(run_id, metrics_path="/a2/metrics.jsonl", now=T0 + 70, pid=4242)
+    assert (first.number, second.number) == (1, 2)
+    latest = store.latest_attempt(run_id)
+    assert latest is not None and latest.id == second.id and latest.pid == 4242
+    assert store.end_attempt(first.id, exit_code=1, now=T0 + 60).ended_at == datetime.fromtimestamp(T0 + 60, tz=UTC)
+    assert first.to_json()["command"] == ["python", "-m", "x"]
+    assert store.set_run_status(run_id, "stopped").status == "stopped"
+    json.dumps([r.to_json() for r in store.list_runs()])
+
+
+# --------------------------------------------------------------------------------------- steps
+
+N_STEPS = 2_000
+N_KEYS = 300
+KEYS = [f"actor/metric_{i:03d}" for i in range(N_KEYS)]
+
+
+def _value(step: int, k: int) -> float:
+    if k == 7 and step % 100 == 0:
+        return math.nan
+    if k == 8 and step % 250 == 0:
+        return math.inf
+    return step + k / 1000.0
+
+
+def test_bulk_write_of_2000_steps_by_300_keys_reads_back(store: Store) -> None:
+    run_id = _run(store)
+    attempt = store.start_attempt(run_id, metrics_path="m", now=T0)
+    batch = 250
+    for start in range(1, N_STEPS + 1, batch):
+        records = [
+            StepRecord(step, {key: _value(step, k) for k, key in enumerate(KEYS)})
+            for step in range(start, min(start + batch, N_STEPS + 1))
+        ]
+        store.write_steps(run_id, attempt.id, 0, records, now=T0 + start)
+
+    assert store.count_steps(run_id) == N_STEPS
+    series = store.step_series(run_id, [KEYS[0], KEYS[7], KEYS[8], "absent/key"])
+    assert series["absent/key"] == []
+    assert series[KEYS[0]] == [(step, float(step)) for step in range(1, N_STEPS + 1)]
+    nan_points = dict(series[KEYS[7]])
+    assert nan_points[100] is None and nan_points[101] == pytest.approx(101.007)
+    inf_points = dict(series[KEYS[8]])
+    assert inf_points[250] is None and inf_points[251] == pytest.approx(251.008)
+    latest = store.latest_step(run_id)
+    assert latest is not None
+    step, values = latest
+    assert step == N_STEPS and len(values) == N_KEYS and values[KEYS[299]] == pytest.approx(N_STEPS + 0.299)
+
+
+def test_lines_for_one_step_merge_later_values_winning(store: Store) -> None:
+    run_id = _run(store)
+    attempt = store.start_attempt(run_id, metrics_path="m", now=T0)
+    store.write_steps(
+        run_id,
+        attempt.id,
+        0,
+        [StepRecord(5, {"val/score": 0.3, "a": 1.0}), StepRecord(5, {"a": 2.0, "b": 3.0})],
+        now=T0,
+    )
+    store.write_steps(run_id, attempt.id, 0, [StepRecord(5, {"b": math.nan, "c": 4.0})], now=T0 + 1)
+    store.merge_step_values(run_id, attempt.id, 0, 5, {"guardian/rollout/effective_group_ratio": 0.5}, T0 + 2)
+    store.merge_step_values(run_id, attempt.id, 0, 6, {"guardian/rollout/effective_group_ratio": 0.4}, T0 + 3)
+
+    assert store.count_steps(run_id) == 2
+    series = store.step_series(run_id, ["val/score", "a", "b", "c", "guardian/rollout/effective_group_ratio"])
+    assert series["val/score"] == [(5, 0.3)]
+    assert series["a"] == [(5, 2.0)]
+    assert series["b"] == [(5, None)]
+    assert series["c"] == [(5, 4.0)]
+    assert series["guardian/rollout/effective_group_ratio"] == [(5, 0.5), (6, 0.4)]
+
+
+def test_branches_and_attempts_form_the_active_timeline(store: Store) -> None:
+    run_id = _run(store)
+    first = store.start_attempt(run_id, metrics_path="m1", now=T0)
+    store.write_steps(run_id, first.id, 0, [StepRecord(s, {"x": float(s)}) for s in range(1, 11)], T0)
+    # rollback inside the attempt: steps 6.. re-run on branch 1, abandoned at 8
+    store.write_steps(run_id, first.id, 1, [StepRecord(s, {"x": 100.0 + s}) for s in range(6, 9)], T0)
+
+    expected_x = [(s, float(s)) for s in range(1, 6)] + [(s, 100.0 + s) for s in range(6, 9)]
+    assert store.step_series(run_id, ["x"])["x"] == expected_x
+    assert store.count_steps(run_id) == 8
+    assert store.latest_step(run_id) == (8, {"x": 108.0})
+
+    # the same step on another branch does not merge into the old one
+    store.merge_step_values(run_id, first.id, 0, 7, {"y": 1.0}, T0)
+    assert store.step_series(run_id, ["y"])["y"] == []
+
+    # a new attempt resumes from an older checkpoint
+    second = store.start_attempt(run_id, metrics_path="m2", now=T0 + 100)
+    store.write_steps(run_id, second.id, 0, [StepRecord(s, {"x": 200.0 + s}) for s in (4, 5)], T0 + 100)
+    assert store.step_series(run_id, ["x"])["x"] == [(1, 1.0), (2, 2.0), (3, 3.0), (4, 204.0), (5, 205.0)]
+    assert store.latest_step(run_id) == (5, {"x": 205.0})
+
+    # runs do not see each other's steps
+    other = _run(store, "run-other")
+    assert store.count_steps(other) == 0 and store.latest_step(other) is None
+
+
+# --------------------------------------------------------------------------------- checkpoints
+
+
+def test_checkpoints_upsert_on_path(store: Store) -> None:
+    run_id = _run(store)
+    store.record_checkpoint(run_id, step=20, path="/ckpt/a/global_step_20", verdict="unknown", now=T0)
+    store.record_checkpoint(run_id, step=10, path="/ckpt/a/global_step_10", verdict="healthy", now=T0)
+    updated = store.record_checkpoint(
+        run_id, step=20, path="/ckpt/a/global_step_20", verdict="unhealthy", now=T0 + 5, note="entropy"
+    )
+    assert updated.found_at == datetime.fromtimestamp(T0, tz=UTC)
+    listed = store.checkpoints(run_id)
+    assert [(c.step, c.verdict, c.note) for c in listed] == [(10, "healthy", None), (20, "unhealthy", "entropy")]
+    json.dumps([c.to_json() for c in listed])
+
+
+# ---------------------------------------------------------------------------------- incidents
+
+
+def test_incident_lifecycle_with_findings(store: Store) -> None:
+    run_id = _run(store)
+    attempt = store.start_attempt(run_id, metrics_path="m", now=T0)
+    assert store.open_incident_for(run_id, "entropy") is None
+
+    warn = _finding(Severity.WARN, step=10, onset=8)
+    incident = store.open_incident(run_id, warn, now=T0 + 10)
+    store.add_finding(run_id, attempt.id, warn, now=T0 + 10, incident_id=incident.id)
+    assert incident.status == "open" and incident.is_open and incident.severity is Severity.WARN
+    assert incident.evidence["ratio"] is None
+    found = store.open_incident_for(run_id, "entropy")
+    assert found is not None and found.id == incident.id
+
+    critical = _finding(Severity.CRITICAL, step=12, onset=6)
+    escalated = store.escalate_incident(incident.id, critical, now=T0 + 12)
+    store.add_finding(run_id, attempt.id, critical, now=T0 + 12, incident_id=incident.id)
+    assert escalated.severity is Severity.CRITICAL and escalated.onset_step == 6
+    calmer = store.escalate_incident(incident.id, _finding(Severity.WARN, step=13, onset=9), now=T0 + 13)
+    assert calmer.severity is Severity.CRITICAL and calmer.onset_step == 6 and calmer.opened_step == 10
+
+    stopping = store.set_incident_status(incident.id, "stopping", now=T0 + 14)
+    assert stopping.is_open and store.open_incident_for(run_id, "entropy") is not None
+    closed = store.close_incident(incident.id, status="resolved", now=T0 + 50, step=40, note="probation passed")
+    assert closed.closed_step == 40 and closed.closed_at == datetime.fromtimestamp(T0 + 50, tz=UTC)
+    assert not closed.is_open and store.open_incident_for(run_id, "entropy") is None
+
+    later = store.open_incident(run_id, _finding(check="kl", step=60), now=T0 + 60)
+    other_run = _run(store, "run-other")
+    store.open_incident(other_run, _finding(check="kl", step=1), now=T0 + 70)
+    assert [i.id for i in store.list_incidents(run_id)] == [later.id, incident.id]
+    assert len(store.list_incidents()) == 3 and len(store.list_incidents(limit=1)) == 1
+
+    detail = store.get_incident(incident.id)
+    assert detail is not None
+    assert [f.severity for f in detail.findings] == [Severity.WARN, Severity.CRITICAL]
+    assert detail.findings[0].evidence == {"entropy": 0.01, "baseline": 0.6, "ratio": None, "key": "actor/entropy"}
+    as_json = detail.to_json()
+    assert as_json["severity"] == "critical" and as_json["note"] == "probation passed"
+    assert json.loads(json.dumps(as_json))["findings"][1]["step"] == 12
+    assert store.get_incident(12345) is None
+    with pytest.raises(ValueError, match="status"):
+        store.close_incident(incident.id, status="open", now=T0)
+
+
+# -------------------------------------------------------------------------------- concurrency
+
+
+def test_reader_sees_commits_while_writers_write(db_path: Path) -> None:
+    """WAL: a reader never waits for the writers and sees every committed batch; two writers queue
+    on BEGIN IMMEDIATE instead of failing with 'database is locked'."""
+    batches, per_batch = 30, 40
+    with Store.open(_url(db_path)) as setup:
+        runs = [_run(setup, "run-a"), _run(setup, "run-b")]
+        attempts = [setup.start_attempt(r, metrics_path="m", now=T0).id for r in runs]
+    committed = [0, 0]
+    errors: list[BaseException] = []
+
+    def write(index: int) -> None:
+        try:
+            with Store.open(_url(db_path)) as writer:
+                for b in range(batches):
+                    records = [
+                        StepRecord(b * per_batch + i, {key: 1.0 for key in KEYS}) for i in range(1, per_batch + 1)
+                    ]
+                    writer.write_steps(runs[index], attempts[index], 0, records, now=T0)
+                    committed[index] = (b + 1) * per_batch
+        except BaseException as exc:
+            errors.append(exc)
+
+    writers = [threading.Thread(target=write, args=(i,)) for i in range(2)]
+    seen: list[int] = []
+    with Store.open(_url(db_path)) as reader:
+        for thread in writers:
+            thread.start()
+        while any(thread.is_alive() for thread in writers):
+            floor = committed[0]
+            count = reader.count_steps(runs[0])
+            assert count >= floor
+            assert not seen or count >= seen[-1]
+            seen.append(count)
+            reader.step_series(runs[1], [KEYS[0]])
+        for thread in writers:
+            thread.join()
+        assert errors == []
+        assert [reader.count_steps(r) for r in runs] == [batches * per_batch] * 2
+    assert len(seen) > 1
