@@ -1,0 +1,77 @@
+"""Replay every real trace in ../shared/traces with the expected verdict (labels.json).
+
+Calibration contract: no critical finding on any healthy trace; every long unhealthy trace (>= 20
+records; the 4-6 record ones are spot checks too sparse for windowed checks) caught.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from conftest import SHARED, shared_path
+
+from guardian.config import ChecksConfig
+from guardian.keys import Signal
+from guardian.replay import replay_file
+
+LONG = 20
+
+
+def labels() -> list[dict[str, object]]:
+    path = SHARED / "traces" / "labels.json"
+    return json.loads(path.read_text()) if path.exists() else []
+
+
+@pytest.mark.parametrize("label", labels(), ids=lambda lab: str(lab["file"]))
+def test_trace_verdict(label: dict[str, object]) -> None:
+    path = shared_path("traces", str(label["file"]))
+    result = replay_file(path, ChecksConfig())
+    assert result.steps == label["records"] or result.steps >= 1
+    assert not result.bad_lines
+    if label["label"] in ("healthy", "borderline"):
+        assert result.first_critical is None, f"false critical: {result.first_critical}"
+    elif label["label"] == "unhealthy" and int(str(label["records"])) >= LONG:
+        first = result.first_critical
+        assert first is not None, "long unhealthy trace not caught"
+        onset = label["onset_step"]
+        assert first.step is not None and isinstance(onset, int)
+        assert 0 <= first.step - onset <= 25  # p95 target of the design (anchors §4.3)
+
+
+def test_nan_trace_is_caught_within_one_step() -> None:
+    result = replay_file(shared_path("traces", "tinyzero-exp-nan-1.jsonl"), ChecksConfig())
+    first = result.first_critical
+    assert first is not None and first.check == "non_finite"
+    assert first.step is not None and first.step - 90 <= 1
+    assert first.onset_step == 90
+
+
+def test_shared_traces_exist() -> None:
+    assert labels(), "labels.json missing or empty"
+    for lab in labels():
+        shared_path("traces", str(lab["file"]))
+
+
+def test_real_verl_091_run_with_rollouts_reports_egr() -> None:
+    run = shared_path("verl-0.9.1-run")
+    result = replay_file(run / "metrics-10-steps.jsonl", ChecksConfig(), rollouts=run / "rollouts")
+    assert result.signals["egr"] == "guardian/rollout/effective_group_ratio"
+    assert result.signals["entropy"] == "actor/entropy"
+    assert result.signals["log_ppl"] == "rollout_corr/training_log_ppl"
+    assert result.steps == 10
+
+
+def test_resume_trace_is_a_new_branch_not_an_error() -> None:
+    run = shared_path("verl-0.9.1-run")
+    from guardian.history import RunHistory
+
+    history = RunHistory()
+    replay_file(run / "metrics-30-steps.jsonl", ChecksConfig(), history=history)
+    result = replay_file(run / "metrics-resume-step20-lr-patched.jsonl", ChecksConfig(), history=history)
+    assert result.rewinds == 1
+    assert history.branch == 1
+    # the resumed run logged steps 20 (validation) .. 25: the abandoned 26..30 leave the timeline
+    assert history.steps == list(range(0, 26))
+    lr = history.signal(Signal.LR)
+    assert lr.steps[-1] == 25 and lr.values[-1] == pytest.approx(1e-3)  # the LR trap: patched 1e-5 ignored
