@@ -1,6 +1,9 @@
 """The guardian's SQL history: one repository object (``Store``) and the frozen views it returns."""
 
-from guardian.store.repository import (
+from guardian.store.engine import head_revision, mask_url
+from guardian.store.errors import NotFoundError, StoreError
+from guardian.store.repository import Store
+from guardian.store.views import (
     CLOSED_INCIDENT_STATUSES,
     INCIDENT_OPEN,
     MODES,
@@ -10,12 +13,7 @@ from guardian.store.repository import (
     FindingView,
     IncidentDetail,
     IncidentView,
-    NotFoundError,
     RunView,
-    Store,
-    StoreError,
-    head_revision,
-    mask_url,
 )
 
 __all__ = [

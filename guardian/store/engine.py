@@ -1,0 +1,147 @@
+"""Engines on the guardian's database and the schema migrations that keep it current.
+
+``open_engine`` builds the SQLAlchemy engine for a URL and runs ``alembic upgrade head`` on it, so
+history survives upgrades; every failure surfaces as ``StoreError`` with the password masked.
+
+SQLite (the default) is opened in WAL mode with ``busy_timeout=5000``, ``synchronous=NORMAL`` and
+``foreign_keys=ON`` on every connection; SQLAlchemy emits the ``BEGIN`` itself (``BEGIN IMMEDIATE``
+for write transactions, those whose connection carries the ``WRITE_OPTION`` execution option), so
+readers never block the writer and two writers queue on the lock instead of failing half-way.
+"""
+
+from __future__ import annotations
+
+import re
+import sqlite3
+from pathlib import Path
+from typing import Final
+
+from alembic import command
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from alembic.util import CommandError
+from sqlalchemy import Connection, Engine, create_engine, event
+from sqlalchemy.engine import URL, make_url
+from sqlalchemy.exc import ArgumentError, SQLAlchemyError
+from sqlalchemy.pool import StaticPool
+
+from guardian.store.errors import StoreError
+
+MIGRATIONS_DIR: Final = Path(__file__).resolve().parent / "migrations"
+
+WRITE_OPTION: Final = "guardian_write"
+"""Execution option that marks a connection's transactions as writes (``BEGIN IMMEDIATE`` on SQLite)."""
+
+_SQLITE_PRAGMAS: Final = (
+    "PRAGMA busy_timeout=5000",
+    "PRAGMA journal_mode=WAL",
+    "PRAGMA synchronous=NORMAL",
+    "PRAGMA foreign_keys=ON",
+)
+_PASSWORD_IN_URL = re.compile(r"(://[^:/@\s]*:)[^@\s]*@")
+
+
+def mask_url(url: str) -> str:
+    """``url`` with any password replaced by ``***`` (also when it does not parse)."""
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except (ArgumentError, ValueError):
+        return _PASSWORD_IN_URL.sub(r"\1***@", url)
+
+
+def head_revision() -> str:
+    """The newest schema revision this version of the guardian ships."""
+    head = ScriptDirectory.from_config(_alembic_config(None)).get_current_head()
+    if head is None:
+        raise StoreError("the packaged migrations have no head revision")
+    return head
+
+
+def current_revision(engine: Engine) -> str | None:
+    """The schema revision the database behind ``engine`` is at, or None if it has none."""
+    with engine.connect() as connection:
+        revision: str | None = MigrationContext.configure(connection).get_current_revision()
+    return revision
+
+
+def open_engine(url: str) -> Engine:
+    """An engine on ``url`` with the schema brought to the newest revision.
+
+    Raises ``StoreError`` (URL shown with its password masked) when the URL is invalid, its driver
+    is missing, the database cannot be reached or created, or the migration fails.
+    """
+    masked = mask_url(url)
+    parsed: URL | None = None
+    engine: Engine | None = None
+    try:
+        parsed = make_url(url)
+        if parsed.get_backend_name() == "sqlite":
+            engine = _sqlite_engine(parsed)
+        else:
+            engine = create_engine(parsed, pool_pre_ping=True)
+        _upgrade(engine, parsed)
+    except (SQLAlchemyError, CommandError, OSError, ImportError, ValueError) as exc:
+        if engine is not None:
+            engine.dispose()
+        raise StoreError(f"cannot open store at {masked}: {_reason(exc, parsed)}") from None
+    return engine
+
+
+def _alembic_config(url: URL | None) -> Config:
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS_DIR))
+    config.set_main_option("path_separator", "os")
+    if url is not None:
+        # configparser interpolates '%', so a percent-encoded password must be escaped
+        config.set_main_option("sqlalchemy.url", url.render_as_string(hide_password=False).replace("%", "%%"))
+    return config
+
+
+def _upgrade(engine: Engine, url: URL) -> None:
+    """``alembic upgrade head`` inside one write transaction on the store's own connection."""
+    config = _alembic_config(url)
+    with engine.connect() as connection:
+        connection.execution_options(**{WRITE_OPTION: True})
+        with connection.begin():
+            config.attributes["connection"] = connection
+            command.upgrade(config, "head")
+
+
+def _sqlite_on_connect(dbapi_connection: sqlite3.Connection, _record: object) -> None:
+    # SQLAlchemy emits BEGIN itself (see _sqlite_on_begin); pysqlite's own handling would not.
+    dbapi_connection.isolation_level = None
+    cursor = dbapi_connection.cursor()
+    try:
+        for pragma in _SQLITE_PRAGMAS:
+            cursor.execute(pragma)
+    finally:
+        cursor.close()
+
+
+def _sqlite_on_begin(connection: Connection) -> None:
+    writes = bool(connection.get_execution_options().get(WRITE_OPTION))
+    connection.exec_driver_sql("BEGIN IMMEDIATE" if writes else "BEGIN")
+
+
+def _sqlite_engine(url: URL) -> Engine:
+    database = url.database or ""
+    in_memory = database in ("", ":memory:") or "mode=memory" in database
+    if in_memory:
+        engine = create_engine(url, poolclass=StaticPool, connect_args={"check_same_thread": False})
+    else:
+        if not database.startswith("file:"):
+            Path(database).expanduser().parent.mkdir(parents=True, exist_ok=True)
+        engine = create_engine(url)
+    event.listen(engine, "connect", _sqlite_on_connect)
+    event.listen(engine, "begin", _sqlite_on_begin)
+    return engine
+
+
+def _reason(exc: BaseException, url: URL | None) -> str:
+    """The first line of an error, with the password scrubbed should a driver echo it."""
+    lines = str(exc).strip().splitlines()
+    text = f"{type(exc).__name__}: {lines[0] if lines else ''}".rstrip(": ")
+    if url is not None and url.password:
+        text = text.replace(str(url.password), "***")
+    return _PASSWORD_IN_URL.sub(r"\1***@", text)
