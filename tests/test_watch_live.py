@@ -61,7 +61,7 @@ def test_watch_follows_append_truncate_rewrite_and_exits_cleanly(tmp_path: Path)
             wait_for(lambda: store.count_steps("live") == 60)
     finally:
         proc.send_signal(signal.SIGINT)
-        out_text, err_text = proc.communicate(timeout=20)
+        _, err_text = proc.communicate(timeout=20)
     assert proc.returncode == 3, err_text.decode()[-2000:]  # a critical finding stands: unhealthy
     with Store.open(db) as store:
         attempts = store.latest_attempt("live")
