@@ -23,7 +23,7 @@ from guardian.config import ConfigError, GuardianConfig, example_yaml, load_conf
 from guardian.findings import Severity
 from guardian.logs import event, get_logger, init_logging
 from guardian.replay import ReplayResult, replay_file
-from guardian.store import Store, StoreError
+from guardian.store import Store, StoreError, mask_url
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_UNHEALTHY = 0, 1, 2, 3
 log = get_logger("cli")
@@ -207,8 +207,10 @@ def cmd_config(args: argparse.Namespace) -> int:
     if args.example:
         sys.stdout.write(example_yaml())
         return EXIT_OK
-    config = _config(args)
-    _print_json(config.model_dump(mode="json"))
+    document = _config(args).model_dump(mode="json")
+    if document["db_url"]:
+        document["db_url"] = mask_url(document["db_url"])
+    _print_json(document)
     return EXIT_OK
 
 

@@ -76,3 +76,12 @@ def test_doctor_reports_store_and_optional_tools(capsys: pytest.CaptureFixture[s
     assert report["store"]["status"] == "ok"
     assert report["python"]["status"] == "ok"
     assert "promtool" in report
+
+
+def test_config_never_prints_the_database_password(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("GUARDIAN_DB_URL", "postgresql://guardian:s3cret@db.internal:5432/guardian")
+    assert main(["config"]) == EXIT_OK
+    out = capsys.readouterr().out
+    assert "s3cret" not in out and "db.internal" in out

@@ -15,7 +15,6 @@ from dataclasses import dataclass
 
 from guardian.checks.base import (
     CheckContext,
-    Verdict,
     baseline,
     conclude,
     judge,
@@ -91,7 +90,7 @@ def egr_collapse(ctx: CheckContext, cfg: EgrCollapseConfig) -> Finding:
     return conclude(
         CHECK,
         series.steps[-1],
-        verdict if verdict.severity != Severity.UNKNOWN else Verdict(Severity.OK, None),
+        verdict,
         evidence,
         healthy="groups still carry signal",
         unhealthy=f"only {state.egr:.0%} of groups have mixed rewards{why}",
