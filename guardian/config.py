@@ -27,6 +27,7 @@ class _Section(BaseModel):
 
 class CheckBase(_Section):
     enabled: bool = Field(True, description="Run this check.")
+    warmup_steps: int = Field(0, ge=0, description="Steps the run must have logged before this check judges.")
     for_steps: int = Field(3, ge=1, description="Hysteresis: the condition must hold this many steps in a row.")
 
 

@@ -229,3 +229,13 @@ def test_seed_lld_sign_bug_fires_when_log_prob_improves() -> None:
     worsening = [{key: v} for v in ramp(1.0, 2.0, 600)]
     assert seed_lld(context(history_of(improving))).severity == Severity.CRITICAL
     assert seed_lld(context(history_of(worsening))).severity == Severity.OK
+
+
+def test_per_check_warmup_holds_judgement() -> None:
+    from guardian.checks import build_checks, evaluate
+
+    config = ChecksConfig.model_validate({"non_finite": {"warmup_steps": 10}})
+    checks = [c for c in build_checks(config) if c.name == "non_finite"]
+    h = history_of([{"actor/grad_norm": None}] * 4)
+    (finding,) = evaluate(context(h), checks)
+    assert finding.severity == Severity.UNKNOWN and "warming up" in finding.message

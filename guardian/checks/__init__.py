@@ -6,6 +6,7 @@ An unknown rule set fails with the list of known ones.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import partial
 
 from guardian.checks.base import Check, CheckContext
@@ -17,36 +18,52 @@ from guardian.checks.reward import reward_collapse
 from guardian.checks.seed import seed_egr, seed_entropy, seed_kl, seed_lld
 from guardian.checks.spikes import grad_spike, non_finite
 from guardian.checks.stall import stall
-from guardian.config import ChecksConfig
-from guardian.findings import Finding
+from guardian.config import CheckBase, ChecksConfig
+from guardian.findings import Finding, Severity
+
+CheckFn = Callable[[CheckContext], Finding]
 
 RULE_SETS = ("default", "seed")
 
 
+def _after_warmup(name: str, fn: CheckFn, warmup_steps: int) -> CheckFn:
+    """``fn``, answering UNKNOWN until the run has logged ``warmup_steps`` steps."""
+    if warmup_steps == 0:
+        return fn
+
+    def guarded(ctx: CheckContext) -> Finding:
+        logged = len(ctx.history.steps)
+        if logged < warmup_steps:
+            return Finding(name, Severity.UNKNOWN, ctx.history.last_step, f"warming up ({logged}/{warmup_steps} steps)")
+        return fn(ctx)
+
+    return guarded
+
+
 def default_checks(c: ChecksConfig) -> list[Check]:
-    candidates = [
-        (c.non_finite.enabled, "non_finite", partial(non_finite, cfg=c.non_finite)),
+    candidates: list[tuple[CheckBase, str, CheckFn]] = [
+        (c.non_finite, "non_finite", partial(non_finite, cfg=c.non_finite)),
         (
-            c.entropy_collapse.enabled,
+            c.entropy_collapse,
             "entropy_collapse",
             partial(entropy_collapse, cfg=c.entropy_collapse, reward_cfg=c.reward_collapse, egr_cfg=c.egr_collapse),
         ),
         (
-            c.entropy_explosion.enabled,
+            c.entropy_explosion,
             "entropy_explosion",
             partial(entropy_explosion, cfg=c.entropy_explosion, reward_cfg=c.reward_collapse),
         ),
-        (c.egr_collapse.enabled, "egr_collapse", partial(egr_collapse, cfg=c.egr_collapse)),
-        (c.kl_drift.enabled, "kl_drift", partial(kl_drift, cfg=c.kl_drift)),
-        (c.logprob_decline.enabled, "logprob_decline", partial(logprob_decline, cfg=c.logprob_decline)),
-        (c.reward_collapse.enabled, "reward_collapse", partial(reward_collapse, cfg=c.reward_collapse)),
-        (c.length.enabled, "length_collapse", partial(length_collapse, cfg=c.length)),
-        (c.length.enabled, "length_explosion", partial(length_explosion, cfg=c.length)),
-        (c.length.enabled, "truncation", partial(truncation, cfg=c.length)),
-        (c.grad_spike.enabled, "grad_spike", partial(grad_spike, cfg=c.grad_spike)),
-        (c.stall.enabled, "stall", partial(stall, cfg=c.stall)),
+        (c.egr_collapse, "egr_collapse", partial(egr_collapse, cfg=c.egr_collapse)),
+        (c.kl_drift, "kl_drift", partial(kl_drift, cfg=c.kl_drift)),
+        (c.logprob_decline, "logprob_decline", partial(logprob_decline, cfg=c.logprob_decline)),
+        (c.reward_collapse, "reward_collapse", partial(reward_collapse, cfg=c.reward_collapse)),
+        (c.length, "length_collapse", partial(length_collapse, cfg=c.length)),
+        (c.length, "length_explosion", partial(length_explosion, cfg=c.length)),
+        (c.length, "truncation", partial(truncation, cfg=c.length)),
+        (c.grad_spike, "grad_spike", partial(grad_spike, cfg=c.grad_spike)),
+        (c.stall, "stall", partial(stall, cfg=c.stall)),
     ]
-    return [Check(name, fn) for enabled, name, fn in candidates if enabled]
+    return [Check(name, _after_warmup(name, fn, cfg.warmup_steps)) for cfg, name, fn in candidates if cfg.enabled]
 
 
 def seed_checks() -> list[Check]:
