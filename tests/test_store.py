@@ -75,13 +75,14 @@ def _finding(
 
 def test_open_creates_the_schema_at_head_with_wal(db_path: Path, store: Store) -> None:
     assert db_path.exists()
-    assert store.schema_version() == head_revision() == "0001"
+    assert store.schema_version() == head_revision() == "0002"
     engine = create_engine(_url(db_path))
     try:
         tables = set(inspect(engine).get_table_names())
     finally:
         engine.dispose()
     assert {"runs", "attempts", "steps", "checkpoints", "findings", "incidents", "alembic_version"} <= tables
+    assert {"interventions", "intervention_events"} <= tables
     with sqlite3.connect(db_path) as raw:
         assert raw.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     raw.close()
@@ -95,7 +96,7 @@ def test_reopening_is_a_no_op_upgrade_that_keeps_history(db_path: Path) -> None:
         assert second.schema_version() == head_revision()
         assert [r.id for r in second.list_runs()] == [run_id]
     with sqlite3.connect(db_path) as raw:
-        assert raw.execute("SELECT version_num FROM alembic_version").fetchall() == [("0001",)]
+        assert raw.execute("SELECT version_num FROM alembic_version").fetchall() == [(head_revision(),)]
         assert raw.execute("SELECT count(*) FROM findings").fetchone()[0] == 1
     raw.close()
 
@@ -378,3 +379,59 @@ def test_reader_sees_commits_while_writers_write(db_path: Path) -> None:
         assert errors == []
         assert [reader.count_steps(r) for r in runs] == [batches * per_batch] * 2
     assert len(seen) > 1
+
+
+def test_history_written_by_the_first_schema_survives_the_upgrade(db_path: Path) -> None:
+    """A database created by the first release (revision 0001) keeps its incidents when a newer
+    guardian opens it and migrates it to head."""
+    from alembic import command
+
+    from guardian.store.engine import _alembic_config
+
+    url = _url(db_path)
+    db_path.parent.mkdir(parents=True, exist_ok=True)
+    engine = create_engine(url)
+    try:
+        config = _alembic_config(engine.url)
+        with engine.begin() as connection:
+            config.attributes["connection"] = connection
+            command.upgrade(config, "0001")
+        with engine.begin() as connection:
+            connection.exec_driver_sql(
+                "INSERT INTO runs (id, name, created_at, metrics_path, rollouts_dir, mode, status) "
+                "VALUES ('old', 'old', '2026-11-01 00:00:00', 'm.jsonl', '', 'observe', 'active')"
+            )
+            connection.exec_driver_sql(
+                'INSERT INTO incidents (run_id, "check", severity, status, opened_at, opened_step, updated_at, '
+                "message, evidence_json) VALUES ('old', 'kl_drift', 'critical', 'open', '2026-11-01 00:00:00', 7, "
+                "'2026-11-01 00:00:00', 'KL 5x', '{}')"
+            )
+    finally:
+        engine.dispose()
+    with Store.open(url) as store:
+        assert store.schema_version() == head_revision() != "0001"
+        (incident,) = store.list_incidents("old")
+        assert incident.check == "kl_drift" and incident.opened_step == 7
+
+
+def test_intervention_states_and_timeline_are_committed(store: Store) -> None:
+    run_id = _run(store)
+    incident = store.open_incident(run_id, _finding(), now=T0)
+    first = store.create_intervention(run_id, incident.id, kind="remediate", rung=0, from_attempt_id=None, now=T0)
+    assert first.number == 1 and first.state == "DETECTED" and not first.finished
+    assert store.active_intervention(run_id) == first
+    store.advance(first.id, "STOPPING", now=T0 + 1)
+    rolled = store.advance(
+        first.id, "ROLLED_BACK", now=T0 + 2, target_step=40, target_path="/c/global_step_40", detail={"moved": [50]}
+    )
+    assert rolled.target_step == 40
+    patched = store.advance(first.id, "PATCHED", now=T0 + 3, plan={"argv": ["python", "x=1"]})
+    assert patched.plan == {"argv": ["python", "x=1"]} and patched.target_step == 40
+    done = store.advance(first.id, "RESOLVED", now=T0 + 4)
+    assert done.finished and store.active_intervention(run_id) is None
+    events = store.intervention_events(first.id)
+    assert [e.state for e in events] == ["DETECTED", "STOPPING", "ROLLED_BACK", "PATCHED", "RESOLVED"]
+    assert events[2].detail == {"moved": [50]}
+    second = store.create_intervention(run_id, incident.id, kind="remediate", rung=1, from_attempt_id=None, now=T0)
+    assert second.number == 2
+    assert [i.id for i in store.interventions(incident_id=incident.id)] == [first.id, second.id]

@@ -2,6 +2,7 @@
 
 from guardian.store.engine import head_revision, mask_url
 from guardian.store.errors import NotFoundError, StoreError
+from guardian.store.interventions import InterventionEventView, InterventionView
 from guardian.store.repository import Store
 from guardian.store.views import (
     CLOSED_INCIDENT_STATUSES,
@@ -26,6 +27,8 @@ __all__ = [
     "FindingView",
     "IncidentDetail",
     "IncidentView",
+    "InterventionEventView",
+    "InterventionView",
     "NotFoundError",
     "RunView",
     "Store",

@@ -152,3 +152,44 @@ class FindingRow(Base):
     evidence_json: Mapped[str] = mapped_column(Text)
     created_at: Mapped[datetime] = mapped_column(_utc())
     incident_id: Mapped[int | None] = mapped_column(ForeignKey("incidents.id"))
+
+
+class Intervention(Base):
+    """One pass of the rescue for an incident: stop, roll back, patch, resume, verify (or restart after
+    a crash or stall). Its ``state`` is committed before each side effect, so a restarted guardian
+    knows exactly which step to finish (docs/ARCHITECTURE.md §4)."""
+
+    __tablename__ = "interventions"
+    __table_args__ = (
+        UniqueConstraint("run_id", "number"),
+        Index("ix_interventions_incident_id", "incident_id"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id"))
+    incident_id: Mapped[int] = mapped_column(ForeignKey("incidents.id"))
+    number: Mapped[int] = mapped_column(Integer)
+    kind: Mapped[str] = mapped_column(String(16))
+    rung: Mapped[int] = mapped_column(Integer)
+    state: Mapped[str] = mapped_column(String(32))
+    from_attempt_id: Mapped[int | None] = mapped_column(ForeignKey("attempts.id"))
+    to_attempt_id: Mapped[int | None] = mapped_column(ForeignKey("attempts.id"))
+    target_step: Mapped[int | None] = mapped_column(Integer)
+    target_path: Mapped[str | None] = mapped_column(Text)
+    plan_json: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(_utc())
+    updated_at: Mapped[datetime] = mapped_column(_utc())
+    note: Mapped[str | None] = mapped_column(Text)
+
+
+class InterventionEvent(Base):
+    """Every state an intervention entered, when, and with what detail (the incident timeline)."""
+
+    __tablename__ = "intervention_events"
+    __table_args__ = (Index("ix_intervention_events_intervention_id", "intervention_id"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    intervention_id: Mapped[int] = mapped_column(ForeignKey("interventions.id"))
+    state: Mapped[str] = mapped_column(String(32))
+    at: Mapped[datetime] = mapped_column(_utc())
+    detail_json: Mapped[str] = mapped_column(Text)

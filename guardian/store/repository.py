@@ -29,6 +29,7 @@ from guardian.findings import Finding
 from guardian.history import StepRecord
 from guardian.store.engine import WRITE_OPTION, current_revision, mask_url, open_engine
 from guardian.store.errors import NotFoundError, StoreError
+from guardian.store.interventions import InterventionRecords
 from guardian.store.models import Attempt, Checkpoint, FindingRow, Incident, Run, Step
 from guardian.store.views import (
     CLOSED_INCIDENT_STATUSES,
@@ -100,7 +101,7 @@ def _chunks(items: Sequence[int], size: int) -> Iterator[Sequence[int]]:
 # ------------------------------------------------------------------------------------------- store
 
 
-class Store:
+class Store(InterventionRecords):
     """The guardian's history: runs, attempts, steps, checkpoints, findings, incidents.
 
     Build one with ``Store.open(url)``; use it as a context manager or call ``close()``.
