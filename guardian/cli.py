@@ -182,7 +182,7 @@ def cmd_incidents(args: argparse.Namespace) -> int:
         )
         console.print(f"  opened at step {i.opened_step} (estimated onset {i.onset_step}) - {i.message}")
         for key, value in i.evidence.items():
-            console.print(f"    {key} = {value}")
+            console.print(f"    {key} = {value:.4g}" if isinstance(value, float) else f"    {key} = {value}")
         for f in detail.findings:
             console.print(f"  step {f.step!s:>6} {f.severity.label:8} {f.check:18} {f.message}")
         return EXIT_OK

@@ -44,5 +44,10 @@ class Finding:
             "step": self.step,
             "onset_step": self.onset_step,
             "message": self.message,
-            "evidence": dict(self.evidence),
+            "evidence": {k: _shown(v) for k, v in self.evidence.items()},
         }
+
+
+def _shown(value: EvidenceValue) -> EvidenceValue:
+    """Four significant digits: evidence is read by people; the checks keep full precision."""
+    return float(f"{value:.4g}") if isinstance(value, float) else value

@@ -45,13 +45,17 @@ class Arrival(StrEnum):
 class Series:
     """One signal's values by step, steps strictly increasing."""
 
-    __slots__ = ("_smoothed", "steps", "values")
+    __slots__ = ("_baselines", "_peaks", "_smoothed", "steps", "values")
 
     def __init__(self) -> None:
         self.steps: list[int] = []
         self.values: list[float] = []
         # window -> rolling median of finite values ending at each position (extended lazily)
         self._smoothed: dict[int, list[float]] = {}
+        # window -> running maximum of the smoothed values (extended lazily)
+        self._peaks: dict[int, list[float]] = {}
+        # (start, count) -> median of the first ``count`` finite values from ``start``, once known
+        self._baselines: dict[tuple[int, int], float] = {}
 
     def __len__(self) -> int:
         return len(self.steps)
@@ -76,8 +80,11 @@ class Series:
         self._forget_smoothed_from(i)
 
     def _forget_smoothed_from(self, position: int) -> None:
-        for cached in self._smoothed.values():
-            del cached[position:]
+        for table in (self._smoothed, self._peaks):
+            for cached in table.values():
+                del cached[position:]
+        for key in [k for k in self._baselines if position < k[0] + k[1]]:
+            del self._baselines[key]
 
     def smoothed(self, window: int) -> list[float]:
         """Rolling median (finite values only, NaN where none) over ``window`` points, per position."""
@@ -85,6 +92,31 @@ class Series:
         for i in range(len(cached), len(self.values)):
             cached.append(median(self.finite(i - window + 1, i + 1)))
         return cached
+
+    def peak(self, window: int) -> list[float]:
+        """Running maximum of ``smoothed(window)`` per position (NaN until a finite value)."""
+        smooth = self.smoothed(window)
+        cached = self._peaks.setdefault(window, [])
+        best = cached[-1] if cached else math.nan
+        for i in range(len(cached), len(smooth)):
+            value = smooth[i]
+            if math.isfinite(value) and not value <= best:
+                best = value
+            cached.append(best)
+        return cached
+
+    def baseline(self, start: int, count: int) -> float | None:
+        """Median of the first ``count`` finite values at positions [start, start + count); None until
+        that window is full. Cached once known (it cannot change unless the series is rewound into it)."""
+        key = (start, count)
+        known = self._baselines.get(key)
+        if known is not None:
+            return known
+        values = self.finite(start, start + count)
+        if len(values) < count:
+            return None
+        self._baselines[key] = result = median(values)
+        return result
 
     def finite(self, start: int, stop: int) -> list[float]:
         """Finite values at positions [start, stop)."""

@@ -131,3 +131,7 @@ def signals_present(keys: set[str] | frozenset[str]) -> dict[Signal, str]:
                 found[signal] = key
                 break
     return found
+
+
+# Every raw key the checks can read: a replay parses only these.
+CHECKED_KEYS: frozenset[str] = frozenset(k for aliases in ALIASES.values() for k in aliases) | NON_FINITE_WATCHED_KEYS

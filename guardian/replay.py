@@ -11,7 +11,7 @@ from guardian.checks import CheckContext, build_checks, evaluate
 from guardian.config import ChecksConfig
 from guardian.findings import Finding, Severity
 from guardian.history import Arrival, RunHistory, StepRecord
-from guardian.keys import signals_present
+from guardian.keys import CHECKED_KEYS, signals_present
 from guardian.sources.jsonl import BadLineReport, iter_records
 from guardian.sources.rollouts import RolloutDir
 from guardian.tracker import Change, StatusTracker, Transition
@@ -100,7 +100,7 @@ def replay_file(
     bad: list[BadLineReport] = []
 
     def records() -> Iterable[StepRecord]:
-        for chunk, chunk_bad in iter_records(path):
+        for chunk, chunk_bad in iter_records(path, keys=CHECKED_KEYS):
             bad.extend(chunk_bad)
             yield from chunk
 

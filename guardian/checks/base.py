@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from guardian.config import BaselineConfig
 from guardian.findings import EvidenceValue, Finding, Severity
-from guardian.history import RunHistory, Series, median
+from guardian.history import RunHistory, Series
 from guardian.keys import Signal
 
 # How far back (in points) an onset estimate may walk; bounds the cost of a long-running condition.
@@ -41,10 +41,7 @@ class Check:
 
 def baseline(series: Series, cfg: BaselineConfig) -> float | None:
     """Median of the first ``cfg.steps`` finite values after ``cfg.warmup_steps`` points; None until known."""
-    values = series.finite(cfg.warmup_steps, cfg.warmup_steps + cfg.steps)
-    if len(values) < cfg.steps:
-        return None
-    return median(values)
+    return series.baseline(cfg.warmup_steps, cfg.steps)
 
 
 def baseline_end(cfg: BaselineConfig) -> int:
@@ -93,7 +90,10 @@ def judge(
     start = max(first_position, last - for_steps + 1)
     if last - start + 1 < for_steps:
         return Verdict(Severity.OK, None)
-    severity = min(level_at(i) for i in range(start, last + 1))
+    newest = level_at(last)
+    if newest < Severity.WARN:  # the common, healthy case: one evaluation, not for_steps
+        return Verdict(newest, None)
+    severity = min(newest, *(level_at(i) for i in range(start, last)))
     if severity < Severity.WARN:
         return Verdict(severity, None)
     departed = departed_at or (lambda i: level_at(i) >= Severity.WARN)
@@ -127,11 +127,11 @@ def ratio(value: float, reference: float) -> float:
     return value / reference
 
 
-def rounded(value: float | None, digits: int = 4) -> float | None:
-    """Evidence values: finite floats rounded for reading, non-finite as None."""
+def rounded(value: float | None) -> float | None:
+    """An evidence value: finite floats as they are, non-finite as None (rounded when shown)."""
     if value is None or not math.isfinite(value):
         return None
-    return float(f"{value:.{digits}g}")
+    return value
 
 
 def need(history: RunHistory, check: str, *signals: Signal) -> Finding | None:

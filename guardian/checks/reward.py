@@ -28,7 +28,6 @@ from guardian.history import RunHistory
 from guardian.keys import Signal
 
 CHECK = "reward_collapse"
-PEAK_LOOKBACK = 200  # points; the peak a drop is measured from
 
 
 def reward_scale(h: RunHistory, bcfg: BaselineConfig) -> float | None:
@@ -36,8 +35,11 @@ def reward_scale(h: RunHistory, bcfg: BaselineConfig) -> float | None:
     worst = baseline(h.signal(Signal.REWARD_MIN), bcfg)
     if best is not None and worst is not None and best > worst:
         return best - worst
-    finite = [abs(v) for v in h.signal(Signal.REWARD).values[-PEAK_LOOKBACK:] if math.isfinite(v)]
-    scale = max(finite, default=0.0)
+    reward = h.signal(Signal.REWARD)
+    first = reward.baseline(bcfg.warmup_steps, bcfg.steps)
+    scale = max(
+        abs(first) if first is not None else 0.0, abs(reward.peak(bcfg.smooth_steps)[-1]) if len(reward) else 0.0
+    )
     return scale if scale > 0 else None
 
 
@@ -63,8 +65,7 @@ def reward_state_at(h: RunHistory, step: int, cfg: RewardCollapseConfig, bcfg: B
     now = smooth[i]
     if not math.isfinite(now):
         return None
-    window = [v for v in smooth[max(0, i - PEAK_LOOKBACK) : i + 1] if math.isfinite(v)]
-    drop = (max(window) - now) / scale
+    drop = (series.peak(bcfg.smooth_steps)[i] - now) / scale
     j = bisect_right(series.steps, series.steps[i] - cfg.plateau_steps) - 1
     gain = (now - smooth[j]) / scale if j >= 0 and math.isfinite(smooth[j]) else None
     best = baseline(h.signal(Signal.REWARD_MAX), bcfg)

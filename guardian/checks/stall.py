@@ -18,7 +18,8 @@ TYPICAL_WINDOW = 20
 
 def typical_step_seconds(h: RunHistory) -> float | None:
     """Median logged step time, else the median gap between step arrivals; None when unknown."""
-    logged = h.signal(Signal.STEP_TIME).finite(-TYPICAL_WINDOW, len(h.signal(Signal.STEP_TIME)))
+    times = h.signal(Signal.STEP_TIME)
+    logged = times.finite(len(times) - TYPICAL_WINDOW, len(times))
     if logged:
         return median(logged)
     arrived = [h.arrivals[s] for s in h.steps[-TYPICAL_WINDOW - 1 :] if s in h.arrivals]

@@ -73,7 +73,7 @@ class ConsoleFile:
         *,
         chunk_bytes: int = 1 << 20,
         max_line_bytes: int = 16 << 20,
-        max_poll_bytes: int = 64 << 20,
+        max_poll_bytes: int = 4 << 20,
     ) -> None:
         self._tail = LineTail(
             path, chunk_bytes=chunk_bytes, max_line_bytes=max_line_bytes, max_poll_bytes=max_poll_bytes

@@ -110,8 +110,11 @@ def metric_value(value: object) -> float | None:
     return None
 
 
-def parse_metrics_line(line: bytes) -> StepRecord:
-    """Parse one ``file`` logger line; raise ``BadLine`` if it is not a metrics record."""
+def parse_metrics_line(line: bytes, keys: frozenset[str] | None = None) -> StepRecord:
+    """Parse one ``file`` logger line; raise ``BadLine`` if it is not a metrics record.
+
+    ``keys`` keeps only those metrics (a replay needs the ~60 keys the checks read, not all 300).
+    """
     obj = _loads(line)
     if not isinstance(obj, dict):
         raise BadLine(f"not a JSON object: {_excerpt(obj)}")
@@ -124,7 +127,12 @@ def parse_metrics_line(line: bytes) -> StepRecord:
     if not isinstance(raw, dict):
         raise BadLine(f"'data' must be an object, got {_excerpt(raw)}")
     data: dict[str, float] = {}
-    for key, value in raw.items():
+    pairs = raw.items() if keys is None else ((k, raw[k]) for k in keys if k in raw)
+    for key, value in pairs:
+        kind = type(value)
+        if kind is float:  # the common case first: no call per value on 300-key lines
+            data[key] = value if value - value == 0.0 else math.nan
+            continue
         number = metric_value(value)
         if number is not None:
             data[key] = number
@@ -144,8 +152,10 @@ class MetricsFile:
         *,
         chunk_bytes: int = 1 << 20,
         max_line_bytes: int = 16 << 20,
-        max_poll_bytes: int = 64 << 20,
+        max_poll_bytes: int = 4 << 20,
+        keys: frozenset[str] | None = None,
     ) -> None:
+        self._keys = keys
         self._tail = LineTail(
             path, chunk_bytes=chunk_bytes, max_line_bytes=max_line_bytes, max_poll_bytes=max_poll_bytes
         )
@@ -187,16 +197,16 @@ class MetricsFile:
             raise BadLine(f"line longer than {self._max_line} bytes, skipped")
         if not item.strip():
             return None  # a blank line carries nothing and is not worth a report
-        return parse_metrics_line(item)
+        return parse_metrics_line(item, self._keys)
 
 
 def iter_records(
-    path: Path, *, max_poll_bytes: int = 64 << 20
+    path: Path, *, max_poll_bytes: int = 4 << 20, keys: frozenset[str] | None = None
 ) -> Iterator[tuple[list[StepRecord], list[BadLineReport]]]:
     """Replay a finished file in bounded pieces: each yield is one poll's records and bad lines."""
     if not Path(path).is_file():
         raise FileNotFoundError(f"metrics file {path} does not exist")
-    source = MetricsFile(path, max_poll_bytes=max_poll_bytes)
+    source = MetricsFile(path, max_poll_bytes=max_poll_bytes, keys=keys)
     while True:
         batch = source.poll(final=True)
         yield [item for item in batch.items if isinstance(item, StepRecord)], batch.bad_lines
@@ -204,7 +214,7 @@ def iter_records(
             return
 
 
-def read_all(path: Path, *, max_poll_bytes: int = 64 << 20) -> tuple[list[StepRecord], list[BadLineReport]]:
+def read_all(path: Path, *, max_poll_bytes: int = 4 << 20) -> tuple[list[StepRecord], list[BadLineReport]]:
     """Every record of a finished file, and its bad lines (the file is streamed, never slurped)."""
     records: list[StepRecord] = []
     bad: list[BadLineReport] = []

@@ -77,7 +77,7 @@ class LineTail:
         *,
         chunk_bytes: int = 1 << 20,
         max_line_bytes: int = 16 << 20,
-        max_poll_bytes: int = 64 << 20,
+        max_poll_bytes: int = 4 << 20,
     ) -> None:
         if chunk_bytes <= 0 or max_line_bytes <= 0 or max_poll_bytes <= 0:
             raise ValueError(
