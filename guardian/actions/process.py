@@ -1,0 +1,497 @@
+"""Launch, watch, stop and re-attach to a trainer process: the :class:`TrainerControl` protocol and its local
+implementation, :class:`LocalProcessControl`.
+
+How a local trainer runs. ``launch`` starts ``python -m guardian.actions.runner --exit-file PATH -- CMD...`` in a
+new session, so the wrapper is the leader of a fresh process group and the trainer (its child) and everything the
+trainer spawns without leaving the group share that group. Ctrl-C on the guardian, or its death, therefore never
+reaches the trainer. The trainer's stdout and stderr go straight to a file opened in append mode, never to a pipe
+to the guardian, so a dead guardian cannot kill it with SIGPIPE. The wrapper shields itself from SIGINT, SIGTERM
+and SIGHUP and writes the trainer's exit status to ``PATH`` (atomically), which is what lets a restarted guardian
+learn how a trainer it did not start ended (``attach`` + ``exit_status``).
+
+Stopping (verl installs no signal handlers, so Ray's defaults apply; see verl-0.9.1-facts.md §6): SIGINT to the
+process group, wait, SIGTERM, wait, SIGKILL, wait — each wait polling until no live process of the group is left.
+"Gone" means ``killpg(pgid, 0)`` finds nobody (on Linux, zombies that nobody reaps are not counted as live). Stopping
+a trainer that is already gone returns at once, so a stop can be repeated safely after a crash of the guardian.
+
+What is covered:
+  - the wrapper, the trainer and every descendant that stayed in the process group (a local Ray instance started
+    by the trainer's ``ray.init``, its workers, vLLM subprocesses — as long as they did not call ``setsid``);
+  - the exit status across a guardian crash or restart (exit file), and for our own child also when the wrapper
+    itself was SIGKILLed (``Popen.returncode``, which is then the wrapper's status);
+  - refusal to signal pid/pgid <= 1 or the guardian's own process group, and refusal to attach to a pid that now
+    belongs to an unrelated process (Linux: the command line must be our wrapper's, with the same exit file).
+
+What is not covered (the caller must check or clean up):
+  - GPU memory being released: a stopped group does not prove that the driver freed it (check ``nvidia-smi``);
+  - processes that left the group (``setsid``/daemonised), Ray actors on other nodes, a pre-existing Ray cluster
+    (``ray start``) the trainer connected to: use ``ray stop`` / ``ray stop --force`` or ``ray job stop``;
+  - processes in uninterruptible sleep (D state) that survive SIGKILL: ``stop`` then reports ``gone=False``;
+  - the exit status when the wrapper was SIGKILLed and is not our child: it is reported as lost.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from guardian.actions.runner import pid_file_for
+from guardian.logs import event, get_logger
+
+log = get_logger("process")
+
+RUNNER_MODULE = "guardian.actions.runner"
+POLL_INTERVAL_S = 0.05
+CMDLINE_ATTEMPTS = 20
+CMDLINE_RETRY_S = 0.01
+
+
+@dataclass(frozen=True)
+class TrainerHandle:
+    """A launched (or re-attached) trainer. ``pid`` is the wrapper's pid, which is also the process group id."""
+
+    pid: int
+    pgid: int
+    exit_file: Path
+    stdout_path: Path
+    started_at: float
+    command: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class ExitStatus:
+    """How the trainer ended: an exit code, a signal, or neither (lost: nobody recorded it)."""
+
+    exit_code: int | None
+    signal: int | None
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0
+
+    @property
+    def lost(self) -> bool:
+        return self.exit_code is None and self.signal is None
+
+    @classmethod
+    def from_returncode(cls, returncode: int) -> ExitStatus:
+        """From a ``Popen.returncode``: negative means killed by that signal."""
+        return cls(None, -returncode) if returncode < 0 else cls(returncode, None)
+
+    def describe(self) -> str:
+        if self.signal is not None:
+            return f"killed by {signal_name(self.signal)}"
+        if self.exit_code is not None:
+            return f"exit code {self.exit_code}"
+        return "lost (exit status not recorded)"
+
+
+LOST = ExitStatus(None, None)
+
+
+@dataclass(frozen=True)
+class StopPolicy:
+    """How long to wait after each signal of the SIGINT → SIGTERM → SIGKILL escalation."""
+
+    sigint_wait_s: float = 30.0
+    sigterm_wait_s: float = 30.0
+    sigkill_wait_s: float = 10.0
+
+    def __post_init__(self) -> None:
+        for name in ("sigint_wait_s", "sigterm_wait_s", "sigkill_wait_s"):
+            value = getattr(self, name)
+            if not value >= 0:  # also rejects NaN
+                raise ValueError(f"StopPolicy.{name} must be a number of seconds >= 0, got {value!r}")
+
+
+@dataclass(frozen=True)
+class StopResult:
+    """What ``stop`` did: the signals sent (names, in order), the exit status if known, whether the process group
+    is confirmed gone, and how long it took."""
+
+    signals_sent: tuple[str, ...]
+    exit: ExitStatus | None
+    gone: bool
+    seconds: float
+
+
+@dataclass(frozen=True)
+class RunnerStart:
+    """The wrapper's ``<exit_file>.pid`` record: the trainer's pid, the wrapper's pid (= pgid) and start time."""
+
+    pid: int
+    runner_pid: int | None
+    started_at: float
+
+
+class TrainerControl(Protocol):
+    """Starts and stops trainers; implementations: local processes (here), Ray Jobs (later)."""
+
+    def launch(
+        self,
+        command: Sequence[str],
+        *,
+        env: Mapping[str, str],
+        cwd: Path,
+        stdout_path: Path,
+        exit_file: Path,
+    ) -> TrainerHandle: ...
+
+    def exit_status(self, handle: TrainerHandle) -> ExitStatus | None:
+        """How the trainer ended; None while it still runs."""
+        ...
+
+    def is_running(self, handle: TrainerHandle) -> bool: ...
+
+    def stop(self, handle: TrainerHandle, policy: StopPolicy) -> StopResult: ...
+
+    def attach(
+        self,
+        pid: int,
+        *,
+        exit_file: Path,
+        stdout_path: Path,
+        command: Sequence[str],
+        started_at: float,
+    ) -> TrainerHandle | None:
+        """Re-attach after a guardian restart; None if that process group no longer exists."""
+        ...
+
+
+def signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
+def read_exit_file(path: Path) -> ExitStatus | None:
+    """The exit status the wrapper recorded, or None if it has not written one (yet). An unreadable or malformed
+    file (it is written atomically, so this means outside interference) is logged and reported as lost."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        log.warning(event("exit_file_unreadable", {"path": path, "detail": str(exc)}))
+        return LOST
+    try:
+        data = json.loads(text)
+        exit_code, signum = data.get("exit_code"), data.get("signal")
+        if not (exit_code is None or type(exit_code) is int) or not (signum is None or type(signum) is int):
+            raise ValueError("exit_code and signal must be integers or null")
+    except (ValueError, AttributeError) as exc:
+        log.warning(event("exit_file_malformed", {"path": path, "detail": str(exc)}))
+        return LOST
+    return ExitStatus(exit_code, signum)
+
+
+def read_runner_start(exit_file: Path) -> RunnerStart | None:
+    """The wrapper's start record (``<exit_file>.pid``), e.g. to re-attach after the guardian died mid-launch."""
+    try:
+        data = json.loads(pid_file_for(exit_file).read_text(encoding="utf-8"))
+        runner_pid = data.get("runner_pid")
+        return RunnerStart(
+            int(data["pid"]), int(runner_pid) if runner_pid is not None else None, float(data["started_at"])
+        )
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        log.warning(event("pid_file_malformed", {"path": pid_file_for(exit_file), "detail": str(exc)}))
+        return None
+
+
+def _check_signallable(pgid: int) -> None:
+    """Never signal init, 'every process' (0/-1) or our own group: a wrong handle must fail loudly, not kill us."""
+    if pgid <= 1:
+        raise ValueError(f"refusing to signal process group {pgid}: a trainer's group id is always > 1")
+    if pgid == os.getpgrp():
+        raise ValueError(f"refusing to signal process group {pgid}: it is the guardian's own process group")
+
+
+def _proc_state(pid: int) -> str | None:
+    """The state letter (R, S, D, Z, ...) of ``pid`` per /proc, or None where it cannot be read."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="utf-8", errors="replace") as handle:
+            stat = handle.read()
+    except OSError:
+        return None
+    fields = stat[stat.rfind(")") + 2 :].split()  # after "pid (comm) ": state ppid pgrp ...
+    return fields[0] if fields else None
+
+
+def _proc_group_states(pgid: int) -> list[str] | None:
+    """States of the processes in group ``pgid`` per /proc; None where /proc is unavailable."""
+    if not os.path.exists("/proc/self/stat"):
+        return None
+    states: list[str] = []
+    with os.scandir("/proc") as entries:
+        for entry in entries:
+            if not entry.name.isdigit():
+                continue
+            try:
+                with open(f"/proc/{entry.name}/stat", encoding="utf-8", errors="replace") as handle:
+                    stat = handle.read()
+            except OSError:
+                continue
+            fields = stat[stat.rfind(")") + 2 :].split()
+            if len(fields) >= 3 and fields[2] == str(pgid):
+                states.append(fields[0])
+    return states
+
+
+def _live(state: str | None) -> bool:
+    return state not in ("Z", "X")
+
+
+def _group_alive(pgid: int) -> bool:
+    """Whether any live (non-zombie) process of the group remains. Zombies count as members for ``killpg``, and
+    an orphaned wrapper's zombie may never be reaped where PID 1 is not a real init (containers), hence /proc."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # it exists; it belongs to someone else
+    leader = _proc_state(pgid)
+    if leader is not None and _live(leader):
+        return True  # the wrapper itself is alive: no need to scan /proc
+    states = _proc_group_states(pgid)
+    if not states:  # no /proc, or a /proc of another pid namespace: trust killpg
+        return True
+    return any(_live(state) for state in states)
+
+
+def _cmdline(pid: int) -> list[str] | None:
+    """The argv of ``pid`` per /proc; None where it cannot be read, [] while empty (a zombie, or mid-exec)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as handle:
+            raw = handle.read()
+    except OSError:
+        return None
+    return [part.decode(errors="replace") for part in raw.rstrip(b"\0").split(b"\0")] if raw else []
+
+
+def _is_our_runner(argv: Sequence[str], exit_file: Path) -> bool:
+    """Whether ``argv`` is ``... -m guardian.actions.runner --exit-file <exit_file> -- ...``."""
+    if RUNNER_MODULE not in argv or "--exit-file" not in argv:
+        return False
+    index = list(argv).index("--exit-file")
+    if index + 1 >= len(argv):
+        return False
+    return os.path.realpath(argv[index + 1]) == os.path.realpath(exit_file)
+
+
+class LocalProcessControl:
+    """:class:`TrainerControl` for trainers that run as local processes (see the module docstring).
+
+    ``clock`` and ``sleep`` drive the waits of ``stop`` (inject fakes in tests); ``python`` runs the wrapper.
+    One instance is meant to be used from one thread. Discarding an instance while a trainer it launched still
+    runs is allowed (the trainer goes on; re-attach with a new instance) but Python emits a ResourceWarning for
+    the unreaped child.
+    """
+
+    def __init__(
+        self,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+        poll_interval_s: float = POLL_INTERVAL_S,
+        python: str = sys.executable,
+    ) -> None:
+        self._clock = clock
+        self._sleep = sleep
+        self._poll_interval_s = poll_interval_s
+        self._python = python
+        self._children: dict[int, subprocess.Popen[bytes]] = {}
+
+    def launch(
+        self,
+        command: Sequence[str],
+        *,
+        env: Mapping[str, str],
+        cwd: Path,
+        stdout_path: Path,
+        exit_file: Path,
+    ) -> TrainerHandle:
+        """Start ``command`` under the wrapper in a new session. ``env`` is the trainer's whole environment (merge
+        ``os.environ`` in yourself); ``exit_file`` and its ``.pid`` sibling must not exist yet (one attempt, one
+        trainer: an existing record means an earlier launch with these paths, to be attached to, not repeated)."""
+        command = tuple(command)
+        if not command:
+            raise ValueError("cannot launch an empty command")
+        exit_file = Path(os.path.abspath(exit_file))
+        stdout_path = Path(os.path.abspath(stdout_path))
+        for record in (exit_file, pid_file_for(exit_file)):
+            if record.exists():
+                raise FileExistsError(
+                    f"{record} already exists: a trainer was already launched with this exit file; "
+                    "attach to it or use a fresh attempt folder"
+                )
+        if not Path(cwd).is_dir():
+            raise NotADirectoryError(f"working directory {cwd} does not exist")
+        exit_file.parent.mkdir(parents=True, exist_ok=True)
+        stdout_path.parent.mkdir(parents=True, exist_ok=True)
+        argv = [self._python, "-m", RUNNER_MODULE, "--exit-file", str(exit_file), "--", *command]
+        started_at = time.time()
+        with open(stdout_path, "ab") as out:
+            child = subprocess.Popen(
+                argv,
+                start_new_session=True,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=dict(env),
+                cwd=cwd,
+            )
+        self._children[child.pid] = child
+        handle = TrainerHandle(child.pid, child.pid, exit_file, stdout_path, started_at, command)
+        log.info(event("trainer_launch", {"pid": child.pid, "pgid": child.pid, "stdout": stdout_path, "cwd": cwd}))
+        return handle
+
+    def attach(
+        self,
+        pid: int,
+        *,
+        exit_file: Path,
+        stdout_path: Path,
+        command: Sequence[str],
+        started_at: float,
+    ) -> TrainerHandle | None:
+        """A handle on the wrapper ``pid`` launched earlier (possibly by another guardian process), or None when
+        its process group has no live member left or ``pid`` now belongs to an unrelated process."""
+        _check_signallable(pid)
+        exit_file = Path(os.path.abspath(exit_file))
+        handle = TrainerHandle(pid, pid, exit_file, Path(os.path.abspath(stdout_path)), started_at, tuple(command))
+        self._reap(handle)
+        if not _group_alive(pid):
+            log.info(event("trainer_attach", {"pid": pid, "result": "gone"}))
+            return None
+        if pid not in self._children:
+            stranger = self._foreign_leader(pid, exit_file)
+            if stranger is not None:
+                # The leader is alive but is not our wrapper: the pid was reused after the trainer ended.
+                fields = {"pid": pid, "result": "pid_reused", "cmdline": " ".join(stranger)}
+                log.warning(event("trainer_attach", fields))
+                return None
+        log.info(event("trainer_attach", {"pid": pid, "result": "attached"}))
+        return handle
+
+    def exit_status(self, handle: TrainerHandle) -> ExitStatus | None:
+        """The trainer's exit status: the wrapper's exit file (authoritative), else the wrapper's return code if it
+        is our child, else lost once the wrapper is gone; None while the wrapper (hence the trainer) still runs.
+        A status means the trainer's main process ended; descendants may linger in its group (``is_running``),
+        so call ``stop`` before launching the next attempt."""
+        returncode = self._reap(handle)
+        recorded = read_exit_file(handle.exit_file)
+        if recorded is not None:
+            return recorded
+        if returncode is not None:
+            return ExitStatus.from_returncode(returncode)
+        if handle.pid in self._children or self._wrapper_alive(handle):
+            return None
+        return read_exit_file(handle.exit_file) or LOST  # it may have landed since the first read
+
+    def is_running(self, handle: TrainerHandle) -> bool:
+        """Whether any live process of the trainer's process group remains (the wrapper, the trainer, or any
+        descendant still in the group): False is what "never two trainers at once" needs."""
+        self._reap(handle)
+        return _group_alive(handle.pgid)
+
+    def stop(self, handle: TrainerHandle, policy: StopPolicy) -> StopResult:
+        """SIGINT → SIGTERM → SIGKILL to the process group until no live member is left (see the module
+        docstring). Returns at once with ``gone=True`` and no signal sent when the group is already gone."""
+        _check_signallable(handle.pgid)
+        start = self._clock()
+        if not self.is_running(handle):
+            log.info(event("trainer_stop", {"pgid": handle.pgid, "result": "already_gone"}))
+            return StopResult((), self.exit_status(handle), True, self._clock() - start)
+        steps = (
+            (signal.SIGINT, policy.sigint_wait_s),
+            (signal.SIGTERM, policy.sigterm_wait_s),
+            (signal.SIGKILL, policy.sigkill_wait_s),
+        )
+        sent: list[str] = []
+        gone = False
+        for signum, wait_s in steps:
+            try:
+                os.killpg(handle.pgid, signum)
+            except ProcessLookupError:
+                gone = True
+                break
+            except PermissionError as exc:
+                raise PermissionError(
+                    f"not allowed to send {signum.name} to process group {handle.pgid} (another user's processes?)"
+                ) from exc
+            sent.append(signum.name)
+            elapsed = round(self._clock() - start, 3)
+            step = f"{len(sent)}/{len(steps)}"
+            fields = {"pgid": handle.pgid, "signal": signum.name, "step": step, "wait_s": wait_s, "elapsed_s": elapsed}
+            log.info(event("trainer_signal", fields))
+            if self._wait_gone(handle, wait_s):
+                gone = True
+                break
+        seconds = self._clock() - start
+        result = StopResult(tuple(sent), self.exit_status(handle), gone, seconds)
+        fields = {"pgid": handle.pgid, "signals": ",".join(sent), "seconds": round(seconds, 3)}
+        if gone:
+            exit_text = result.exit.describe() if result.exit is not None else "unknown"
+            log.info(event("trainer_stop", {**fields, "result": "gone", "exit": exit_text}))
+        else:
+            log.error(
+                event(
+                    "trainer_stop",
+                    {**fields, "result": "still_alive", "hint": f"processes of group {handle.pgid} survived SIGKILL"},
+                )
+            )
+        return result
+
+    def _wait_gone(self, handle: TrainerHandle, wait_s: float) -> bool:
+        """Poll until the group has no live member (True) or ``wait_s`` has passed (False); reaps our child."""
+        deadline = self._clock() + wait_s
+        while True:
+            if not self.is_running(handle):
+                return True
+            remaining = deadline - self._clock()
+            if remaining <= 0:
+                return False
+            self._sleep(min(self._poll_interval_s, remaining))
+
+    def _foreign_leader(self, pid: int, exit_file: Path) -> list[str] | None:
+        """The argv of process ``pid`` if it is alive and is not our wrapper for ``exit_file``; None when it is ours
+        or cannot be told (no /proc, gone, a zombie). A process's cmdline reads empty for a moment during exec,
+        so an empty one is read again a few times."""
+        for _ in range(CMDLINE_ATTEMPTS):
+            state = _proc_state(pid)
+            if state is None or not _live(state):
+                return None
+            argv = _cmdline(pid)
+            if argv is None:
+                return None
+            if argv:
+                return None if _is_our_runner(argv, exit_file) else argv
+            self._sleep(CMDLINE_RETRY_S)
+        return None
+
+    def _reap(self, handle: TrainerHandle) -> int | None:
+        """Collect our child wrapper's status if it ended (no zombie left behind); None if running or not ours."""
+        child = self._children.get(handle.pid)
+        return child.poll() if child is not None else None
+
+    def _wrapper_alive(self, handle: TrainerHandle) -> bool:
+        """For a wrapper that is not our child: alive, not a zombie, and still the leader of the trainer's group."""
+        try:
+            if os.getpgid(handle.pid) != handle.pgid:
+                return False
+        except ProcessLookupError:
+            return False
+        state = _proc_state(handle.pid)
+        return state is None or _live(state)  # None: no /proc, and getpgid said it exists
