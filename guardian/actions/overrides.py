@@ -1,0 +1,342 @@
+"""Hydra command lines of a verl launch: parse them, read a key's effective value, write overrides back.
+
+A launch is ``[prefix…] python -m verl.trainer.main_ppo [--config-path=DIR] [--config-name=NAME]
+key=value +key=value ++key=value ~key …`` (also ``python3``, wrappers before ``python``, a script path
+instead of ``-m``, and ``guardian.demo.trainer``, which takes the same overrides). The guardian never
+rewrites what it does not need to: ``with_overrides`` replaces or appends only the keys it changes, and
+writes ``++key`` for keys outside verl's YAML, because Hydra's struct mode refuses a plain override of
+a missing key (facts §4). Values use a subset of Hydra's override grammar; tests check it against
+Hydra's own parser.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import re
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from guardian.actions.verl_keys import PatchError
+
+Op = Literal["", "+", "++", "~"]
+_KEY = re.compile(r"^(\+\+|\+|~)?([A-Za-z_][\w\-.@/]*)(?:=(.*))?$", re.S)
+_INT = re.compile(r"^[-+]?\d+(?:_\d+)*$")
+_FLOAT = re.compile(r"^[-+]?(?:(?:\d+(?:_\d+)*)?\.\d*(?:[eE][-+]?\d+)?|\d+(?:_\d+)*[eE][-+]?\d+|inf|nan)$", re.I)
+_BARE = re.compile(r"^[\w/\-+.%*@?|:]+$")  # text Hydra reads as a string without quotes
+_CONFIG_FLAGS = {
+    **dict.fromkeys(("--config-path", "-cp"), "path"),
+    **dict.fromkeys(("--config-name", "-cn"), "name"),
+    **dict.fromkeys(("--config-dir", "-cd"), "dir"),
+}
+_INTERPOLATION = re.compile(r"\$\{([A-Za-z_][\w.]*)\}")
+
+
+@dataclass(frozen=True, slots=True)
+class Override:
+    """One Hydra override: ``op`` is "", "+", "++" or "~"; ``value_text`` is the raw text after '='."""
+
+    op: Op
+    key: str
+    value_text: str | None
+
+    def value(self) -> object:
+        return None if self.value_text is None else parse_value(self.value_text)
+
+    def text(self) -> str:
+        return f"{self.op}{self.key}" + ("" if self.value_text is None else f"={self.value_text}")
+
+
+@dataclass(frozen=True, slots=True)
+class LaunchCommand:
+    """A parsed launch: ``prefix`` runs the trainer; ``overrides[i]`` sits at ``argv[positions[i]]``."""
+
+    argv: tuple[str, ...]
+    prefix: tuple[str, ...]
+    entry: str  # module name (``-m``) or script path
+    config_path: str | None
+    config_name: str | None
+    config_dir: str | None
+    overrides: tuple[Override, ...]
+    positions: tuple[int, ...]
+
+    @property
+    def is_verl(self) -> bool:
+        """Launches verl itself (not the demo trainer), so verl's Hydra tree applies."""
+        return self.entry.startswith("verl.") or self.entry.endswith("main_ppo.py")
+
+    def override_texts(self) -> list[str]:
+        return [o.text() for o in self.overrides]
+
+
+def parse_override(token: str) -> Override | None:
+    """The override in ``token``, or None when it is not one (a flag, a positional)."""
+    match = _KEY.match(token)
+    if match is None or (match.group(1) != "~" and match.group(3) is None):
+        return None
+    op: Op = match.group(1) or ""  # type: ignore[assignment]
+    return Override(op, match.group(2), match.group(3))
+
+
+def parse_command(argv: Sequence[str]) -> LaunchCommand:
+    """Split a launch argv; PatchError when it runs no Python module or script we can patch."""
+    argv = tuple(argv)
+    start = next((i + 2 for i, a in enumerate(argv[:-1]) if a == "-m"), None)
+    if start is None:
+        start = next((i + 1 for i, a in enumerate(argv) if a.endswith(".py")), None)
+    if start is None:
+        raise PatchError(
+            f"cannot find the trainer in {' '.join(argv)!r}: expected 'python -m verl.trainer.main_ppo …' "
+            "or 'python path/to/script.py …' (pass the python command itself, not a shell script)"
+        )
+    config: dict[str, str] = {}
+    overrides: list[Override] = []
+    positions: list[int] = []
+    i = start
+    while i < len(argv):
+        token = argv[i]
+        flag, eq, value = token.partition("=")
+        if flag in _CONFIG_FLAGS:
+            if not eq and i + 1 < len(argv):
+                i += 1
+                value = argv[i]
+            config[_CONFIG_FLAGS[flag]] = value
+        elif not token.startswith("-") and (override := parse_override(token)) is not None:
+            overrides.append(override)
+            positions.append(i)
+        i += 1
+    return LaunchCommand(
+        argv,
+        argv[:start],
+        argv[start - 1],
+        config.get("path"),
+        config.get("name"),
+        config.get("dir"),
+        tuple(overrides),
+        tuple(positions),
+    )
+
+
+def _split_top(text: str, sep: str) -> list[str]:
+    """Split at ``sep`` outside quotes and brackets."""
+    parts, depth, quote, start = [], 0, "", 0
+    for i, ch in enumerate(text):
+        if quote:
+            quote = "" if ch == quote and text[i - 1] != "\\" else quote
+        elif ch in "'\"":
+            quote = ch
+        elif ch in "[{(":
+            depth += 1
+        elif ch in "]})":
+            depth -= 1
+        elif ch == sep and depth == 0:
+            parts.append(text[start:i])
+            start = i + 1
+    parts.append(text[start:])
+    return parts
+
+
+def parse_value(text: str) -> object:
+    """Hydra-like value: int, float (1e-6, inf, nan), true/false, null, [lists], {dicts}, quoted or bare strings."""
+    s = text.strip()
+    if len(s) >= 2 and s[0] == s[-1] and s[0] in "'\"":
+        return re.sub(r"\\(['\"\\])", r"\1", s[1:-1])
+    if s[:1] == "[" and s[-1:] == "]":
+        inner = s[1:-1].strip()
+        return [parse_value(p) for p in _split_top(inner, ",")] if inner else []
+    if s[:1] == "{" and s[-1:] == "}" and not s.startswith("${"):
+        inner = s[1:-1].strip()
+        items = [_split_top(p, ":") for p in _split_top(inner, ",")] if inner else []
+        return {str(parse_value(k[0])): parse_value(":".join(k[1:])) for k in items}
+    low = s.lower()
+    if low == "null":
+        return None
+    if low in ("true", "false"):
+        return low == "true"
+    if _INT.match(s):
+        return int(s.replace("_", ""))
+    if _FLOAT.match(s):
+        return float(s.replace("_", ""))
+    return s
+
+
+def render_value(value: object) -> str:
+    """Hydra text for ``value``: 1e-06 (repr), true/false, null, [a,b], strings quoted only when needed."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise PatchError(f"refusing to write a non-finite number ({value!r}) into the launch command")
+        return repr(value)
+    if isinstance(value, list | tuple):
+        return "[" + ",".join(render_value(v) for v in value) + "]"
+    if isinstance(value, str):
+        if value and _BARE.match(value) and isinstance(parse_value(value), str) and value[0] not in "+-":
+            return value
+        if "'" not in value:
+            return f"'{value}'"
+        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    raise PatchError(f"cannot write a {type(value).__name__} ({value!r}) as a Hydra override")
+
+
+def _omegaconf_loader() -> type[yaml.SafeLoader]:
+    """A SafeLoader that, like OmegaConf's, reads ``1e-6`` as a float (plain YAML 1.1 reads a string)."""
+
+    class Loader(yaml.SafeLoader):
+        pass
+
+    float_re = re.compile(
+        r"^(?:[-+]?\d+(?:_\d+)*\.\d*(?:[eE][-+]?\d+)?|[-+]?\d+(?:_\d+)*[eE][-+]?\d+|\.\d+(?:[eE][-+]\d+)?"
+        r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"
+    )
+    Loader.add_implicit_resolver("tag:yaml.org,2002:float", float_re, list("-+0123456789."))
+    return Loader
+
+
+_LOADER = _omegaconf_loader()
+
+
+@dataclass
+class EffectiveConfig:
+    """What a launch will use for each key: last CLI override, else its ``--config-name`` YAML, else defaults."""
+
+    command: LaunchCommand
+    defaults: Mapping[str, object]
+    cwd: Path
+    config_file: Path | None = None
+    notes: list[str] = field(default_factory=list)
+    _yaml: dict[str, Any] | None = None
+
+    @classmethod
+    def of(
+        cls, command: LaunchCommand | Sequence[str], defaults: Mapping[str, object], cwd: Path | None = None
+    ) -> EffectiveConfig:
+        cmd = command if isinstance(command, LaunchCommand) else parse_command(command)
+        eff = cls(cmd, defaults, (cwd or Path.cwd()).resolve())
+        eff._load_yaml()
+        return eff
+
+    def _load_yaml(self) -> None:
+        cmd = self.command
+        if cmd.config_path is None and (cmd.config_name is None or cmd.config_dir is None):
+            return  # verl's own config tree (another built-in name is read with verl's defaults)
+        name = cmd.config_name or "ppo_trainer"  # verl's @hydra.main default name
+        name = name if name.endswith(".yaml") else name + ".yaml"
+        tried = [d / name for d in self._search_dirs()]
+        path = next((p for p in tried if p.is_file()), None)
+        if path is None and cmd.config_path is None:
+            return  # --config-dir only adds a search dir: the name may be one of verl's own configs
+        if path is None:
+            raise PatchError(
+                f"config file {name} not found (looked at {', '.join(map(str, tried))}); "
+                "give --config-path as an absolute path so the guardian reads what the trainer reads"
+            )
+        try:
+            loaded = yaml.load(path.read_text(encoding="utf-8"), Loader=_LOADER)  # a SafeLoader subclass
+        except (OSError, yaml.YAMLError) as exc:
+            raise PatchError(f"cannot read the run's config file {path}: {exc}") from exc
+        self.config_file, self._yaml = path, loaded if isinstance(loaded, dict) else {}
+        if self._yaml.get("defaults"):
+            self.notes.append(
+                f"{path} has a Hydra defaults list {self._yaml['defaults']!r}: only {path.name} itself and verl's "
+                "defaults are read, not other files it includes"
+            )
+
+    def _search_dirs(self) -> list[Path]:
+        """Hydra resolves a relative --config-path against the trainer's file; also try the launch cwd."""
+        cmd, dirs = self.command, []
+        for raw in (cmd.config_path, cmd.config_dir):
+            if raw is None:
+                continue
+            path = Path(raw).expanduser()
+            if path.is_absolute():
+                dirs.append(path)
+                continue
+            if raw is cmd.config_path and (base := _entry_dir(cmd, self.cwd)) is not None:
+                dirs.append((base / path).resolve())
+            dirs.append((self.cwd / path).resolve())
+        return dirs
+
+    def get(self, key: str) -> object:
+        """The value ``key`` will have; ``${other.key}`` interpolations resolved. PatchError when unknown."""
+        value = self.raw(key)
+        if isinstance(value, str):
+            for _ in range(8):
+                new = _INTERPOLATION.sub(self._interpolate, value)
+                if new == value:
+                    break
+                value = new
+        return value
+
+    def _interpolate(self, match: re.Match[str]) -> str:
+        try:
+            return str(self.raw(match.group(1)))
+        except PatchError:
+            return match.group(0)  # unknown: left as written
+
+    def raw(self, key: str) -> object:
+        for override in reversed(self.command.overrides):
+            if override.key == key:
+                return None if override.op == "~" else override.value()
+        node: Any = self._yaml
+        for part in key.split("."):
+            if not isinstance(node, dict) or part not in node:
+                break
+            node = node[part]
+        else:
+            return node
+        if key in self.defaults:
+            return self.defaults[key]
+        raise PatchError(f"{key}: not on the command line, not in the config file, and no verl default is known")
+
+
+def _entry_dir(cmd: LaunchCommand, cwd: Path) -> Path | None:
+    """Folder of the trainer's file (module located without importing it)."""
+    if cmd.entry.endswith(".py"):
+        return (cwd / cmd.entry).resolve().parent
+    top, *rest = cmd.entry.split(".")
+    try:
+        spec = importlib.util.find_spec(top)
+    except (ImportError, ValueError):
+        return None
+    locations = list(spec.submodule_search_locations or []) if spec else []
+    return Path(locations[0]).joinpath(*rest[:-1]) if locations else None
+
+
+def effective_value(
+    command: LaunchCommand | Sequence[str], key: str, *, defaults: Mapping[str, object], cwd: Path | None = None
+) -> object:
+    """The value the run will use for ``key`` (see EffectiveConfig); ``~key`` as the last override gives None."""
+    return EffectiveConfig.of(command, defaults, cwd).get(key)
+
+
+def with_overrides(
+    command: LaunchCommand | Sequence[str], changes: Mapping[str, object], *, known_keys: Collection[str]
+) -> list[str]:
+    """The argv with each key in ``changes`` set: its last occurrence replaced in place (earlier ones dropped),
+    or appended. ``key=v`` for keys in verl's YAML (``known_keys``), ``++key=v`` otherwise or when the command
+    already used ``+``/``++`` for it (add-or-override works whether or not the key exists)."""
+    cmd = command if isinstance(command, LaunchCommand) else parse_command(command)
+    argv: list[str | None] = list(cmd.argv)
+    appended: list[str] = []
+    for key, value in changes.items():
+        if key.startswith(("+", "~")) or parse_override(f"{key}=x") is None:
+            raise PatchError(f"{key!r} is not a plain dotted key; the guardian chooses the '+' prefix itself")
+        hits = [(pos, o) for pos, o in zip(cmd.positions, cmd.overrides, strict=True) if o.key == key]
+        plus = key not in known_keys or any(o.op in ("+", "++") for _, o in hits)
+        text = f"{'++' if plus else ''}{key}={render_value(value)}"
+        for pos, _ in hits[:-1]:
+            argv[pos] = None
+        if hits:
+            argv[hits[-1][0]] = text
+        else:
+            appended.append(text)
+    return [a for a in argv if a is not None] + appended
