@@ -9,6 +9,8 @@ $(BIN)/guardian: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -e '.[dev]'
+	# verl's own code and config for contract tests; --no-deps: it would pull torch, ray, vllm
+	$(BIN)/pip install --quiet --no-deps verl==0.9.1
 	touch $(BIN)/guardian
 
 install: $(BIN)/guardian
