@@ -16,6 +16,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from guardian.actions.patch import RemediationConfig
+
 
 class ConfigError(ValueError):
     """The configuration cannot be used; the message names the file and the field."""
@@ -145,6 +147,20 @@ class SourcesConfig(_Section):
     )
 
 
+class InterventionConfig(_Section):
+    budget: int = Field(3, ge=0, description="Remediation interventions per run before giving up (exit 93).")
+    restart_budget: int = Field(3, ge=0, description="Restarts after a crash or a stall per run before giving up.")
+    probation_steps: int = Field(
+        20, ge=1, description="Healthy steps after the rollback point before an intervention counts as resolved."
+    )
+    startup_seconds: float = Field(
+        900.0, gt=0, description="A relaunched trainer must log a new step within this (+ 5 typical steps)."
+    )
+    stop_sigint_s: float = Field(60.0, ge=0, description="Stop: wait this long after SIGINT to the process group.")
+    stop_sigterm_s: float = Field(30.0, ge=0, description="... then after SIGTERM, before SIGKILL.")
+    stop_sigkill_s: float = Field(10.0, ge=0, description="... then after SIGKILL, before reporting a failed stop.")
+
+
 class GuardianConfig(_Section):
     home: Path = Field(Path(".guardian"), description="Guardian home: database, run folders.")
     db_url: str | None = Field(
@@ -156,6 +172,8 @@ class GuardianConfig(_Section):
     )
     sources: SourcesConfig = SourcesConfig()
     checks: ChecksConfig = ChecksConfig()
+    intervention: InterventionConfig = InterventionConfig()
+    remediation: RemediationConfig = RemediationConfig()
 
     def database_url(self) -> str:
         return self.db_url or f"sqlite:///{self.home / 'guardian.db'}"
@@ -215,6 +233,15 @@ def load_config(path: Path | None = None, env: Mapping[str, str] | None = None) 
         raise ConfigError(_format_validation_error(exc, origin)) from None
 
 
+def _without_empty(value: Any) -> Any:
+    """Nested JSON without null and empty-mapping entries (the example stays readable)."""
+    if isinstance(value, dict):
+        return {k: _without_empty(v) for k, v in value.items() if v is not None and v != {}}
+    if isinstance(value, list):
+        return [_without_empty(v) for v in value]
+    return value
+
+
 def example_yaml() -> str:
     """The documented default configuration, one comment per field."""
     lines = [
@@ -224,6 +251,7 @@ def example_yaml() -> str:
 
     def emit(model: type[BaseModel], instance: BaseModel, indent: int) -> None:
         pad = "  " * indent
+        as_json = instance.model_dump(mode="json")
         for name, field in model.model_fields.items():
             value = getattr(instance, name)
             if isinstance(value, BaseModel):
@@ -232,7 +260,13 @@ def example_yaml() -> str:
                 continue
             if field.description:
                 lines.append(f"{pad}# {field.description}")
-            dumped = yaml.safe_dump(str(value) if isinstance(value, Path) else value, default_flow_style=True)
+            plain = _without_empty(as_json[name])
+            if isinstance(plain, dict | list) and plain:
+                block = yaml.safe_dump(plain, default_flow_style=False, sort_keys=False, width=110, allow_unicode=True)
+                lines.append(f"{pad}{name}:")
+                lines.extend(f"{pad}  {line}" for line in block.rstrip().splitlines())
+                continue
+            dumped = yaml.safe_dump(plain, default_flow_style=True)
             lines.append(f"{pad}{name}: {dumped.strip().removesuffix('...').strip()}")
 
     emit(GuardianConfig, GuardianConfig(), 0)

@@ -54,6 +54,12 @@ class Guardian:
     rollouts: RolloutDir | None = None
     checkpoints_dir: Path | None = None
     on_transition: list[Callable[[str, Transition], None]] = field(default_factory=list)
+    # `guardian run` names each attempt itself (one metrics file per launch); `watch` infers attempts
+    # from file segments (verl truncates its log on every start)
+    attempt_id: int | None = None
+    # observe mode closes an incident when its check clears; under `guardian run --mode enforce` the
+    # intervention owns the incident's end (a rollback clears checks without anything being fixed)
+    close_on_clear: bool = True
 
     def __post_init__(self) -> None:
         self.history = RunHistory(
@@ -63,10 +69,10 @@ class Guardian:
         self.tracker = StatusTracker()
         self.checks = build_checks(self.config.checks)
         self.started_at = self.clock()
-        self._ctx = CheckContext(self.history, self.config.checks.baseline, started_at=self.started_at)
-        self._attempt_id: int | None = None
+        self._attempt_id: int | None = self.attempt_id
         # steps judged before a restart of the guardian: their findings are already stored
         self._judged_through: int | None = None
+
         self._known_checkpoints: dict[Path, str] = {}
         self._reported_signals = False
         self.bad_lines_total = 0
@@ -84,7 +90,10 @@ class Guardian:
         for item in batch.items:
             if isinstance(item, NewSegment):
                 self._flush(pending, now)
-                self._begin_attempt(item.segment, now)
+                if self.attempt_id is None:
+                    self._begin_attempt(item.segment, now)
+                elif item.segment > 0:
+                    log.warning(event("metrics_file_restarted", {"run": self.run_id, "path": self.metrics.path}))
                 continue
             if self._attempt_id is None:
                 self._begin_attempt(0, now)
@@ -134,6 +143,29 @@ class Guardian:
             self._judged_through = None
         log.info(event("attempt", {"run": self.run_id, "attempt_id": self._attempt_id, "segment": segment}))
 
+    def switch_attempt(self, attempt_id: int, metrics: MetricsSource, *, judged_through: int | None = None) -> None:
+        """Follow a new trainer launch: its own metrics file, the same run timeline."""
+        self.attempt_id = self._attempt_id = attempt_id
+        self.metrics = metrics
+        self._judged_through = judged_through
+
+    def rebuild(self, metrics: MetricsSource) -> int:
+        """Re-read an earlier attempt's finished metrics file into the timeline without storing or
+        alerting anything (a restarted guardian rebuilding its view of the run). Returns the steps read."""
+        steps = 0
+        while True:
+            batch = metrics.poll(final=True)
+            for item in batch.items:
+                if isinstance(item, StepRecord):
+                    self.history.add(item)
+                    self.tracker.update(evaluate(self._context(None), self.checks))
+                    steps += 1
+            if not batch.more:
+                return steps
+
+    def _context(self, now: float | None) -> CheckContext:
+        return CheckContext(self.history, self.config.checks.baseline, now=now, started_at=self.started_at)
+
     def _flush(self, pending: list[StepRecord], now: float, branch: int | None = None) -> None:
         if pending and self._attempt_id is not None:
             self.store.write_steps(
@@ -142,8 +174,7 @@ class Guardian:
         pending.clear()
 
     def _judge(self, now: float) -> list[Transition]:
-        ctx = CheckContext(self.history, self._ctx.baseline, now=now, started_at=self.started_at)
-        transitions = self.tracker.update(evaluate(ctx, self.checks))
+        transitions = self.tracker.update(evaluate(self._context(now), self.checks))
         fresh = [t for t in transitions if not self._already_stored(t)]
         for transition in fresh:
             self._record(transition, now)
@@ -182,7 +213,7 @@ class Guardian:
         self.store.add_finding(
             self.run_id, self._attempt_id, finding, now, incident_id=incident.id if incident else None
         )
-        if t.change is Change.CLEARED and incident is not None:
+        if t.change is Change.CLEARED and incident is not None and self.close_on_clear:
             self.store.close_incident(
                 incident.id, status="resolved", now=now, step=finding.step, note="recovered without intervention"
             )
