@@ -168,7 +168,9 @@ class GuardianConfig(_Section):
         description="SQLAlchemy URL of the store; default sqlite:///<home>/guardian.db. Env: GUARDIAN_DB_URL.",
     )
     mode: Literal["observe", "advise", "enforce"] = Field(
-        "observe", description="observe: findings only; advise: alert with the action; enforce: act."
+        "enforce",
+        description="guardian run: observe = findings only; advise = alert with the exact action; enforce = act. "
+        "(watch always observes.)",
     )
     sources: SourcesConfig = SourcesConfig()
     checks: ChecksConfig = ChecksConfig()

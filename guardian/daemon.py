@@ -74,6 +74,8 @@ class Guardian:
         self._judged_through: int | None = None
 
         self._known_checkpoints: dict[Path, str] = {}
+        # steps the current attempt's metrics file has logged (a resume starts at its checkpoint's step)
+        self.attempt_steps: list[int] = []
         self._reported_signals = False
         self.bad_lines_total = 0
 
@@ -102,6 +104,7 @@ class Guardian:
             if self.history.branch != before:
                 self._flush(pending, now, branch=before)
             pending.append(item)
+            self.attempt_steps.append(item.step)
             result.new_steps += arrival is not Arrival.MERGED
             result.transitions.extend(self._judge(now))
         self._flush(pending, now)
@@ -148,6 +151,7 @@ class Guardian:
         self.attempt_id = self._attempt_id = attempt_id
         self.metrics = metrics
         self._judged_through = judged_through
+        self.attempt_steps = []
 
     def rebuild(self, metrics: MetricsSource) -> int:
         """Re-read an earlier attempt's finished metrics file into the timeline without storing or

@@ -42,7 +42,7 @@ ALLOWED: dict[State, frozenset[State]] = {
     State.DETECTED: frozenset({State.STOPPING, State.GAVE_UP}),
     State.STOPPING: frozenset({State.STOPPED}),
     State.STOPPED: frozenset({State.ROLLED_BACK, State.GAVE_UP}),
-    State.ROLLED_BACK: frozenset({State.PATCHED}),
+    State.ROLLED_BACK: frozenset({State.PATCHED, State.GAVE_UP}),
     State.PATCHED: frozenset({State.RESUMING}),
     State.RESUMING: frozenset({State.PROBATION, State.RELAPSED}),
     State.PROBATION: frozenset({State.RESOLVED, State.RELAPSED}),

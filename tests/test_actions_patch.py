@@ -453,7 +453,8 @@ def test_crash_restart_keeps_the_config(tmp_path: Path, no_compose: list[list[st
     plan = crash_restart_plan(VERL_RUN, resume_from=CKPT, run_files=files(tmp_path))
     assert {k for k, _, _ in plan.diff} == {"trainer.resume_mode", "trainer.resume_from_path"}
     assert plan.resume_from == CKPT and plan.rung is None and not plan.optimizer_reset
-    auto = crash_restart_plan([*VERL_RUN, f"{LOAD_CONTENTS}=[model]"], resume_from=None, run_files=files(tmp_path))
-    assert auto.diff == () and auto.resume_from is None  # auto is verl's default
-    assert any("optimizer state is not restored" in n for n in auto.notes)
+    fresh = crash_restart_plan([*VERL_RUN, f"{LOAD_CONTENTS}=[model]"], resume_from=None, run_files=files(tmp_path))
+    assert fresh.diff == (("trainer.resume_mode", "auto", "disable"),) and fresh.resume_from is None
+    assert any("from scratch" in n for n in fresh.notes)
+    assert any("optimizer state is not restored" in n for n in fresh.notes)
     assert plan.to_json()["resume_from"] == CKPT

@@ -57,7 +57,7 @@ class QuarantineResult:
     keep_step: int
     moved: tuple[MovedCheckpoint, ...]
     tracker_before: int | None
-    tracker_after: int
+    tracker_after: int | None  # None: the tracker itself went to quarantine (restart from scratch)
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,6 +180,31 @@ def quarantine_after(
         _fsync_dir(folder)
         _fsync_dir(ckpt_dir)
     return QuarantineResult(incident_id, keep_step, tuple(moved), tracker_before, keep_step)
+
+
+def quarantine_all(ckpt_dir: Path, incident_id: int) -> QuarantineResult:
+    """Move every ``global_step_M`` and the tracker into quarantine, for a restart from scratch (no healthy
+    checkpoint before the onset): the new branch's saves must not overwrite the abandoned branch's folders in
+    place, and a later ``resume_mode=auto`` must not follow the old tracker. Re-running finishes the job."""
+    if not ckpt_dir.is_dir():
+        return QuarantineResult(incident_id, 0, (), None, None)
+    tracker_before = read_tracker(ckpt_dir)
+    folder = ckpt_dir / QUARANTINE_DIR / f"incident-{incident_id}"
+    moved = []
+    for ckpt in scan_checkpoints(ckpt_dir):
+        folder.mkdir(parents=True, exist_ok=True)
+        source = ckpt_dir / f"global_step_{ckpt.step}"
+        dest = _free_name(folder, source.name)
+        _move(source, dest)
+        moved.append(MovedCheckpoint(ckpt.step, source, dest))
+    tracker = ckpt_dir / TRACKER_FILE
+    if tracker.exists():
+        folder.mkdir(parents=True, exist_ok=True)
+        _move(tracker, _free_name(folder, TRACKER_FILE))
+    if moved or tracker_before is not None:
+        _fsync_dir(folder)
+        _fsync_dir(ckpt_dir)
+    return QuarantineResult(incident_id, 0, tuple(moved), tracker_before, None)
 
 
 def list_quarantine(ckpt_dir: Path) -> dict[int, list[Path]]:

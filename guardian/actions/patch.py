@@ -364,8 +364,9 @@ def _resume(resume_from: str) -> str:
     return path
 
 
-def plan_patch(command: Sequence[str], rung: Rung, *, resume_from: str, run_files: RunFiles) -> PatchPlan:
-    """Apply ``rung`` to the effective config of ``command``, resume from ``resume_from``; validated, not run."""
+def plan_patch(command: Sequence[str], rung: Rung, *, resume_from: str | None, run_files: RunFiles) -> PatchPlan:
+    """Apply ``rung`` to the effective config of ``command``, resume from ``resume_from`` (None: start from
+    scratch, ``resume_mode=disable``); validated, not run."""
     cmd = parse_command(command)
     eff = EffectiveConfig.of(cmd, verl_keys.defaults(), run_files.cwd)
     notes, staged = list(eff.notes), dict[str, object]()
@@ -379,19 +380,24 @@ def plan_patch(command: Sequence[str], rung: Rung, *, resume_from: str, run_file
         changed[LOAD_CONTENTS] = ["model"]
         what = "the patched LR takes effect" if LR in changed else "the rung asks for it"
         notes.append(f"optimizer state reset: load_contents=[model] so {what} (LR scheduler and RNG restart too)")
-    changed["trainer.resume_mode"] = "resume_path"
-    changed["trainer.resume_from_path"] = _resume(resume_from)
+    changed.update(_resume_overrides(resume_from, notes))
     return _finish(cmd, eff, changed, notes, run_files, rung=rung.name, reset=reset)
 
 
 def crash_restart_plan(command: Sequence[str], *, resume_from: str | None, run_files: RunFiles) -> PatchPlan:
-    """Same config, resumed from ``resume_from`` (or the tracker file, resume_mode=auto, when None)."""
+    """Same config, resumed from ``resume_from`` (None: from scratch, ``resume_mode=disable``)."""
     cmd = parse_command(command)
     eff = EffectiveConfig.of(cmd, verl_keys.defaults(), run_files.cwd)
-    changed: dict[str, object] = {"trainer.resume_mode": "auto" if resume_from is None else "resume_path"}
-    if resume_from is not None:
-        changed["trainer.resume_from_path"] = _resume(resume_from)
-    return _finish(cmd, eff, changed, list(eff.notes), run_files, rung=None, reset=False)
+    notes = list(eff.notes)
+    changed = _resume_overrides(resume_from, notes)
+    return _finish(cmd, eff, changed, notes, run_files, rung=None, reset=False)
+
+
+def _resume_overrides(resume_from: str | None, notes: list[str]) -> dict[str, object]:
+    if resume_from is None:
+        notes.append("no healthy checkpoint to resume from: the run starts again from scratch")
+        return {"trainer.resume_mode": "disable"}
+    return {"trainer.resume_mode": "resume_path", "trainer.resume_from_path": _resume(resume_from)}
 
 
 def _finish(

@@ -373,6 +373,17 @@ class Store(InterventionRecords):
             return None
         return row.step, _unpack(row.metrics)
 
+    def latest_step_of_attempt(self, attempt_id: int) -> int | None:
+        """The newest step stored for one attempt (any branch), or None before its first."""
+        with self._read() as session:
+            return session.scalar(select(func.max(Step.step)).where(Step.attempt_id == attempt_id))
+
+    def attempts(self, run_id: str) -> list[AttemptView]:
+        """The run's attempts, oldest first."""
+        with self._read() as session:
+            rows = session.scalars(select(Attempt).where(Attempt.run_id == run_id).order_by(Attempt.number))
+            return [attempt_view(row) for row in rows]
+
     def count_steps(self, run_id: str) -> int:
         """How many steps the active timeline holds."""
         with self._read() as session:

@@ -1,0 +1,117 @@
+"""Trainer launches as the run folder records them.
+
+Every launch is an *attempt* with its own folder under ``<home>/runs/<run_id>/attempt-<k>/``:
+``metrics.jsonl`` (its own ``VERL_FILE_LOGGER_PATH``: verl truncates the file on every start),
+``stdout.log``, ``command.json`` (argv, env additions, cwd), ``overrides.txt`` and ``exit.json`` (written
+by the runner wrapper when the trainer ends). Rollout dumps of all attempts share ``rollouts/`` (verl
+overwrites a replayed step's file).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import orjson
+
+from guardian.actions.process import TrainerControl, TrainerHandle, read_runner_start
+from guardian.logs import event, get_logger
+
+log = get_logger("launcher")
+
+
+@dataclass(frozen=True, slots=True)
+class RunFolder:
+    root: Path
+
+    @property
+    def rollouts(self) -> Path:
+        return self.root / "rollouts"
+
+    def attempt(self, number: int) -> Path:
+        return self.root / f"attempt-{number}"
+
+    def metrics(self, number: int) -> Path:
+        return self.attempt(number) / "metrics.jsonl"
+
+    def stdout(self, number: int) -> Path:
+        return self.attempt(number) / "stdout.log"
+
+    def exit_file(self, number: int) -> Path:
+        return self.attempt(number) / "exit.json"
+
+
+def write_atomically(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` via a temp file in the same folder and ``os.replace``."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "wb") as out:
+            out.write(data)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(temp, path)
+    except BaseException:
+        Path(temp).unlink(missing_ok=True)
+        raise
+
+
+def launch_attempt(
+    control: TrainerControl,
+    folder: RunFolder,
+    number: int,
+    *,
+    argv: Sequence[str],
+    env: Mapping[str, str],
+    extra_env: Mapping[str, str],
+    cwd: Path,
+) -> TrainerHandle:
+    """Launch attempt ``number``, or attach to it if an earlier guardian already launched it (its runner
+    left a start record): a restarted guardian never starts a second trainer for one attempt."""
+    attempt_dir = folder.attempt(number)
+    attempt_dir.mkdir(parents=True, exist_ok=True)
+    exit_file = folder.exit_file(number)
+    existing = attach_attempt(control, folder, number, argv=argv)
+    if existing is not None:
+        return existing
+    write_atomically(
+        attempt_dir / "command.json",
+        orjson.dumps({"argv": list(argv), "env": dict(extra_env), "cwd": str(cwd)}, option=orjson.OPT_INDENT_2),
+    )
+    overrides = [a for a in argv if "=" in a and not a.startswith("-")]
+    write_atomically(attempt_dir / "overrides.txt", ("\n".join(overrides) + "\n").encode())
+    folder.metrics(number).touch()  # verl does not create the logger file's parent; the file marks the attempt
+    handle = control.launch(
+        argv, env={**env, **extra_env}, cwd=cwd, stdout_path=folder.stdout(number), exit_file=exit_file
+    )
+    log.info(event("attempt_launched", {"attempt": number, "pid": handle.pid, "dir": attempt_dir}))
+    return handle
+
+
+def attach_attempt(
+    control: TrainerControl, folder: RunFolder, number: int, *, argv: Sequence[str]
+) -> TrainerHandle | None:
+    """The running (or finished) trainer of attempt ``number`` if it was ever started, else None."""
+    exit_file = folder.exit_file(number)
+    record = read_runner_start(exit_file)
+    if record is None:
+        return None
+    pid = record.runner_pid or record.pid
+    handle = control.attach(
+        pid, exit_file=exit_file, stdout_path=folder.stdout(number), command=argv, started_at=record.started_at
+    )
+    if handle is None:
+        # the group is gone: keep a handle anyway so the caller can read how it ended from exit.json
+        handle = TrainerHandle(
+            pid=pid,
+            pgid=pid,
+            exit_file=exit_file,
+            stdout_path=folder.stdout(number),
+            started_at=record.started_at,
+            command=tuple(argv),
+        )
+    log.info(event("attempt_attached", {"attempt": number, "pid": handle.pid}))
+    return handle

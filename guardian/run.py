@@ -1,0 +1,127 @@
+"""``guardian run``: open the store, start or re-attach the run, loop the supervisor until the run ends.
+
+Ctrl-C (SIGINT) or SIGTERM stops the *guardian*, never the trainer: it keeps running in its own
+session, and ``guardian run --attach RUN_ID`` (or the same ``guardian run`` command again) picks it up.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import orjson
+
+from guardian.actions.process import LocalProcessControl
+from guardian.config import GuardianConfig
+from guardian.logs import event, get_logger
+from guardian.store import Store
+from guardian.supervisor import Supervisor
+
+log = get_logger("run")
+EXIT_INTERRUPTED = 130
+# Test hook for the chaos tests: the guardian SIGKILLs itself right after committing this state.
+DIE_AFTER_ENV = "GUARDIAN_TEST_DIE_AFTER"
+
+
+@dataclass(frozen=True, slots=True)
+class RunRequest:
+    command: tuple[str, ...]
+    cwd: Path
+    run_id: str
+    attach: bool = False
+    dry_run: bool = False
+    live: bool = False
+
+
+def _die_after(state: str) -> Callable[[str], None]:
+    def hook(committed: str) -> None:
+        if committed == state:
+            log.warning(event("test_die", {"after": committed}))
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    return hook
+
+
+def run_guarded(config: GuardianConfig, request: RunRequest, *, stop: threading.Event | None = None) -> int:
+    stop = stop or threading.Event()
+    with Store.open(config.database_url()) as store:
+        known = store.get_run(request.run_id)
+        command, cwd = request.command, request.cwd
+        if known is not None and known.status in ("finished", "gave_up") and not request.attach:
+            request = RunRequest(command, cwd, f"{request.run_id}-{time.strftime('%Y%m%d%H%M%S')}")
+            known = None
+        if known is not None:
+            saved = orjson.loads(known.config_json or "{}")
+            command, cwd = tuple(saved.get("command") or command), Path(saved.get("cwd") or cwd)
+        elif request.attach:
+            log.error(event("error", {"message": f"no run {request.run_id!r} in {store.url}"}))
+            return 1
+        hook = _die_after(os.environ[DIE_AFTER_ENV]) if os.environ.get(DIE_AFTER_ENV) else (lambda s: None)
+        supervisor = Supervisor(
+            config=config,
+            store=store,
+            run_id=request.run_id,
+            command=command,
+            cwd=cwd,
+            env=dict(os.environ),
+            control=LocalProcessControl(),
+            clock=time.time,
+            after_commit=hook,
+        )
+        if request.dry_run:
+            files = supervisor.files.prepare(command)
+            sys.stdout.write(
+                orjson.dumps(
+                    {"argv": list(files.argv), "env": dict(files.env), "cwd": str(cwd)}, option=orjson.OPT_INDENT_2
+                ).decode()
+                + "\n"
+            )
+            return 0
+        if known is None:
+            store.ensure_run(
+                request.run_id,
+                name=" ".join(command)[:200],
+                metrics_path=str(supervisor.folder.root),
+                rollouts_dir=str(supervisor.folder.rollouts),
+                checkpoints_dir=str(supervisor.checkpoint_dir),
+                mode=config.mode,
+                now=time.time(),
+                config_json=orjson.dumps({"command": list(command), "cwd": str(cwd)}).decode(),
+            )
+        log.info(
+            event(
+                "run",
+                {
+                    "run": request.run_id,
+                    "mode": config.mode,
+                    "folder": supervisor.folder.root,
+                    "checkpoints": supervisor.checkpoint_dir,
+                    "db": store.url,
+                },
+            )
+        )
+        supervisor.start()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, lambda *_: stop.set())
+        while not stop.is_set():
+            code = supervisor.tick()
+            if code is not None:
+                return code
+            stop.wait(config.sources.poll_interval_s)
+        log.warning(
+            event(
+                "guardian_stopped",
+                {
+                    "run": request.run_id,
+                    "trainer": "left running",
+                    "reattach": f"guardian run --attach {request.run_id}",
+                },
+            )
+        )
+        return EXIT_INTERRUPTED
