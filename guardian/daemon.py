@@ -250,7 +250,10 @@ class Guardian:
             if self._known_checkpoints.get(ckpt.path) == verdict:
                 continue
             self._known_checkpoints[ckpt.path] = verdict
-            self.store.record_checkpoint(self.run_id, step=ckpt.step, path=str(ckpt.path), verdict=verdict, now=now)
+            note = "" if verdict != "unhealthy" else None  # a healthy re-save clears an old branch's note
+            self.store.record_checkpoint(
+                self.run_id, step=ckpt.step, path=str(ckpt.path), verdict=verdict, now=now, note=note
+            )
 
     def _troubled_at(self, step: int) -> bool:
         """A critical check whose estimated onset is at or before ``step`` is current."""
