@@ -65,7 +65,8 @@ class EgrCollapseConfig(CheckBase):
 
 class KlDriftConfig(CheckBase):
     warn_ratio: float = Field(2.0, gt=1, description="Warn when smoothed KL > this × baseline.")
-    critical_ratio: float = Field(4.0, gt=1, description="Critical when smoothed KL > this × baseline.")
+    critical_ratio: float = Field(4.0, gt=1, description="Critical above this × baseline unless reward improves.")
+    extreme_ratio: float = Field(10.0, gt=1, description="Critical above this × baseline whatever the reward does.")
     floor: float = Field(0.1, gt=0, description="Baseline floor (per-token KL), so a near-zero start is not 0.")
 
 

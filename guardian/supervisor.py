@@ -41,6 +41,7 @@ from guardian.policy import (
     resume_deadline,
 )
 from guardian.sources.jsonl import MetricsFile
+from guardian.sources.rollouts import RolloutDir
 from guardian.store import CheckpointView, IncidentView, InterventionView, Store
 
 log = get_logger("supervisor")
@@ -86,6 +87,7 @@ class Supervisor:
             run_id=self.run_id,
             metrics=MetricsFile(first.metrics_path),
             clock=self.clock,
+            rollouts=RolloutDir(first.rollout_dir),
             checkpoints_dir=self.checkpoint_dir,
             close_on_clear=self.config.mode != "enforce",
         )

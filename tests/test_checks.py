@@ -125,12 +125,24 @@ def test_kl_drift_relative_to_floored_baseline() -> None:
     kl = "actor/kl_loss"
     # a healthy run whose KL starts at 0 and grows slowly stays below the floored reference
     h = history_of([{kl: v} for v in ramp(0.0, 0.16, 60)])
-    assert kl_drift(context(h), C.kl_drift).severity == Severity.OK
+    assert kl_drift(context(h), C.kl_drift, C.reward_collapse).severity == Severity.OK
     # aopd-1-like blow-up: 0.83 -> 16
     values = [0.83, 0.85, 1.3, 2.0, 2.5, 4.4, 7.8, 13.0, 15.7, 16.6, 16.6, 16.9]
-    finding = kl_drift(context(history_of([{"actor/reward_kl_penalty": v} for v in values])), C.kl_drift)
+    finding = kl_drift(
+        context(history_of([{"actor/reward_kl_penalty": v} for v in values])), C.kl_drift, C.reward_collapse
+    )
     assert finding.severity == Severity.CRITICAL
     assert finding.onset_step is not None and finding.onset_step <= 7
+
+
+def test_kl_rising_while_reward_climbs_is_learning_unless_extreme() -> None:
+    kl = "actor/kl_loss"
+    rising = [{kl: k, R: r, **SCORE_RANGE} for k, r in zip(ramp(0.15, 0.8, 40), ramp(0.1, 0.5, 40), strict=True)]
+    assert kl_drift(context(history_of(rising)), C.kl_drift, C.reward_collapse).severity == Severity.WARN
+    flat = [{kl: k, R: 0.3, **SCORE_RANGE} for k in ramp(0.15, 0.8, 40)]
+    assert kl_drift(context(history_of(flat)), C.kl_drift, C.reward_collapse).severity == Severity.CRITICAL
+    extreme = [{kl: k, R: r, **SCORE_RANGE} for k, r in zip(ramp(0.15, 4.0, 40), ramp(0.1, 0.5, 40), strict=True)]
+    assert kl_drift(context(history_of(extreme)), C.kl_drift, C.reward_collapse).severity == Severity.CRITICAL
 
 
 def test_logprob_decline_on_rising_negative_log_likelihood() -> None:

@@ -54,7 +54,7 @@ def default_checks(c: ChecksConfig) -> list[Check]:
             partial(entropy_explosion, cfg=c.entropy_explosion, reward_cfg=c.reward_collapse),
         ),
         (c.egr_collapse, "egr_collapse", partial(egr_collapse, cfg=c.egr_collapse)),
-        (c.kl_drift, "kl_drift", partial(kl_drift, cfg=c.kl_drift)),
+        (c.kl_drift, "kl_drift", partial(kl_drift, cfg=c.kl_drift, reward_cfg=c.reward_collapse)),
         (c.logprob_decline, "logprob_decline", partial(logprob_decline, cfg=c.logprob_decline)),
         (c.reward_collapse, "reward_collapse", partial(reward_collapse, cfg=c.reward_collapse)),
         (c.length, "length_collapse", partial(length_collapse, cfg=c.length)),

@@ -4,6 +4,10 @@ KL units differ between verl keys (facts gotcha 8): ``actor/kl_loss`` is a per-t
 (0.001-0.1 in healthy runs), ``actor/reward_kl_penalty`` a per-sequence mean. Judging the ratio to the
 run's own baseline (floored, so a run that starts at KL 0 has a finite reference) works for all.
 
+KL grows as a policy learns (0.001 -> 0.013 on a healthy GSM8K run), so a KL far above its baseline is
+critical only while reward is not improving, or when it is extreme; the policy moving away from the
+reference while reward climbs is learning.
+
 ``rollout_corr/training_log_ppl`` is the mean -log pi per token of the sampled responses under the
 old policy; it rising means the policy assigns its own samples less and less likelihood - the
 likelihood-displacement signal the seed tutorial calls "mean log pi falling".
@@ -11,6 +15,7 @@ likelihood-displacement signal the seed tutorial calls "mean log pi falling".
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 from guardian.checks.base import (
@@ -24,7 +29,8 @@ from guardian.checks.base import (
     rounded,
     waiting,
 )
-from guardian.config import KlDriftConfig, LogprobDeclineConfig
+from guardian.checks.reward import reward_state_at
+from guardian.config import KlDriftConfig, LogprobDeclineConfig, RewardCollapseConfig
 from guardian.findings import EvidenceValue, Finding, Severity
 from guardian.keys import Signal
 
@@ -44,6 +50,8 @@ def _rise_check(
     departed: float,
     healthy: str,
     unhealthy: Callable[[float], str],
+    excused: Callable[[int], bool] = lambda step: False,
+    extreme: float = math.inf,
 ) -> Finding:
     h = ctx.history
     if (missing := need(h, check, signal)) is not None:
@@ -56,7 +64,7 @@ def _rise_check(
 
     def level_at(i: int) -> Severity:
         value = ratio_of(i)
-        if value >= critical:
+        if value >= extreme or (value >= critical and not excused(series.steps[i])):
             return Severity.CRITICAL
         return Severity.WARN if value >= warn else Severity.OK
 
@@ -76,7 +84,11 @@ def _rise_check(
     return conclude(check, series.steps[-1], verdict, evidence, healthy=healthy, unhealthy=unhealthy(ratio_of(last)))
 
 
-def kl_drift(ctx: CheckContext, cfg: KlDriftConfig) -> Finding:
+def kl_drift(ctx: CheckContext, cfg: KlDriftConfig, reward_cfg: RewardCollapseConfig) -> Finding:
+    def learning(step: int) -> bool:
+        state = reward_state_at(ctx.history, step, reward_cfg, ctx.baseline)
+        return state is not None and state.improving
+
     return _rise_check(
         ctx,
         check=KL,
@@ -87,6 +99,8 @@ def kl_drift(ctx: CheckContext, cfg: KlDriftConfig) -> Finding:
         for_steps=cfg.for_steps,
         departed=1.5,
         healthy="KL to the reference near its baseline",
+        excused=learning,
+        extreme=cfg.extreme_ratio,
         unhealthy=lambda r: f"KL to the reference is {r:.1f}x its baseline",
     )
 
