@@ -110,7 +110,7 @@ class Supervisor:
         self.attempt = Attempt(latest.id, latest.number, argv, handle, self.clock())
         stored = self.store.latest_step_of_attempt(latest.id)
         self.guardian.switch_attempt(latest.id, MetricsFile(Path(latest.metrics_path)), judged_through=stored)
-        log.info(event("run_attached", {"run": self.run_id, "attempt": latest.number, "through_step": stored}))
+        log.warning(event("run_attached", {"run": self.run_id, "attempt": latest.number, "through_step": stored}))
 
     # -- one pass ---------------------------------------------------------------------------------
     def tick(self) -> int | None:
@@ -364,8 +364,8 @@ class Supervisor:
 
     def _verify_resume(self, iv: InterventionView) -> InterventionView | None:
         attempt = self.attempt
-        if attempt is None or attempt.id != iv.to_attempt_id:
-            self._reattach(iv)
+        if attempt is None or attempt.id != iv.to_attempt_id or attempt.handle is None:
+            self._reattach(iv)  # a guardian restarted after committing RESUMING: launch (or attach) now
             return None
         target = iv.target_step or 0
         logged = self.guardian.attempt_steps

@@ -1,0 +1,165 @@
+"""``guardian run`` end to end on the demo trainer (real processes, real files, real GRPO on CPU):
+a collapse is stopped, rolled back to the last healthy checkpoint, patched and resumed, and the
+guardian can be killed with SIGKILL at every state of the intervention and still finish it once."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import orjson
+import pytest
+
+from guardian.config import GuardianConfig
+from guardian.policy import State
+from guardian.run import RunRequest, run_guarded
+from guardian.sources.checkpoints import scan_checkpoints
+from guardian.store import Store
+
+pytestmark = pytest.mark.slow
+
+LR_KEY = "actor_rollout_ref.actor.optim.lr"
+
+
+def collapse_command(ckpt: Path) -> list[str]:
+    """The seed tutorial's broken settings (LR ×50, temperature 0.5), with a warm-up so the first
+    checkpoints are healthy, paced so the guardian meets a live trainer."""
+    return [
+        sys.executable,
+        "-m",
+        "guardian.demo.trainer",
+        "trainer.total_training_steps=110",
+        "trainer.total_epochs=1000",
+        "trainer.save_freq=10",
+        f"trainer.default_local_dir={ckpt}",
+        f"{LR_KEY}=5e-5",
+        "actor_rollout_ref.actor.optim.lr_warmup_steps=30",
+        "actor_rollout_ref.rollout.temperature=0.5",
+        "+trainer.fault.slow_steps=0.02",
+    ]
+
+
+def config_for(home: Path) -> GuardianConfig:
+    return GuardianConfig.model_validate(
+        {
+            "home": str(home),
+            "sources": {"poll_interval_s": 0.05},
+            "intervention": {"probation_steps": 15, "stop_sigint_s": 5, "stop_sigterm_s": 5, "stop_sigkill_s": 5},
+        }
+    )
+
+
+def saved_steps(home: Path) -> set[int]:
+    """Every checkpoint step any attempt said it saved."""
+    saved: set[int] = set()
+    for log in home.glob("runs/*/attempt-*/stdout.log"):
+        saved.update(int(m) for m in re.findall(r"Saving checkpoint to .*global_step_(\d+)", log.read_text()))
+    return saved
+
+
+def surviving_steps(ckpt: Path) -> set[int]:
+    present = {c.step for c in scan_checkpoints(ckpt)}
+    quarantined = {
+        int(m.group(1)) for p in ckpt.glob(".guardian-quarantine/*/*") if (m := re.match(r"global_step_(\d+)", p.name))
+    }
+    return present | quarantined
+
+
+def test_collapse_is_rolled_back_patched_resumed_and_resolved(tmp_path: Path) -> None:
+    home, ckpt = tmp_path / "home", tmp_path / "ckpt"
+    config = config_for(home)
+    code = run_guarded(config, RunRequest(tuple(collapse_command(ckpt)), tmp_path, "collapse"))
+    assert code == 0
+    with Store.open(config.database_url()) as store:
+        (intervention,) = [i for i in store.interventions("collapse") if i.state != State.RELAPSED]
+        assert intervention.state == State.RESOLVED
+        states = [e.state for e in store.intervention_events(intervention.id)]
+        assert [s for s in states if s != "STOPPED"] == [
+            "DETECTED",
+            "STOPPING",
+            "ROLLED_BACK",
+            "PATCHED",
+            "RESUMING",
+            "PROBATION",
+            "RESOLVED",
+        ]
+        incident = store.get_incident(intervention.incident_id)
+        assert incident is not None and incident.incident.check in ("entropy_collapse", "egr_collapse")
+        assert incident.incident.status == "resolved"
+        target = intervention.target_step
+        assert target is not None and incident.incident.onset_step is not None
+        assert target <= incident.incident.onset_step
+        attempts = store.attempts("collapse")
+    # the relaunch: patched LR that really takes effect (optimizer state reset), resumed from the target
+    argv = json.loads((home / "runs/collapse/attempt-2/command.json").read_text())["argv"]
+    assert f"trainer.resume_from_path={ckpt}/global_step_{target}" in argv
+    assert "actor_rollout_ref.actor.checkpoint.load_contents=[model]" in argv
+    patched_lr = float(next(a for a in argv if a.startswith(f"{LR_KEY}=")).split("=")[1])
+    assert patched_lr < 5e-5
+    lines = [orjson.loads(line) for line in (home / "runs/collapse/attempt-2/metrics.jsonl").read_bytes().splitlines()]
+    assert lines[0]["step"] == target  # validation before training at the resume step, like verl
+    first_trained = next(line for line in lines if "actor/lr" in line["data"])
+    assert first_trained["step"] == target + 1
+    assert first_trained["data"]["actor/lr"] <= patched_lr  # not the checkpoint's LR: the LR trap is handled
+    # never deleted: every checkpoint any attempt saved is present or in quarantine
+    assert saved_steps(home) <= surviving_steps(ckpt)
+    assert len(attempts) >= 2
+
+
+CHAOS_POINTS = ["STOPPING", "STOPPED", "STOPPED+target", "ROLLED_BACK", "PATCHED", "RESUMING", "PROBATION"]
+
+
+@pytest.mark.parametrize("die_after", CHAOS_POINTS)
+def test_guardian_killed_at_every_state_finishes_the_intervention_once(tmp_path: Path, die_after: str) -> None:
+    home, ckpt = tmp_path / "home", tmp_path / "ckpt"
+    (tmp_path / "guardian.yaml").write_text(
+        "sources: {poll_interval_s: 0.05}\n"
+        "intervention: {probation_steps: 15, stop_sigint_s: 5, stop_sigterm_s: 5, stop_sigkill_s: 5}\n"
+    )
+    command = [
+        sys.executable,
+        "-m",
+        "guardian",
+        "--log-level",
+        "WARNING",
+        "run",
+        "--config",
+        "guardian.yaml",
+        "--no-live",
+        "--",
+        *collapse_command(ckpt),
+    ]
+    env = {**os.environ, "GUARDIAN_HOME": str(home)}
+    env.pop("GUARDIAN_DB_URL", None)
+    first = subprocess.run(
+        command, cwd=tmp_path, env={**env, "GUARDIAN_TEST_DIE_AFTER": die_after}, capture_output=True, timeout=120
+    )
+    assert first.returncode == -9, first.stderr.decode()[-3000:]  # SIGKILLed right after committing the state
+    second = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, timeout=180)
+    assert second.returncode == 0, second.stderr.decode()[-3000:]
+    assert b"run_attached" in second.stderr
+    with Store.open(f"sqlite:///{home / 'guardian.db'}") as store:
+        (run,) = store.list_runs()
+        interventions = store.interventions(run.id)
+        resolved = [i for i in interventions if i.state == State.RESOLVED]
+        assert len(resolved) >= 1
+        for iv in interventions:
+            states = [e.state for e in store.intervention_events(iv.id)]
+            for state in ("STOPPING", "ROLLED_BACK", "PATCHED", "RESUMING"):
+                assert states.count(state) <= 1, f"{state} committed twice: {states}"
+        attempts = store.attempts(run.id)
+    # never two trainers at once: each attempt started after the previous one ended
+    runs = []
+    for attempt in attempts:
+        folder = home / "runs" / run.id / f"attempt-{attempt.number}"
+        start = json.loads((folder / "exit.json.pid").read_text())["started_at"]
+        end = json.loads((folder / "exit.json").read_text())["ended_at"]
+        runs.append((start, end))
+    for (_, ended), (started, _) in zip(runs, runs[1:], strict=False):
+        assert started >= ended
+    assert len(attempts) == len(interventions) + 1  # exactly one relaunch per intervention
+    assert saved_steps(home) <= surviving_steps(ckpt)
