@@ -9,6 +9,7 @@ import os
 import re
 import subprocess
 import sys
+from itertools import pairwise
 from pathlib import Path
 
 import orjson
@@ -159,7 +160,7 @@ def test_guardian_killed_at_every_state_finishes_the_intervention_once(tmp_path:
         start = json.loads((folder / "exit.json.pid").read_text())["started_at"]
         end = json.loads((folder / "exit.json").read_text())["ended_at"]
         runs.append((start, end))
-    for (_, ended), (started, _) in zip(runs, runs[1:], strict=False):
+    for (_, ended), (started, _) in pairwise(runs):
         assert started >= ended
     assert len(attempts) == len(interventions) + 1  # exactly one relaunch per intervention
     assert saved_steps(home) <= surviving_steps(ckpt)
