@@ -295,9 +295,9 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from guardian.demo_replay import run_demo
+    from guardian.demo_run import run_demo
 
-    return run_demo(_config(args), json_output=args.json)
+    return run_demo(_config(args), scenario=args.scenario, json_output=args.json)
 
 
 # -- parser ---------------------------------------------------------------------------------------
@@ -367,7 +367,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- python -m verl.trainer.main_ppo key=value ...")
     p.set_defaults(func=cmd_run)
 
-    p = add("demo", "Guard a bundled real collapsing verl run, streamed as if live (observe mode).")
+    p = add("demo", "The closed loop on CPU: a tiny verl-compatible GRPO run, guarded in enforce mode.")
+    p.add_argument(
+        "--scenario",
+        default="entropy_collapse",
+        choices=("entropy_collapse", "nan", "hang", "crash", "healthy"),
+        help="what goes wrong (default entropy_collapse)",
+    )
     p.add_argument("--json", action="store_true", help="print the incident timeline as JSON")
     p.set_defaults(func=cmd_demo)
     return parser

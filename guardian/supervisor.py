@@ -274,14 +274,14 @@ class Supervisor:
         return None
 
     def _roll_back(self, iv: InterventionView, incident: IncidentView) -> InterventionView:
-        exclude = frozenset(
-            p.target_step for p in self.store.interventions(incident_id=incident.id) if p.id != iv.id and p.target_step
-        )
+        earlier = [p for p in self.store.interventions(incident_id=incident.id) if p.id != iv.id]
+        exclude = frozenset(p.target_step for p in earlier if p.target_step is not None)
+        tried_scratch = any(p.target_step is None and p.plan is not None for p in earlier)
         rung = self.config.remediation.rung(incident.check, iv.rung)
         extra = rung.rollback_extra_checkpoints if rung is not None else 0
         if iv.target_step is None:
             target = self._target(incident, exclude, extra)
-            if target is None and not exclude:
+            if target is None and not tried_scratch:
                 # trouble before the first healthy checkpoint: start again from scratch (patched, for a
                 # health incident); the old branch's folders go to quarantine so new saves cannot overwrite them
                 moved = quarantine_all(self.checkpoint_dir, incident.id)
@@ -296,7 +296,9 @@ class Supervisor:
                     },
                 )
             if target is None:
-                return self._give_up(iv, "no healthy checkpoint before the earlier rollback targets")
+                return self._give_up(
+                    iv, "no healthy checkpoint left to roll back to (a restart from scratch failed too)"
+                )
             limit = (incident.onset_step or incident.opened_step or 0) - self.config.remediation.margin_steps
             why = f"newest healthy checkpoint at or before step {limit}"
             if exclude:

@@ -1,0 +1,211 @@
+"""``guardian demo``: the whole story on a laptop - a real (tiny) GRPO run on CPU, guarded by
+``guardian run`` in enforce mode on embedded defaults (SQLite under the guardian home, a local process).
+
+The trainer is ``guardian.demo.trainer`` (verl 0.9.1's interface) running a named scenario from
+``guardian.demo.scenarios``. The terminal shows healthy steps, the detection with its evidence, the stop,
+the rollback target and why, the patch, the resume, probation and the outcome, then where the incident
+lives. ``--json`` prints the incident timeline instead.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import orjson
+from rich.console import Console
+from rich.markup import escape
+
+from guardian.actions.process import LocalProcessControl
+from guardian.config import GuardianConfig
+from guardian.demo.scenarios import SCENARIOS, RunFiles
+from guardian.keys import Signal
+from guardian.store import Store
+from guardian.supervisor import Supervisor
+
+DEMO_SCENARIOS = ("entropy_collapse", "nan", "hang", "crash", "healthy")
+# seconds per step added to the trainer, so the story unfolds at a readable pace
+PACE_S = 0.03
+STATUS_EVERY = 25
+
+
+def demo_config(config: GuardianConfig) -> GuardianConfig:
+    """The user's config with the demo's pace: fast polls, short stop waits and stall limits."""
+    stall = config.checks.stall.model_copy(update={"min_seconds": 3.0, "startup_seconds": 60.0})
+    return config.model_copy(
+        update={
+            "mode": "enforce",
+            "sources": config.sources.model_copy(update={"poll_interval_s": 0.1}),
+            "intervention": config.intervention.model_copy(
+                update={
+                    "probation_steps": 20,
+                    "startup_seconds": 60.0,
+                    "stop_sigint_s": 5.0,
+                    "stop_sigterm_s": 5.0,
+                    "stop_sigkill_s": 5.0,
+                }
+            ),
+            "checks": config.checks.model_copy(update={"stall": stall}),
+        }
+    )
+
+
+@dataclass
+class Narrator:
+    """Prints what happened since the last call, from the store and the guard loop's history."""
+
+    console: Console
+    store: Store
+    run_id: str
+    told_events: set[tuple[int, int]] = field(default_factory=set)
+    told_incidents: set[int] = field(default_factory=set)
+    last_status: int = -STATUS_EVERY
+
+    def __call__(self, supervisor: Supervisor) -> None:
+        history = supervisor.guardian.history
+        step = history.last_step
+        if step is not None and step >= self.last_status + STATUS_EVERY and not self.told_incidents:
+            self.last_status = step
+            self.console.print(f"  step {step:>4}  {_values(supervisor)}  [green]healthy[/]")
+        for incident in reversed(self.store.list_incidents(self.run_id, limit=1000)):
+            if incident.id in self.told_incidents or incident.status == "dismissed":
+                continue
+            self.told_incidents.add(incident.id)
+            self.console.print(
+                f"[bold red]DETECTED[/] {incident.check} at step {incident.opened_step} "
+                f"(estimated onset step {incident.onset_step}): {escape(incident.message)}"
+            )
+            evidence = ", ".join(
+                f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+                for k, v in incident.evidence.items()
+                if v is not None and k != "stdout_tail"
+            )
+            if evidence:
+                self.console.print(f"         evidence: {escape(evidence)}")
+        for iv in self.store.interventions(self.run_id):
+            for index, e in enumerate(self.store.intervention_events(iv.id)):
+                if (iv.id, index) in self.told_events:
+                    continue
+                self.told_events.add((iv.id, index))
+                self._event(iv.id, e.state, e.detail, iv.to_json())
+
+    def _event(self, number: int, state: str, detail: Mapping[str, object], iv: Mapping[str, object]) -> None:
+        say = self.console.print
+        tag = f"[cyan]#{number} {state:11}[/]"
+        if state == "DETECTED":
+            say(f"{tag} intervention {number} ({iv['kind']}, rung {int(str(iv['rung'])) + 1})")
+        elif state == "STOPPING":
+            say(f"{tag} stopping the trainer's process group (SIGINT, then SIGTERM, then SIGKILL)")
+        elif state == "STOPPED" and detail.get("target"):
+            say(f"{tag} rollback target {escape(str(detail['target']))}: {escape(str(detail.get('why')))}")
+        elif state == "ROLLED_BACK":
+            moved = detail.get("moved") or []
+            say(f"{tag} newer checkpoints {moved} moved to .guardian-quarantine/ (never deleted); tracker rewritten")
+            if detail.get("why"):
+                say(f"             {escape(str(detail['why']))}")
+        elif state == "PATCHED":
+            for key, before, after in detail.get("diff", []):  # type: ignore[attr-defined]
+                say(f"{tag} {key}: {escape(str(before))} -> {escape(str(after))}")
+            for note in detail.get("notes", []):  # type: ignore[attr-defined]
+                say(f"             note: {escape(str(note))}")
+        elif state == "RESUMING":
+            say(f"{tag} relaunched the trainer from the rollback point")
+        elif state == "PROBATION":
+            say(f"{tag} resumed at step {detail.get('first_step')}; on probation")
+        elif state in ("RESOLVED", "RELAPSED", "GAVE_UP"):
+            style = {"RESOLVED": "bold green", "RELAPSED": "yellow", "GAVE_UP": "bold red"}[state]
+            say(f"[{style}]#{number} {state}[/] {escape(str(detail.get('why', '')))}")
+
+
+def _values(supervisor: Supervisor) -> str:
+    parts = []
+    for signal in (Signal.REWARD, Signal.ENTROPY, Signal.EGR):
+        series = supervisor.guardian.history.signal(signal)
+        if len(series) and math.isfinite(series.values[-1]):
+            parts.append(f"{signal.value} {series.values[-1]:.3f}")
+    return "  ".join(parts)
+
+
+def run_demo(config: GuardianConfig, *, scenario: str, json_output: bool) -> int:
+    config = demo_config(config)
+    run_id = f"demo-{scenario}-{time.strftime('%Y%m%d-%H%M%S')}"
+    root = config.home.resolve() / "runs" / run_id
+    files = RunFiles(root / "trainer")
+    files.root.mkdir(parents=True, exist_ok=True)
+    chosen = SCENARIOS[scenario].with_extra(f"+trainer.fault.slow_steps={PACE_S}")
+    command = tuple(chosen.command(files))
+    console = Console(stderr=json_output)
+    console.print(f"[bold]guardian demo[/] - scenario [cyan]{scenario}[/]: {chosen.notes or _first_line(scenario)}")
+    with Store.open(config.database_url()) as store:
+        supervisor = Supervisor(
+            config=config,
+            store=store,
+            run_id=run_id,
+            command=command,
+            cwd=files.root,
+            env={k: v for k, v in os.environ.items() if k != "VERL_FILE_LOGGER_PATH"},
+            control=LocalProcessControl(),
+            clock=time.time,
+        )
+        store.ensure_run(
+            run_id,
+            name=f"demo {scenario}",
+            metrics_path=str(root),
+            rollouts_dir=str(files.rollouts),
+            checkpoints_dir=str(supervisor.checkpoint_dir),
+            mode="enforce",
+            now=time.time(),
+            config_json=orjson.dumps({"command": list(command), "cwd": str(files.root)}).decode(),
+        )
+        narrate = Narrator(console, store, run_id)
+        supervisor.start()
+        stop = threading.Event()
+        code: int | None = None
+        while code is None and not stop.is_set():
+            code = supervisor.tick()
+            narrate(supervisor)
+            stop.wait(config.sources.poll_interval_s)
+        incidents = store.list_incidents(run_id, limit=1000)
+        if json_output:
+            document = {
+                "run": run_id,
+                "scenario": scenario,
+                "exit_code": code,
+                "last_step": supervisor.guardian.history.last_step,
+                "incidents": [
+                    {
+                        **detail.to_json(),
+                        "interventions": [
+                            {**iv.to_json(), "events": [e.to_json() for e in store.intervention_events(iv.id)]}
+                            for iv in store.interventions(incident_id=i.id)
+                        ],
+                    }
+                    for i in incidents
+                    if (detail := store.get_incident(i.id)) is not None
+                ],
+                "store": store.url,
+            }
+            sys.stdout.write(orjson.dumps(document, option=orjson.OPT_INDENT_2).decode() + "\n")
+        else:
+            last = supervisor.guardian.history.last_step
+            outcome = {0: "[bold green]finished[/]", 93: "[bold red]gave up (exit 93: do not requeue)[/]"}
+            console.print(f"\nrun {run_id}: {outcome.get(code or 0, f'exit {code}')} at step {last}")
+            for i in incidents:
+                console.print(f"  incident #{i.id} {i.check}: {i.status} - guardian incidents show {i.id}")
+            console.print(f"history: {store.url}; trainer files: {files.root}")
+        return code or 0
+
+
+def _first_line(scenario: str) -> str:
+    return {
+        "entropy_collapse": "the seed tutorial's broken settings (LR x50, KL 1e-4, temperature 0.5)",
+        "healthy": "sane settings; the guardian should only watch",
+        "nan": "weights turn non-finite mid-run",
+        "hang": "the trainer stops making progress",
+        "crash": "the trainer exits with an error mid-run",
+    }.get(scenario, "")
