@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from importlib.resources import files
 from pathlib import Path
 
 import pytest
@@ -54,19 +55,17 @@ def test_config_example_is_the_committed_doc(capsys: pytest.CaptureFixture[str])
     assert capsys.readouterr().out == committed.read_text(), "run: guardian config --example > docs/..."
 
 
-def test_demo_then_incidents(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["demo", "--json"]) == EXIT_OK
-    doc = json.loads(capsys.readouterr().out)
-    assert doc["steps"] == 60
-    checks = {i["check"] for i in doc["incidents"]}
-    assert "length_collapse" in checks
+def test_watch_a_finished_log_then_incidents(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    trace = tmp_path / "metrics.jsonl"
+    trace.write_bytes(files("guardian.data").joinpath("aopd-2.jsonl").read_bytes())
+    assert main(["watch", "--metrics", str(trace), "--no-live", "--max-ticks", "3"]) == EXIT_UNHEALTHY
     assert main(["incidents", "list", "--json"]) == EXIT_OK
     listed = json.loads(capsys.readouterr().out)
-    assert {i["check"] for i in listed} == checks
     incident = next(i for i in listed if i["check"] == "length_collapse")
     assert main(["incidents", "show", str(incident["id"]), "--json"]) == EXIT_OK
     shown = json.loads(capsys.readouterr().out)
     assert shown["onset_step"] is not None and shown["findings"]
+    assert shown["evidence"]["length_baseline"] > 500
     assert main(["incidents", "show", "9999"]) == 1
 
 

@@ -9,6 +9,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from itertools import pairwise
 from pathlib import Path
 
@@ -164,3 +165,23 @@ def test_guardian_killed_at_every_state_finishes_the_intervention_once(tmp_path:
         assert started >= ended
     assert len(attempts) == len(interventions) + 1  # exactly one relaunch per intervention
     assert saved_steps(home) <= surviving_steps(ckpt)
+
+
+def test_demo_tells_the_whole_story(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The README's main job: `guardian demo` on embedded defaults ends resolved, within the time budget."""
+    monkeypatch.setenv("GUARDIAN_HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("GUARDIAN_DB_URL", raising=False)
+    started = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-m", "guardian", "--log-level", "ERROR", "demo", "--json"],
+        capture_output=True,
+        timeout=180,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr.decode()[-3000:]
+    assert time.monotonic() - started < 120
+    document = json.loads(done.stdout)
+    resolved = [i for i in document["incidents"] if i["status"] == "resolved"]
+    assert resolved, document["incidents"]
+    events = [e["state"] for iv in resolved[0]["interventions"] for e in iv["events"]]
+    assert events[-1] == "RESOLVED" and "ROLLED_BACK" in events and "PATCHED" in events
