@@ -1,0 +1,217 @@
+"""Named demo runs: the override strings (and seed) that make each phenomenon happen, for tests and
+benchmarks. Every run is deterministic for its seed; the steps quoted below are for the default seed.
+
+- ``healthy``: verl's default LR (1e-6), temperature 1.0, no KL loss. Reward rises steadily
+  (about 0.05 -> 0.25 over 300 steps), entropy eases from 1.78 to about 1.55 nats, EGR stays >= 0.6.
+- ``entropy_collapse``: the seed tutorial's broken settings - LR x50 (5e-5), KL loss coefficient
+  1e-4, temperature 0.5. The policy locks onto answers within ~30 steps: entropy falls below 20 % of
+  its start by step ~25, KL to the reference climbs past 1 nat/token, EGR drops below 0.2 by step
+  ~50 (easy prompts all-correct, hard prompts stuck on a wrong tail), and reward plateaus around
+  0.6-0.8 instead of reaching 1. Checkpoints every 5 steps; ``global_step_5`` is still healthy.
+  ``RESCUE_PATCH`` resumed from there recovers (see ``rescue_overrides``).
+- ``kl_blowup``: LR 2e-5 at temperature 1.0 with a token KL loss (1e-4): the policy learns fast and
+  walks away from the reference, ``actor/kl_loss`` grows from ~0.02 to ~1 nat/token by step 30
+  while entropy only slowly declines.
+- ``nan``: the healthy run with a corrupt weight from step 20: from then on the rollouts are "aaaa…"
+  to the length cap, reward 0, and ``actor/entropy``, ``actor/grad_norm``, ``actor/pg_loss`` are
+  null in the JSONL; every update is skipped with verl's ``WARN: grad_norm is not finite`` line.
+- ``hang``: the healthy run stops making progress at step 10 (sleeps forever; no line for step 10).
+- ``crash``: the healthy run exits with code 3 at step 15, after logging step 14.
+- ``length_explosion``: a DAPO overlong-shaping config copied from a run with a longer budget
+  (``max_resp_len=20`` while ``data.max_response_length=16``) and with the penalty factor's sign
+  slipped (-1.0): every response shorter than 16 tokens is penalised, so responses grow from ~4.5
+  to the cap (16) within ~50 steps and most end truncated, while the reward looks like it improves.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+DEFAULT_SEED = 1
+REWARDS_FILE = str(Path(__file__).with_name("rewards.py"))
+ACTOR = "actor_rollout_ref.actor"
+
+RESCUE_PATCH: tuple[str, ...] = (
+    f"{ACTOR}.optim.lr=1e-6",
+    f"{ACTOR}.use_kl_loss=true",
+    f"{ACTOR}.kl_loss_coef=0.01",
+    f"{ACTOR}.entropy_coeff=0.005",
+    # a fresh optimizer and scheduler, or the checkpoint's LR (5e-5) comes back (facts gotcha 4)
+    f"{ACTOR}.checkpoint.load_contents=[model]",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class RunFiles:
+    """Where a run launched by ``Scenario.command`` writes."""
+
+    root: Path
+
+    @property
+    def metrics(self) -> Path:
+        return self.root / "metrics.jsonl"
+
+    @property
+    def rollouts(self) -> Path:
+        return self.root / "rollouts"
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.root / "checkpoints"
+
+    @property
+    def console(self) -> Path:
+        return self.root / "console.log"
+
+
+@dataclass(frozen=True, slots=True)
+class Scenario:
+    """A named run: overrides on top of the common ones, its length and its seed."""
+
+    name: str
+    overrides: tuple[str, ...]
+    steps: int
+    seed: int = DEFAULT_SEED
+    expected_exit_code: int = 0
+    finishes: bool = True
+    notes: str = ""
+    extra: tuple[str, ...] = field(default=())
+
+    def arguments(self, files: RunFiles) -> list[str]:
+        """The full override list for a run writing under ``files.root``."""
+        return [
+            "trainer.logger=[console,file]",
+            f"trainer.total_training_steps={self.steps}",
+            "trainer.total_epochs=1000",
+            f"+trainer.seed={self.seed}",
+            f"trainer.rollout_data_dir={files.rollouts}",
+            f"trainer.default_local_dir={files.checkpoints}",
+            *self.overrides,
+            *self.extra,
+        ]
+
+    def command(self, files: RunFiles) -> list[str]:
+        return [sys.executable, "-m", "guardian.demo.trainer", *self.arguments(files)]
+
+    def environment(self, files: RunFiles) -> dict[str, str]:
+        """The current environment plus ``VERL_FILE_LOGGER_PATH`` pointing at ``files.metrics``."""
+        return {**os.environ, "VERL_FILE_LOGGER_PATH": str(files.metrics)}
+
+    def with_extra(self, *overrides: str) -> Scenario:
+        return Scenario(
+            self.name,
+            self.overrides,
+            self.steps,
+            self.seed,
+            self.expected_exit_code,
+            self.finishes,
+            self.notes,
+            overrides,
+        )
+
+    def run(self, root: Path, *, timeout: float | None = None) -> subprocess.CompletedProcess[bytes]:
+        """Run to completion (not for ``hang``), console output in ``console.log``."""
+        files = RunFiles(Path(root))
+        files.root.mkdir(parents=True, exist_ok=True)
+        with open(files.console, "wb") as log:
+            return subprocess.run(
+                self.command(files),
+                env=self.environment(files),
+                cwd=files.root,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                timeout=timeout,
+                check=False,
+            )
+
+
+SCENARIOS: dict[str, Scenario] = {
+    s.name: s
+    for s in (
+        Scenario(
+            "healthy",
+            ("trainer.save_freq=50",),
+            steps=300,
+            notes="verl's defaults: reward rises steadily, entropy eases, EGR stays above 0.5",
+        ),
+        Scenario(
+            "entropy_collapse",
+            (
+                f"{ACTOR}.optim.lr=5e-5",
+                "actor_rollout_ref.rollout.temperature=0.5",
+                f"{ACTOR}.use_kl_loss=true",
+                f"{ACTOR}.kl_loss_coef=1e-4",
+                "trainer.save_freq=5",
+            ),
+            steps=300,
+            notes="LR x50, KL 1e-4, temperature 0.5: entropy and EGR collapse within ~50 steps, reward stalls",
+        ),
+        Scenario(
+            "kl_blowup",
+            (
+                f"{ACTOR}.optim.lr=2e-5",
+                f"{ACTOR}.use_kl_loss=true",
+                f"{ACTOR}.kl_loss_coef=1e-4",
+                "trainer.save_freq=10",
+            ),
+            steps=100,
+        ),
+        Scenario(
+            "nan",
+            ("+trainer.fault.nan_at_step=20", "trainer.save_freq=10"),
+            steps=40,
+            notes="corrupt weights from step 20: null grad_norm/entropy, updates skipped, 'aaaa...' outputs",
+        ),
+        Scenario(
+            "hang",
+            ("+trainer.fault.hang_at_step=10",),
+            steps=30,
+            finishes=False,
+            notes="the trainer stops making progress at step 10 (no line for step 10, never exits)",
+        ),
+        Scenario(
+            "crash",
+            ("+trainer.fault.crash_at_step=15", "+trainer.fault.exit_code=3", "trainer.save_freq=5"),
+            steps=30,
+            expected_exit_code=3,
+            notes="the trainer dies with exit code 3 at step 15, after logging step 14",
+        ),
+        Scenario(
+            "length_explosion",
+            (
+                "reward.reward_manager.name=dapo",
+                "+reward.reward_kwargs.overlong_buffer_cfg.enable=true",
+                "+reward.reward_kwargs.overlong_buffer_cfg.len=4",
+                "+reward.reward_kwargs.overlong_buffer_cfg.penalty_factor=-1.0",
+                "+reward.reward_kwargs.max_resp_len=20",
+                f"{ACTOR}.optim.lr=2e-5",
+            ),
+            steps=100,
+            notes="DAPO overlong shaping with a slipped sign: responses grow to the cap and end truncated",
+        ),
+    )
+}
+
+
+def get(name: str) -> Scenario:
+    """The named scenario; ``KeyError`` lists the known names."""
+    try:
+        return SCENARIOS[name]
+    except KeyError:
+        raise KeyError(f"unknown scenario {name!r}; known: {', '.join(SCENARIOS)}") from None
+
+
+def rescue_overrides(checkpoint: Path | str, steps: int, extra: Sequence[str] = ()) -> tuple[str, ...]:
+    """Resume ``entropy_collapse`` from ``checkpoint`` (a ``global_step_N`` folder) with the rescue patch."""
+    return (
+        "trainer.resume_mode=resume_path",
+        f"trainer.resume_from_path={checkpoint}",
+        f"trainer.total_training_steps={steps}",
+        *RESCUE_PATCH,
+        *extra,
+    )
