@@ -64,10 +64,13 @@ class EgrCollapseConfig(CheckBase):
 
 
 class KlDriftConfig(CheckBase):
-    warn_ratio: float = Field(2.0, gt=1, description="Warn when smoothed KL > this × baseline.")
-    critical_ratio: float = Field(4.0, gt=1, description="Critical above this × baseline unless reward improves.")
-    extreme_ratio: float = Field(10.0, gt=1, description="Critical above this × baseline whatever the reward does.")
-    floor: float = Field(0.1, gt=0, description="Baseline floor (per-token KL), so a near-zero start is not 0.")
+    window_steps: int = Field(10, ge=2, description="KL growth is measured over this many steps.")
+    warn_growth: float = Field(2.0, gt=1, description="Warn when smoothed KL grew this much within the window.")
+    critical_growth: float = Field(
+        2.0, gt=1, description="Critical at this growth within the window while reward is not improving."
+    )
+    extreme_growth: float = Field(5.0, gt=1, description="Critical at this growth within the window regardless.")
+    floor: float = Field(0.1, gt=0, description="Per-token KL below this is never drift (KL starts at 0 by design).")
 
 
 class LogprobDeclineConfig(CheckBase):

@@ -1,12 +1,8 @@
 """Signals that must not climb far above their early level: KL to the reference, mean -log pi.
 
 KL units differ between verl keys (facts gotcha 8): ``actor/kl_loss`` is a per-token k3 mean
-(0.001-0.1 in healthy runs), ``actor/reward_kl_penalty`` a per-sequence mean. Judging the ratio to the
-run's own baseline (floored, so a run that starts at KL 0 has a finite reference) works for all.
-
-KL grows as a policy learns (0.001 -> 0.013 on a healthy GSM8K run), so a KL far above its baseline is
-critical only while reward is not improving, or when it is extreme; the policy moving away from the
-reference while reward climbs is learning.
+(0.001-0.1 in healthy runs), ``actor/reward_kl_penalty`` a per-sequence mean. KL is judged by how fast
+it grows (``kl_drift``), which works for all of them.
 
 ``rollout_corr/training_log_ppl`` is the mean -log pi per token of the sampled responses under the
 old policy; it rising means the policy assigns its own samples less and less likelihood - the
@@ -16,6 +12,7 @@ likelihood-displacement signal the seed tutorial calls "mean log pi falling".
 from __future__ import annotations
 
 import math
+from bisect import bisect_right
 from collections.abc import Callable
 
 from guardian.checks.base import (
@@ -85,23 +82,50 @@ def _rise_check(
 
 
 def kl_drift(ctx: CheckContext, cfg: KlDriftConfig, reward_cfg: RewardCollapseConfig) -> Finding:
-    def learning(step: int) -> bool:
-        state = reward_state_at(ctx.history, step, reward_cfg, ctx.baseline)
-        return state is not None and state.improving
+    """KL to the reference *accelerating*: it grew ``growth``× within ``window_steps`` while above the
+    floor. KL starts at 0 (the policy is the reference) and healthy learning walks it up slowly (0.001 ->
+    0.013 over 100 steps on GSM8K); a blow-up multiplies it within a few steps (0.8 -> 16 in 8 steps,
+    aopd-1). A level ratio to the first steps cannot tell the two apart; the growth rate can."""
+    h = ctx.history
+    if (missing := need(h, KL, Signal.KL)) is not None:
+        return missing
+    series = h.signal(Signal.KL)
+    smooth = series.smoothed(ctx.baseline.smooth_steps)
+    if len(series) < 2:
+        return waiting(KL, h.last_step)
 
-    return _rise_check(
-        ctx,
-        check=KL,
-        signal=Signal.KL,
-        floor=cfg.floor,
-        warn=cfg.warn_ratio,
-        critical=cfg.critical_ratio,
-        for_steps=cfg.for_steps,
-        departed=1.5,
-        healthy="KL to the reference near its baseline",
-        excused=learning,
-        extreme=cfg.extreme_ratio,
-        unhealthy=lambda r: f"KL to the reference is {r:.1f}x its baseline",
+    def growth(i: int) -> float:
+        j = max(bisect_right(series.steps, series.steps[i] - cfg.window_steps) - 1, 0)
+        before, now = smooth[j], smooth[i]
+        if not (math.isfinite(now) and math.isfinite(before)) or now < cfg.floor:
+            return math.nan
+        return now / max(before, cfg.floor / 2)
+
+    def level_at(i: int) -> Severity:
+        rate = growth(i)
+        if not rate >= cfg.warn_growth:
+            return Severity.OK
+        if rate >= cfg.extreme_growth:
+            return Severity.CRITICAL
+        reward = reward_state_at(h, series.steps[i], reward_cfg, ctx.baseline)
+        learning = reward is not None and reward.improving
+        return Severity.CRITICAL if rate >= cfg.critical_growth and not learning else Severity.WARN
+
+    verdict = judge(series, level_at, for_steps=cfg.for_steps, first_position=1, departed_at=lambda i: growth(i) >= 1.5)
+    last = len(series) - 1
+    rate = growth(last)
+    evidence: dict[str, EvidenceValue] = {
+        "kl": rounded(smooth[last]),
+        "kl_growth_over_window": rounded(rate),
+        "window_steps": cfg.window_steps,
+    }
+    return conclude(
+        KL,
+        series.steps[-1],
+        verdict,
+        evidence,
+        healthy="KL to the reference growing slowly, if at all",
+        unhealthy=f"KL to the reference grew {rate:.1f}x in {cfg.window_steps} steps (now {smooth[last]:.3g})",
     )
 
 
