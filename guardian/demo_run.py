@@ -24,6 +24,7 @@ from rich.markup import escape
 from guardian.actions.process import LocalProcessControl
 from guardian.config import GuardianConfig
 from guardian.demo.scenarios import SCENARIOS, RunFiles
+from guardian.findings import Severity
 from guardian.keys import Signal
 from guardian.store import Store
 from guardian.supervisor import Supervisor
@@ -69,9 +70,13 @@ class Narrator:
     def __call__(self, supervisor: Supervisor) -> None:
         history = supervisor.guardian.history
         step = history.last_step
-        if step is not None and step >= self.last_status + STATUS_EVERY and not self.told_incidents:
+        if step is not None and step >= self.last_status + STATUS_EVERY:
             self.last_status = step
-            self.console.print(f"  step {step:>4}  {_values(supervisor)}  [green]healthy[/]")
+            worst = supervisor.guardian.tracker.worst()
+            label = {Severity.CRITICAL: "[bold red]critical[/]", Severity.WARN: "[yellow]warning[/]"}.get(
+                worst, "[green]healthy[/]"
+            )
+            self.console.print(f"  step {step:>4}  {_values(supervisor)}  {label}")
         for incident in reversed(self.store.list_incidents(self.run_id, limit=1000)):
             if incident.id in self.told_incidents or incident.status == "dismissed":
                 continue

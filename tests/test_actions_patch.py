@@ -371,7 +371,7 @@ def test_changes_compound_on_the_current_command(tmp_path: Path, no_compose: lis
     first, second, _ = DEFAULT_LADDERS["entropy_collapse"]
     one = plan_patch(VERL_RUN, first, resume_from=CKPT, run_files=files(tmp_path))
     two = plan_patch(one.argv, second, resume_from=CKPT, run_files=files(tmp_path))
-    assert overrides_of(one.argv)[LR] == "0.0002" and overrides_of(two.argv)[LR] == "0.0001"  # 0.1 of the original
+    assert overrides_of(one.argv)[LR] == "0.0001" and overrides_of(two.argv)[LR] == "5e-05"  # 0.05 of the original
     diff = {k: (b, a) for k, b, a in one.diff}
     assert diff[f"{A}entropy_coeff"] == (0, 0.003) and diff[f"{A}clip_ratio_high"] == (0.2, 0.28)
     assert diff[f"{A}use_kl_loss"] == (False, True) and diff[f"{A}kl_loss_coef"] == (0.001, 0.01)
@@ -381,8 +381,9 @@ def test_changes_compound_on_the_current_command(tmp_path: Path, no_compose: lis
 @pytest.mark.parametrize(
     ("extra", "expect"),
     [
-        ([f"{A}use_kl_loss=true"], {f"{A}kl_loss_coef": 0.005}),
-        (["algorithm.use_kl_in_reward=true"], {"algorithm.kl_ctrl.kl_coef": 0.005}),
+        ([f"{A}use_kl_loss=true"], {f"{A}kl_loss_coef": 0.01}),  # 0.001 x 5, at least the seed's 0.01
+        ([f"{A}use_kl_loss=true", f"{A}kl_loss_coef=0.004"], {f"{A}kl_loss_coef": 0.02}),
+        (["algorithm.use_kl_in_reward=true"], {"algorithm.kl_ctrl.kl_coef": 0.01}),
         ([], {f"{A}use_kl_loss": True, f"{A}kl_loss_coef": 0.01}),
     ],
 )
@@ -399,7 +400,7 @@ def test_patch_reads_the_runs_yaml(tmp_path: Path, no_compose: list[list[str]]) 
     (tmp_path / "grpo.yaml").write_text("actor_rollout_ref:\n  actor:\n    optim:\n      lr: 5e-5\n")
     argv = ["python", "-m", "verl.trainer.main_ppo", f"--config-path={tmp_path}", "--config-name=grpo"]
     plan = plan_patch(argv, DEFAULT_LADDERS["entropy_collapse"][0], resume_from=CKPT, run_files=files(tmp_path))
-    assert (LR, 5e-5, 1e-5) in plan.diff and overrides_of(plan.argv)[LR] == "1e-05"
+    assert (LR, 5e-5, 5e-6) in plan.diff and overrides_of(plan.argv)[LR] == "5e-06"
     assert LR in " ".join(no_compose[0]) and not any(o.startswith("data.") for o in no_compose[0])  # ours only
 
 

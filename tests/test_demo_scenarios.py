@@ -72,7 +72,7 @@ def test_healthy_first_60_steps(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
 def test_entropy_collapse_first_100_steps(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     run = run_in_process(scenarios.get("entropy_collapse"), tmp_path, monkeypatch, "trainer.total_training_steps=100")
     start = run.mean("actor/entropy", 1, 5)
-    assert run.mean("actor/entropy", 21, 30) < 0.2 * start, "collapse within ~30 steps"
+    assert run.mean("actor/entropy", 41, 50) < 0.2 * start, "collapse within ~20 steps after the 30-step warm-up"
     assert statistics.fmean(run.egr(81, 100)) < 0.2
     assert 0.5 < run.mean("critic/score/mean", 81, 100) < 0.9, "an intermediate plateau, not a solved task"
     assert run.mean("actor/kl_loss", 91, 100) > 10 * run.mean("actor/kl_loss", 1, 3)
@@ -220,12 +220,14 @@ def test_rescue_from_a_healthy_checkpoint(collapse_run: Run, tmp_path: Path, fre
     assert rescue.run(tmp_path, timeout=120).returncode == 0
     run = Run(RunFiles(tmp_path))
     assert run.lines[0]["step"] == 5 and min(run.steps) == 6
-    lrs = set(run.series("actor/lr"))
+    lrs = run.series("actor/lr")
     if not fresh_optimizer:
-        assert lrs == {5e-5}
+        # the checkpoint's scheduler comes back: its warm-up continues to 5e-5, the patched 1e-6 is ignored
+        assert max(lrs) == pytest.approx(5e-5)
         assert statistics.fmean(run.egr(281, 300)) < 0.3, "the patch without the LR collapses again"
         return
-    assert lrs == {1e-6}
+    # a fresh optimizer and scheduler: the warm-up starts again, now towards the patched 1e-6
+    assert max(lrs) == pytest.approx(1e-6) and lrs[-1] == pytest.approx(1e-6)
     assert min(run.egr(6, 300)) > 0.5
     assert run.mean("actor/entropy", 291, 300) > 0.4 * run.mean("actor/entropy", 6, 10)
     assert run.mean("critic/score/mean", 291, 300) > run.mean("critic/score/mean", 6, 15) + 0.2, "reward keeps rising"

@@ -122,11 +122,14 @@ def _kl_on(coef: float) -> list[Change]:
 
 
 def _kl_up(factor: float, floor: float) -> list[Change]:
-    """Multiply whichever KL coefficient the run uses (decided from its effective config); none: turn it on."""
+    """Multiply whichever KL coefficient the run uses (decided from its effective config), to at least ``floor``;
+    none: turn it on at ``floor``."""
     off = {"use_kl_loss": False, "use_kl_in_reward": False}
     return [
         _c(KL_COEF, "multiply", factor, use_kl_loss=True),
+        _c(KL_COEF, "at_least", floor, use_kl_loss=True),
         _c(KL_REWARD_COEF, "multiply", factor, use_kl_in_reward=True),
+        _c(KL_REWARD_COEF, "at_least", floor, use_kl_in_reward=True),
         _c(KL_COEF, "at_least", floor, **off),
         _c(KL_ON, "set", True, **off),
     ]
@@ -169,14 +172,15 @@ _LENGTH = (
 DEFAULT_LADDERS: Mapping[str, tuple[Rung, ...]] = {
     "entropy_collapse": (
         _rung("entropy-1",
-              "Seed tutorial §7.3 rescue, gentler first: LR × 0.2 (issue: 0.1-0.5); entropy_coeff >= 0.003 "
-              "(Skywork-OR1 keeps it in [0, 0.005]); KL >= 0.01 with use_kl_loss=true (seed; adds the reference "
-              "model); clip_ratio_high >= 0.28 (DAPO clip-higher lets low-probability tokens grow).",
-              [_c(LR, "multiply", 0.2), _c(ENT, "at_least", 0.003), *_kl_on(0.01), _c(CLIP_HIGH, "at_least", 0.28)]),
+              "Seed tutorial §7.3 rescue: LR × 0.1 (the seed undoes a 50x LR; issue: 0.1-0.5); temperature >= 1.0 "
+              "(Skywork-OR1: 0.6 collapses entropy fast; DAPO runs at 1.0); entropy_coeff >= 0.003 (Skywork-OR1 "
+              "keeps it in [0, 0.005]); KL >= 0.01 with use_kl_loss=true (seed; adds the reference model); "
+              "clip_ratio_high >= 0.28 (DAPO clip-higher lets low-probability tokens grow).",
+              [_c(LR, "multiply", 0.1), _c(TEMP, "at_least", 1.0), _c(ENT, "at_least", 0.003), *_kl_on(0.01),
+               _c(CLIP_HIGH, "at_least", 0.28)]),
         _rung("entropy-2",
-              "LR × 0.5 again (0.1 of the original); entropy_coeff >= 0.005 (Skywork-OR1 cap); temperature >= 1.0 "
-              "(Skywork-OR1: 0.6 collapses entropy fast; DAPO runs at 1.0).",
-              [_LR_HALF, _c(ENT, "at_least", 0.005), _c(TEMP, "at_least", 1.0)]),
+              "LR × 0.5 again (0.05 of the original); entropy_coeff >= 0.005 (Skywork-OR1 cap).",
+              [_LR_HALF, _c(ENT, "at_least", 0.005)]),
         _rung("entropy-3",
               "LR × 0.5 again (0.05 of the original); temperature >= 1.2 (ProRL); KL coefficient × 2; fresh optimizer "
               "state (ProRL resets it).",
@@ -202,9 +206,10 @@ DEFAULT_LADDERS: Mapping[str, tuple[Rung, ...]] = {
         _rung("explosion-3", "LR × 0.5. " + _BACK, [_LR_HALF], rollback_extra_checkpoints=1),
     ),
     "kl_drift": (
-        _rung("kl-1", "KL coefficient × 5 - kl_loss_coef, or algorithm.kl_ctrl.kl_coef when the run puts KL in the "
-              "reward; a run without KL gets use_kl_loss=true at 0.01 (seed) - and LR × 0.5.",
-              [*_kl_up(5, 0.01), _LR_HALF]),
+        _rung("kl-1", "KL coefficient × 5 and at least 0.01 (seed) - kl_loss_coef, or algorithm.kl_ctrl.kl_coef when "
+              "the run puts KL in the reward; a run without KL gets use_kl_loss=true at 0.01 - and LR × 0.2 (a KL "
+              "blow-up is an update too large for the reference to hold).",
+              [*_kl_up(5, 0.01), _c(LR, "multiply", 0.2)]),
         _rung("kl-2", "KL coefficient × 2 (a run without KL: on at 0.02); LR × 0.5 (seed: stronger KL against drift).",
               [*_kl_up(2, 0.02), _LR_HALF]),
         _rung("kl-3", "LR × 0.5 with fresh optimizer state. " + _BACK, [_LR_HALF],

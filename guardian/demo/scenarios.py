@@ -3,11 +3,12 @@ benchmarks. Every run is deterministic for its seed; the steps quoted below are 
 
 - ``healthy``: verl's default LR (1e-6), temperature 1.0, no KL loss. Reward rises steadily
   (about 0.05 -> 0.25 over 300 steps), entropy eases from 1.78 to about 1.55 nats, EGR stays >= 0.6.
-- ``entropy_collapse``: the seed tutorial's broken settings - LR x50 (5e-5), KL loss coefficient
-  1e-4, temperature 0.5. The policy locks onto answers within ~30 steps: entropy falls below 20 % of
-  its start by step ~25, KL to the reference climbs past 1 nat/token, EGR drops below 0.2 by step
-  ~50 (easy prompts all-correct, hard prompts stuck on a wrong tail), and reward plateaus around
-  0.6-0.8 instead of reaching 1. Checkpoints every 5 steps; ``global_step_5`` is still healthy.
+- ``entropy_collapse``: the seed tutorial's broken settings - LR x50 (5e-5, warmed up over 30 steps as
+  the tutorial's YAML does), KL loss coefficient 1e-4, temperature 0.5. KL to the reference grows ~4x
+  within 10 steps from step ~10, entropy falls below 20 % of its start by step ~45, KL climbs past
+  1 nat/token, EGR drops below 0.2 (easy prompts all-correct, hard prompts stuck on a wrong tail), and
+  reward plateaus around 0.6-0.8 instead of reaching 1. Checkpoints every 5 steps; ``global_step_5``
+  and ``global_step_10`` are still healthy.
   ``RESCUE_PATCH`` resumed from there recovers (see ``rescue_overrides``).
 - ``kl_blowup``: LR 2e-5 at temperature 1.0 with a token KL loss (1e-4): the policy learns fast and
   walks away from the reference, ``actor/kl_loss`` grows from ~0.02 to ~1 nat/token by step 30
@@ -146,10 +147,14 @@ SCENARIOS: dict[str, Scenario] = {
                 "actor_rollout_ref.rollout.temperature=0.5",
                 f"{ACTOR}.use_kl_loss=true",
                 f"{ACTOR}.kl_loss_coef=1e-4",
+                # the seed tutorial's YAML warms the LR up (warmup_steps: 100); here over 30 steps, so the
+                # first checkpoints are still healthy when the collapse sets in
+                f"{ACTOR}.optim.lr_warmup_steps=30",
                 "trainer.save_freq=5",
             ),
             steps=300,
-            notes="LR x50, KL 1e-4, temperature 0.5: entropy and EGR collapse within ~50 steps, reward stalls",
+            notes="LR x50 (warm-up 30 steps), KL 1e-4, temperature 0.5: KL blows up, entropy and EGR collapse, "
+            "reward stalls",
         ),
         Scenario(
             "kl_blowup",
