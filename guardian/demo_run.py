@@ -33,6 +33,9 @@ DEMO_SCENARIOS = ("entropy_collapse", "nan", "hang", "crash", "healthy")
 # seconds per step added to the trainer, so the story unfolds at a readable pace
 PACE_S = 0.03
 STATUS_EVERY = 25
+# in the demo these faults are transient (a flaky node, a bad batch): a restart from a checkpoint gets past
+# them; a fault that strikes every launch ends in GAVE_UP instead (bench/remediation.py measures both)
+TRANSIENT = ("nan", "hang", "crash")
 
 
 def demo_config(config: GuardianConfig) -> GuardianConfig:
@@ -142,7 +145,10 @@ def run_demo(config: GuardianConfig, *, scenario: str, json_output: bool) -> int
     root = config.home.resolve() / "runs" / run_id
     files = RunFiles(root / "trainer")
     files.root.mkdir(parents=True, exist_ok=True)
-    chosen = SCENARIOS[scenario].with_extra(f"+trainer.fault.slow_steps={PACE_S}")
+    extra = [f"+trainer.fault.slow_steps={PACE_S}"]
+    if scenario in TRANSIENT:
+        extra.append("+trainer.fault.transient=true")  # the fault spares a run resumed from a checkpoint
+    chosen = SCENARIOS[scenario].with_extra(*extra)
     command = tuple(chosen.command(files))
     console = Console(stderr=json_output)
     console.print(f"[bold]guardian demo[/] - scenario [cyan]{scenario}[/]: {chosen.notes or _first_line(scenario)}")

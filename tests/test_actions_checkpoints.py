@@ -190,3 +190,19 @@ def test_restore_leaves_duplicates_in_quarantine(tmp_path: Path) -> None:
     result = restore_quarantine(root, 7)
     assert [p.name for p in result.left_in_quarantine] == ["global_step_30.dup1"]
     assert not result.quarantine_removed and steps_in(root) == [10, 20, 30, 40]
+
+
+def test_further_back_goes_as_far_as_there_are_healthy_checkpoints() -> None:
+    from dataclasses import dataclass as _dc
+
+    @_dc(frozen=True)
+    class C:
+        step: int
+        path: str
+        verdict: str
+
+    only = [C(10, "/c/global_step_10", "healthy")]
+    chosen = choose_rollback_target(
+        only, onset_step=20, detected_step=21, margin_steps=0, exclude_steps=(), skip_newest=1
+    )
+    assert chosen is not None and chosen.step == 10

@@ -92,7 +92,8 @@ def choose_rollback_target(
         key=lambda c: c.step,
         reverse=True,
     )
-    return qualifying[skip_newest] if len(qualifying) > skip_newest else None
+    # a rung's "further back" goes as far back as there are healthy checkpoints, never to none at all
+    return qualifying[min(skip_newest, len(qualifying) - 1)] if qualifying else None
 
 
 def resume_path_for(checkpoint_path: str | os.PathLike[str]) -> str:

@@ -56,7 +56,7 @@ def stall(ctx: CheckContext, cfg: StallConfig) -> Finding:
         CHECK,
         severity,
         h.last_step,
-        f"no new step for {silent:.0f}s ({silent / typical:.1f}x the typical {typical:.0f}s step)",
+        f"no new step for {silent:.0f}s ({silent / typical:.1f}x the typical {typical:.3g}s step)",
         h.last_step,
         evidence,
     )

@@ -174,7 +174,7 @@ SCENARIOS: dict[str, Scenario] = {
         ),
         Scenario(
             "hang",
-            ("+trainer.fault.hang_at_step=10",),
+            ("+trainer.fault.hang_at_step=10", "trainer.save_freq=5"),
             steps=30,
             finishes=False,
             notes="the trainer stops making progress at step 10 (no line for step 10, never exits)",

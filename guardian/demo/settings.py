@@ -44,6 +44,9 @@ class Faults:
     crash_at_step: int | None = None
     exit_code: int = 1
     slow_steps: float = 0.0
+    # a transient fault (a flaky node, a bad batch) strikes once per checkpoint dir: it leaves a marker
+    # file there, and a later launch that finds the marker is spared
+    transient: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,6 +128,7 @@ def _faults(tree: Tree) -> Faults:
         crash_at_step=opt("crash_at_step"),
         exit_code=1 if code is None else code,
         slow_steps=0.0 if slow is None else float(slow),
+        transient=tree.get("trainer", {}).get("fault", {}).get("transient") is True,
     )
 
 

@@ -18,6 +18,7 @@ import pprint
 import sys
 import time
 import uuid
+from pathlib import Path
 
 import numpy as np
 
@@ -49,6 +50,8 @@ from guardian.demo.policy import (
 from guardian.demo.settings import Settings, from_tree
 from guardian.demo.task import ALPHABET, PromptLoader, build_dataset, decode, load_reward_function, score_batch
 from guardian.demo.writers import RolloutDumper, Tracking
+
+TRANSIENT_MARKER = ".transient-fault-fired"
 
 
 class Trainer:
@@ -193,6 +196,8 @@ class Trainer:
     # -- the loop ---------------------------------------------------------------------------------
     def _faults(self) -> None:
         f, step = self.s.faults, self.global_steps
+        if f.transient and not self._first_strike(step):
+            return
         if f.crash_at_step is not None and step == f.crash_at_step:
             print(
                 f"RuntimeError: injected crash at step {step} (+trainer.fault.crash_at_step)",
@@ -206,6 +211,17 @@ class Trainer:
                 time.sleep(3600)
         if f.nan_at_step is not None and step >= f.nan_at_step and np.isfinite(self.params["shared"][0, 0]):
             self.params["shared"][:, 0] = np.nan  # corrupt weights: every forward pass turns NaN from here on
+
+    def _first_strike(self, step: int) -> bool:
+        """A transient fault fires at most once per checkpoint dir: at its step, it leaves a marker there."""
+        due = step in (self.s.faults.crash_at_step, self.s.faults.hang_at_step, self.s.faults.nan_at_step)
+        marker = Path(self.s.default_local_dir) / TRANSIENT_MARKER
+        if marker.exists():
+            return False
+        if due:
+            marker.parent.mkdir(parents=True, exist_ok=True)
+            marker.write_text(f"transient fault fired at step {step}\n")
+        return True
 
     def fit(self) -> None:
         s = self.s
