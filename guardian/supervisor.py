@@ -46,6 +46,7 @@ from guardian.store import CheckpointView, IncidentView, InterventionView, Store
 
 log = get_logger("supervisor")
 RESTART_CHECKS = frozenset({"stall", "crash"})
+EXIT_UNHEALTHY = 3
 CRASH = "crash"
 
 
@@ -128,13 +129,21 @@ class Supervisor:
         incident = self._incident_needing_action(exit_status)
         if incident is not None:
             self._act_on(incident)
-            return self.exit_code
-        if exit_status is not None and exit_status.ok:
-            self._finish_attempt(exit_status)
-            self.store.set_run_status(self.run_id, "finished")
-            log.info(event("run_finished", {"run": self.run_id, "last_step": self.guardian.history.last_step}))
-            return 0
-        return None
+            if self.config.mode == "enforce":
+                return self.exit_code
+        if exit_status is None or (self.config.mode == "enforce" and not exit_status.ok):
+            return None
+        # the trainer ended and nothing is left to do: enforce mode finished its job; observe and advise
+        # report an unhealthy run (exit 3) as replay and watch do
+        self._finish_attempt(exit_status)
+        self.store.set_run_status(self.run_id, "finished")
+        log.info(
+            event(
+                "run_finished",
+                {"run": self.run_id, "last_step": self.guardian.history.last_step, "trainer": exit_status.describe()},
+            )
+        )
+        return EXIT_UNHEALTHY if incident is not None else 0
 
     # -- deciding ---------------------------------------------------------------------------------
     def _exit_status(self) -> ExitStatus | None:

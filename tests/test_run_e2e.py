@@ -185,3 +185,30 @@ def test_demo_tells_the_whole_story(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     assert resolved, document["incidents"]
     events = [e["state"] for iv in resolved[0]["interventions"] for e in iv["events"]]
     assert events[-1] == "RESOLVED" and "ROLLED_BACK" in events and "PATCHED" in events
+
+
+def test_advise_mode_says_what_it_would_do_and_does_nothing(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    home, ckpt = tmp_path / "home", tmp_path / "ckpt"
+    config = config_for(home).model_copy(update={"mode": "advise"})
+    command = [a for a in collapse_command(ckpt) if not a.startswith("trainer.total_training_steps")]
+    command.append("trainer.total_training_steps=70")
+    with caplog.at_level("WARNING", logger="guardian"):
+        code = run_guarded(config, RunRequest(tuple(command), tmp_path, "advise"))
+    assert code == 3  # the run ended unhealthy; nothing was done about it
+    with Store.open(config.database_url()) as store:
+        assert store.interventions("advise") == []
+        assert len(store.attempts("advise")) == 1
+    advice = [r.getMessage() for r in caplog.records if "event=advice" in r.getMessage()]
+    assert advice and "roll back to step" in advice[0] and "load_contents=[model]" in advice[0]
+
+
+def test_dry_run_prints_the_prepared_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    config = config_for(tmp_path / "home")
+    code = run_guarded(config, RunRequest(tuple(collapse_command(tmp_path / "ckpt")), tmp_path, "dry", dry_run=True))
+    assert code == 0
+    document = json.loads(capsys.readouterr().out)
+    argv = document["argv"]
+    assert "trainer.logger=[console,wandb,file]" in argv
+    assert any(a.startswith("++ray_kwargs.ray_init.runtime_env.env_vars.VERL_FILE_LOGGER_PATH=") for a in argv)
+    assert document["env"]["VERL_FILE_LOGGER_PATH"].endswith("attempt-1/metrics.jsonl")
+    assert not (tmp_path / "home" / "runs").exists() or not any((tmp_path / "home" / "runs").rglob("stdout.log"))
