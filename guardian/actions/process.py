@@ -393,6 +393,7 @@ class LocalProcessControl:
         returncode = self._reap(handle)
         recorded = read_exit_file(handle.exit_file)
         if recorded is not None:
+            self._await_wrapper(handle)
             return recorded
         if returncode is not None:
             return ExitStatus.from_returncode(returncode)
@@ -480,6 +481,16 @@ class LocalProcessControl:
                 return None if _is_our_runner(argv, exit_file) else argv
             self._sleep(CMDLINE_RETRY_S)
         return None
+
+    def _await_wrapper(self, handle: TrainerHandle, timeout_s: float = 5.0) -> None:
+        """The wrapper exits right after writing the exit file: reap our child so no zombie (or unwaited
+        ``Popen``) outlives the trainer."""
+        child = self._children.get(handle.pid)
+        if child is not None and child.returncode is None:
+            try:
+                child.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                log.warning(event("wrapper_lingers", {"pid": handle.pid, "after_s": timeout_s}))
 
     def _reap(self, handle: TrainerHandle) -> int | None:
         """Collect our child wrapper's status if it ended (no zombie left behind); None if running or not ours."""
