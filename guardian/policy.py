@@ -70,6 +70,7 @@ class PastIntervention:
     """What the policy needs to know of an earlier intervention of the run."""
 
     incident_id: int
+    check: str
     kind: Kind
     rung: int
     state: State
@@ -89,6 +90,7 @@ class Plan:
 def plan_intervention(
     *,
     incident_id: int,
+    check: str,
     kind: Kind,
     past: Sequence[PastIntervention],
     budget: int,
@@ -96,20 +98,24 @@ def plan_intervention(
 ) -> Plan:
     """Next intervention for an incident, given the run's earlier ones.
 
-    Each relapse of the same incident climbs one rung (the last rung repeats) and excludes every
-    checkpoint an earlier attempt rolled back to, so the next rollback goes further back. The budget
-    counts interventions of the same kind over the whole run.
+    Every earlier intervention for the same check climbs one rung (the last rung repeats): a relapse,
+    or the same trouble coming back after a fix, calls for a stronger one. A relapse of the same
+    incident also excludes every checkpoint an earlier attempt rolled back to, so the next rollback
+    goes further back. The budget counts interventions of the same kind over the whole run.
     """
     same_kind = [p for p in past if p.kind is kind]
     if len(same_kind) >= budget:
         return Plan(True, 0, frozenset(), f"{kind.value} budget spent ({len(same_kind)} of {budget})")
-    earlier = [p for p in same_kind if p.incident_id == incident_id]
+    same_check = [p for p in same_kind if p.check == check]
+    rung = min(len(same_check), max(ladder_length - 1, 0))
+    earlier = [p for p in same_check if p.incident_id == incident_id]
     relapses = sum(1 for p in earlier if p.state is State.RELAPSED)
-    rung = min(relapses, max(ladder_length - 1, 0))
     exclude = frozenset(p.target_step for p in earlier if p.target_step is not None)
     why = f"rung {rung + 1} of {ladder_length}" if kind is Kind.REMEDIATE else "restart with the same config"
     if relapses:
         why += f" after {relapses} relapse(s), one checkpoint further back"
+    elif same_check:
+        why += f": {check} came back after {len(same_check)} earlier intervention(s)"
     return Plan(False, rung, exclude, why)
 
 
@@ -126,13 +132,19 @@ def judge_probation(
     newest_step: int | None,
     probation_steps: int,
     critical_checks_since_resume: Sequence[str],
+    still_warning: bool = False,
 ) -> ProbationVerdict:
     """A resumed run passes probation after ``probation_steps`` healthy steps past the checkpoint; any
-    critical finding on the resumed branch before that is a relapse."""
+    critical finding on the resumed branch before that is a relapse. While the incident's own check
+    still warns, probation runs on, up to twice as long."""
     if critical_checks_since_resume:
         return ProbationVerdict(True, True, f"critical again: {', '.join(sorted(set(critical_checks_since_resume)))}")
-    if newest_step is not None and newest_step >= target_step + probation_steps:
-        return ProbationVerdict(True, False, f"{newest_step - target_step} healthy steps after the rollback")
+    if newest_step is None:
+        return ProbationVerdict(False, False, "on probation")
+    done = newest_step - target_step
+    if done >= 2 * probation_steps or (done >= probation_steps and not still_warning):
+        note = " (its check still warns)" if still_warning else ""
+        return ProbationVerdict(True, False, f"{done} steps after the rollback without a critical finding{note}")
     return ProbationVerdict(False, False, "on probation")
 
 

@@ -116,6 +116,9 @@ class Supervisor:
     # -- one pass ---------------------------------------------------------------------------------
     def tick(self) -> int | None:
         """One pass; returns the exit code once the run is over, else None."""
+        # the exit status first: a trainer that ended before this poll has written its last lines already,
+        # so a crash is dated at the step it really reached
+        exit_status = self._exit_status()
         self.guardian.tick()
         active = self.store.active_intervention(self.run_id)
         if active is not None:
@@ -125,7 +128,6 @@ class Supervisor:
         if given_up is not None:
             self._stop_trainer(reason="gave up")
             return EXIT_GAVE_UP
-        exit_status = self._exit_status()
         incident = self._incident_needing_action(exit_status)
         if incident is not None:
             self._act_on(incident)
@@ -203,13 +205,21 @@ class Supervisor:
                     )
                 )
             return
+        checks = {i.id: i.check for i in self.store.list_incidents(self.run_id, limit=1000)}
         past = [
-            PastIntervention(i.incident_id, Kind(i.kind), i.rung, State(i.state), i.target_step)
+            PastIntervention(
+                i.incident_id, checks.get(i.incident_id, ""), Kind(i.kind), i.rung, State(i.state), i.target_step
+            )
             for i in self.store.interventions(self.run_id)
         ]
         budget = self.config.intervention.restart_budget if kind is Kind.RESTART else self.config.intervention.budget
         plan = plan_intervention(
-            incident_id=incident.id, kind=kind, past=past, budget=budget, ladder_length=len(ladder) or 1
+            incident_id=incident.id,
+            check=incident.check,
+            kind=kind,
+            past=past,
+            budget=budget,
+            ladder_length=len(ladder) or 1,
         )
         now = self.clock()
         iv = self.store.create_intervention(
@@ -410,11 +420,13 @@ class Supervisor:
         status = self._exit_status()
         if status is not None and not status.ok:
             critical.append(CRASH)
+        own = self.guardian.tracker.latest.get(incident.check)
         verdict = judge_probation(
             target_step=target,
             newest_step=self.guardian.history.last_step,
             probation_steps=self.config.intervention.probation_steps,
             critical_checks_since_resume=critical,
+            still_warning=own is not None and own.severity == Severity.WARN and bool(self.guardian.attempt_steps),
         )
         if not verdict.done and not (status is not None and status.ok):
             return None

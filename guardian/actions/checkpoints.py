@@ -82,9 +82,10 @@ def choose_rollback_target(
     """The newest "healthy" checkpoint at or before (onset, else detection) − margin, not excluded.
 
     On a relapse the caller excludes the previous target, which moves one further back; ``skip_newest``
-    skips that many more qualifying checkpoints (a rung's ``rollback_extra_checkpoints``). None: nothing
-    qualifies; the caller then gives up (or, if the user allows it, restarts from scratch with
-    ``trainer.resume_mode=disable``). It never falls back to an unhealthy checkpoint.
+    skips that many more qualifying checkpoints (a rung's ``rollback_extra_checkpoints``), as far as there
+    are any. None: nothing qualifies; the supervisor then restarts from scratch once
+    (``trainer.resume_mode=disable``, the old branch quarantined), else gives up. It never falls back to an
+    unhealthy checkpoint.
     """
     limit = (onset_step if onset_step is not None else detected_step) - margin_steps
     qualifying = sorted(
