@@ -29,3 +29,5 @@ test: lint
 bench: install
 	$(BIN)/python bench/detection.py
 	$(BIN)/python bench/ingest.py
+	$(BIN)/python bench/trainer.py
+	$(BIN)/python bench/remediation.py
