@@ -1,7 +1,8 @@
 """``guardian run``: launch the trainer, guard it, and carry out the rescue when it collapses.
 
-One ``tick()`` polls the run (``daemon.Guardian``), checks the trainer process, and moves the current
-intervention one or more states forward (``policy`` names the states). Every state is committed to the
+One ``tick()`` polls the run (``daemon.Guardian``), checks the trainer process, decides whether an
+incident needs an intervention (``policy.plan_intervention``) and moves the current one forward (the
+steps live in ``rescue.Rescue``, this class's base). Every state is committed to the
 store *before* its side effect and every side effect is idempotent (stop an already-stopped trainer,
 quarantine already-moved folders, attach to an attempt that was already launched), so a guardian killed
 at any point and started again (``guardian run --attach RUN_ID``) finishes the intervention exactly once.
@@ -14,40 +15,22 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from guardian.actions.checkpoints import (
-    CheckpointError,
-    choose_rollback_target,
-    quarantine_after,
-    quarantine_all,
-    resume_path_for,
-)
-from guardian.actions.patch import PatchPlan, RunFiles, crash_restart_plan, plan_patch
+from guardian.actions.patch import RunFiles, plan_patch
 from guardian.actions.process import ExitStatus, StopPolicy, TrainerControl, TrainerHandle
-from guardian.actions.verl_keys import PatchError
-from guardian.checks.stall import typical_step_seconds
 from guardian.config import GuardianConfig
 from guardian.daemon import Clock, Guardian
 from guardian.findings import Finding, Severity
 from guardian.launcher import RunFolder, attach_attempt, launch_attempt
 from guardian.logs import event, get_logger
-from guardian.policy import (
-    EXIT_GAVE_UP,
-    Kind,
-    PastIntervention,
-    State,
-    check_transition,
-    judge_probation,
-    plan_intervention,
-    resume_deadline,
-)
+from guardian.policy import EXIT_GAVE_UP, Kind, PastIntervention, State, plan_intervention
+from guardian.rescue import CRASH, Rescue, stored_argv, stored_env
 from guardian.sources.jsonl import MetricsFile
 from guardian.sources.rollouts import RolloutDir
-from guardian.store import CheckpointView, IncidentView, InterventionView, Store
+from guardian.store import IncidentView, InterventionView, Store
 
 log = get_logger("supervisor")
 RESTART_CHECKS = frozenset({"stall", "crash"})
 EXIT_UNHEALTHY = 3
-CRASH = "crash"
 
 
 @dataclass
@@ -60,7 +43,7 @@ class Attempt:
 
 
 @dataclass
-class Supervisor:
+class Supervisor(Rescue):
     config: GuardianConfig
     store: Store
     run_id: str
@@ -106,7 +89,7 @@ class Supervisor:
             return
         for attempt in self.store.attempts(self.run_id)[:-1]:
             self.guardian.rebuild(MetricsFile(Path(attempt.metrics_path)))
-        argv = _argv(latest.command) or self.command
+        argv = stored_argv(latest.command) or self.command
         handle = attach_attempt(self.control, self.folder, latest.number, argv=argv)
         self.attempt = Attempt(latest.id, latest.number, argv, handle, self.clock())
         stored = self.store.latest_step_of_attempt(latest.id)
@@ -262,211 +245,7 @@ class Supervisor:
         plan = plan_patch(self._current_argv(), rung, resume_from=target.path, run_files=self._run_files(0))
         return f"roll back to step {target.step} and relaunch: {' '.join(plan.argv)}"
 
-    # -- the state machine ------------------------------------------------------------------------
-    def _drive(self, iv: InterventionView) -> None:
-        """Move ``iv`` forward as far as it can go in this tick."""
-        while iv is not None and not iv.finished:
-            moved = self._step(iv)
-            if moved is None:
-                return
-            iv = moved
-
-    def _step(self, iv: InterventionView) -> InterventionView | None:
-        state = State(iv.state)
-        incident = self.store.get_incident(iv.incident_id)
-        assert incident is not None
-        if state is State.DETECTED:
-            return self._commit(iv, State.STOPPING)
-        if state is State.STOPPING:
-            self._stop_trainer(reason=f"intervention {iv.id}")
-            return self._commit(iv, State.STOPPED)
-        if state is State.STOPPED:
-            return self._roll_back(iv, incident.incident)
-        if state is State.ROLLED_BACK:
-            return self._patch(iv, incident.incident)
-        if state is State.PATCHED:
-            return self._relaunch(iv)
-        if state is State.RESUMING:
-            return self._verify_resume(iv)
-        if state is State.PROBATION:
-            return self._probation(iv, incident.incident)
-        return None
-
-    def _roll_back(self, iv: InterventionView, incident: IncidentView) -> InterventionView:
-        earlier = [p for p in self.store.interventions(incident_id=incident.id) if p.id != iv.id]
-        exclude = frozenset(p.target_step for p in earlier if p.target_step is not None)
-        tried_scratch = any(p.target_step is None and p.plan is not None for p in earlier)
-        rung = self.config.remediation.rung(incident.check, iv.rung)
-        extra = rung.rollback_extra_checkpoints if rung is not None else 0
-        if iv.target_step is None:
-            target = self._target(incident, exclude, extra)
-            if target is None and not tried_scratch:
-                # trouble before the first healthy checkpoint: start again from scratch (patched, for a
-                # health incident); the old branch's folders go to quarantine so new saves cannot overwrite them
-                moved = quarantine_all(self.checkpoint_dir, incident.id)
-                self._dismiss_abandoned(incident, after_step=0)
-                return self._commit(
-                    iv,
-                    State.ROLLED_BACK,
-                    detail={
-                        "target": None,
-                        "why": "no healthy checkpoint before the onset: from scratch",
-                        "moved": [m.step for m in moved.moved],
-                    },
-                )
-            if target is None:
-                return self._give_up(
-                    iv, "no healthy checkpoint left to roll back to (a restart from scratch failed too)"
-                )
-            limit = (incident.onset_step or incident.opened_step or 0) - self.config.remediation.margin_steps
-            why = f"newest healthy checkpoint at or before step {limit}"
-            if exclude:
-                why += f", before the earlier targets {sorted(exclude)}"
-            iv = self.store.advance(
-                iv.id,
-                State.STOPPED,
-                now=self.clock(),
-                target_step=target.step,
-                target_path=target.path,
-                detail={"target": target.path, "why": why},
-            )
-            self.after_commit("STOPPED+target")
-        assert iv.target_step is not None
-        try:
-            moved = quarantine_after(self.checkpoint_dir, iv.target_step, incident.id)
-        except CheckpointError as exc:
-            return self._give_up(iv, f"rollback failed: {exc}")
-        self._dismiss_abandoned(incident, after_step=iv.target_step)
-        return self._commit(
-            iv, State.ROLLED_BACK, detail={"moved": [m.step for m in moved.moved], "tracker": iv.target_step}
-        )
-
-    def _dismiss_abandoned(self, incident: IncidentView, *, after_step: int) -> None:
-        """Close the other open incidents raised on the branch the rollback abandons."""
-        for other in self.store.list_incidents(self.run_id, limit=1000):
-            if other.is_open and other.id != incident.id and (other.opened_step or 0) > after_step:
-                self.store.close_incident(
-                    other.id,
-                    status="dismissed",
-                    now=self.clock(),
-                    note=f"abandoned branch: rolled back to step {after_step}",
-                )
-
-    def _patch(self, iv: InterventionView, incident: IncidentView) -> InterventionView:
-        number = self._next_attempt_number()
-        files = self._run_files(number)
-        try:
-            if iv.kind == Kind.RESTART.value:
-                plan = crash_restart_plan(self._current_argv(), resume_from=iv.target_path, run_files=files)
-            else:
-                rung = self.config.remediation.rung(incident.check, iv.rung)
-                assert rung is not None
-                plan = plan_patch(self._current_argv(), rung, resume_from=iv.target_path, run_files=files)
-        except (PatchError, ValueError) as exc:
-            return self._give_up(iv, f"patch refused: {exc}")
-        return self._commit(
-            iv,
-            State.PATCHED,
-            plan=_plan_json(plan),
-            detail={"diff": [list(d) for d in plan.diff], "notes": list(plan.notes)},
-        )
-
-    def _relaunch(self, iv: InterventionView) -> InterventionView:
-        assert iv.plan is not None
-        number = self._next_attempt_number()
-        argv = _argv(iv.plan["argv"])
-        extra_env = _env(iv.plan["env"])
-        attempt = self.store.start_attempt(
-            self.run_id, metrics_path=str(self.folder.metrics(number)), now=self.clock(), command=list(argv)
-        )
-        iv = self._commit(iv, State.RESUMING, to_attempt_id=attempt.id)
-        self._start(attempt.id, attempt.number, argv, extra_env)
-        return iv
-
-    def _verify_resume(self, iv: InterventionView) -> InterventionView | None:
-        attempt = self.attempt
-        if attempt is None or attempt.id != iv.to_attempt_id or attempt.handle is None:
-            self._reattach(iv)  # a guardian restarted after committing RESUMING: launch (or attach) now
-            return None
-        target = iv.target_step or 0
-        logged = self.guardian.attempt_steps
-        trained = [s for s in logged if s > target]
-        if logged and min(logged) < target:
-            return self._relapse(iv, f"resumed at step {min(logged)}, expected {target}")
-        if trained:
-            return self._commit(iv, State.PROBATION, detail={"first_step": trained[0]})
-        status = self._exit_status()
-        if status is not None:
-            return self._relapse(iv, f"relaunched trainer ended before a new step: {status.describe()}")
-        deadline = resume_deadline(
-            typical_step_s=typical_step_seconds(self.guardian.history),
-            startup_s=self.config.intervention.startup_seconds,
-        )
-        if self.clock() - attempt.started_at > deadline:
-            return self._relapse(iv, f"no new step {deadline:.0f}s after the relaunch")
-        return None
-
-    def _probation(self, iv: InterventionView, incident: IncidentView) -> InterventionView | None:
-        target = iv.target_step or 0
-        critical = (
-            [
-                f.check
-                for f in self.guardian.tracker.latest.values()
-                if f.severity == Severity.CRITICAL and f.step is not None and f.step > target
-            ]
-            if self.guardian.attempt_steps
-            else []
-        )
-        status = self._exit_status()
-        if status is not None and not status.ok:
-            critical.append(CRASH)
-        own = self.guardian.tracker.latest.get(incident.check)
-        verdict = judge_probation(
-            target_step=target,
-            newest_step=self.guardian.history.last_step,
-            probation_steps=self.config.intervention.probation_steps,
-            critical_checks_since_resume=critical,
-            still_warning=own is not None and own.severity == Severity.WARN and bool(self.guardian.attempt_steps),
-        )
-        if not verdict.done and not (status is not None and status.ok):
-            return None
-        if verdict.relapsed:
-            return self._relapse(iv, verdict.reason)
-        iv = self._commit(iv, State.RESOLVED, detail={"why": verdict.reason if verdict.done else "trainer finished"})
-        self.store.close_incident(
-            incident.id,
-            status="resolved",
-            now=self.clock(),
-            step=self.guardian.history.last_step,
-            note=f"intervention {iv.id}: {verdict.reason}",
-        )
-        log.info(event("incident_resolved", {"run": self.run_id, "incident": incident.id, "intervention": iv.id}))
-        return iv
-
-    # -- side effects and helpers -----------------------------------------------------------------
-    def _commit(self, iv: InterventionView, state: State, **fields: object) -> InterventionView:
-        check_transition(State(iv.state), state)
-        detail = fields.pop("detail", None)
-        updated = self.store.advance(iv.id, state.value, now=self.clock(), detail=detail, **fields)  # type: ignore[arg-type]
-        log.warning(event("intervention_state", {"run": self.run_id, "intervention": iv.id, "state": state.value}))
-        self.after_commit(state.value)
-        return updated
-
-    def _relapse(self, iv: InterventionView, reason: str) -> InterventionView:
-        log.error(event("relapse", {"run": self.run_id, "intervention": iv.id, "reason": reason}))
-        return self._commit(iv, State.RELAPSED, note=reason, detail={"why": reason})
-
-    def _give_up(self, iv: InterventionView, reason: str) -> InterventionView:
-        iv = self._commit(iv, State.GAVE_UP, note=reason, detail={"why": reason})
-        self.store.close_incident(iv.incident_id, status="gave_up", now=self.clock(), note=reason)
-        self.store.set_run_status(self.run_id, "gave_up")
-        log.critical(
-            event("gave_up", {"run": self.run_id, "intervention": iv.id, "reason": reason, "exit_code": EXIT_GAVE_UP})
-        )
-        self._stop_trainer(reason="gave up")
-        self.exit_code = EXIT_GAVE_UP
-        return iv
-
+    # -- the trainer process and its attempts (used by the rescue) ------------------------------------
     def _given_up(self) -> InterventionView | None:
         return next((i for i in self.store.interventions(self.run_id) if i.state == State.GAVE_UP.value), None)
 
@@ -519,7 +298,13 @@ class Supervisor:
         """RESUMING after a guardian restart: the attempt row exists; launch it unless it already was."""
         assert iv.to_attempt_id is not None and iv.plan is not None
         attempt = next(a for a in self.store.attempts(self.run_id) if a.id == iv.to_attempt_id)
-        self._start(attempt.id, attempt.number, _argv(attempt.command), _env(iv.plan["env"]))
+        self._start(attempt.id, attempt.number, stored_argv(attempt.command), stored_env(iv.plan["env"]))
+
+    def _launched_at(self, attempt_id: int | None) -> float | None:
+        current = self.attempt
+        if current is None or current.id != attempt_id or current.handle is None:
+            return None
+        return current.started_at
 
     def _next_attempt_number(self) -> int:
         latest = self.store.latest_attempt(self.run_id)
@@ -530,33 +315,6 @@ class Supervisor:
 
     def _current_argv(self) -> tuple[str, ...]:
         return self.attempt.argv if self.attempt is not None else self.command
-
-    def _target(self, incident: IncidentView, exclude: frozenset[int], extra: int) -> CheckpointView | None:
-        detected = incident.opened_step if incident.opened_step is not None else (self.guardian.history.last_step or 0)
-        return choose_rollback_target(
-            self.store.checkpoints(self.run_id),
-            onset_step=incident.onset_step,
-            detected_step=detected,
-            margin_steps=self.config.remediation.margin_steps,
-            exclude_steps=exclude,
-            skip_newest=extra,
-        )
-
-
-def _plan_json(plan: PatchPlan) -> dict[str, object]:
-    document = plan.to_json()
-    document["env"] = dict(plan.files.env)
-    document["resume_path"] = resume_path_for(plan.resume_from) if plan.resume_from else None
-    return document
-
-
-def _argv(value: object) -> tuple[str, ...]:
-    """An argv as stored (JSON list)."""
-    return tuple(str(a) for a in value) if isinstance(value, list | tuple) else ()
-
-
-def _env(value: object) -> dict[str, str]:
-    return {str(k): str(v) for k, v in value.items()} if isinstance(value, dict) else {}
 
 
 def _last_lines(path: Path, limit: int = 2048) -> str:
