@@ -16,7 +16,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from guardian.actions.patch import RemediationConfig
+from guardian.actions.ladder import RemediationConfig
 
 
 class ConfigError(ValueError):

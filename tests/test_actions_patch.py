@@ -13,6 +13,7 @@ import yaml
 from pydantic import ValidationError
 
 from guardian.actions import patch, verl_keys
+from guardian.actions.ladder import DEFAULT_LADDERS, INCIDENT_KINDS, LOAD_CONTENTS, LR, Change, RemediationConfig, Rung
 from guardian.actions.overrides import (
     EffectiveConfig,
     effective_value,
@@ -21,19 +22,7 @@ from guardian.actions.overrides import (
     render_value,
     with_overrides,
 )
-from guardian.actions.patch import (
-    DEFAULT_LADDERS,
-    INCIDENT_KINDS,
-    LOAD_CONTENTS,
-    LR,
-    Change,
-    RemediationConfig,
-    RunFiles,
-    Rung,
-    crash_restart_plan,
-    plan_patch,
-    prepare_attempt,
-)
+from guardian.actions.patch import RunFiles, crash_restart_plan, plan_patch, prepare_attempt
 from guardian.actions.verl_keys import PatchError, compose_check, validate
 
 A = "actor_rollout_ref.actor."
