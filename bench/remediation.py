@@ -53,10 +53,11 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from pathlib import Path
 
-from guardian.actions.process import LocalProcessControl, StopPolicy
+from guardian.actions.process import StopPolicy
 from guardian.config import GuardianConfig
 from guardian.demo.scenarios import SCENARIOS, RunFiles, Scenario
 from guardian.demo_run import demo_config
+from guardian.run import local_supervisor, register_run
 from guardian.store import Store
 from guardian.store.interventions import InterventionEventView
 from guardian.supervisor import Supervisor
@@ -165,26 +166,8 @@ def run_one(scenario: Scenario, *, timeout_s: float = RUN_TIMEOUT_S) -> RunRecor
         command = tuple(scenario.command(files))
         started = time.monotonic()
         with Store.open(config.database_url()) as store:
-            supervisor = Supervisor(
-                config=config,
-                store=store,
-                run_id=run_id,
-                command=command,
-                cwd=files.root,
-                env={k: v for k, v in os.environ.items() if k != "VERL_FILE_LOGGER_PATH"},
-                control=LocalProcessControl(),
-                clock=time.time,
-            )
-            store.ensure_run(
-                run_id,
-                name=f"bench {scenario.name} seed {scenario.seed}",
-                metrics_path=str(files.root),
-                rollouts_dir=str(files.rollouts),
-                checkpoints_dir=str(supervisor.checkpoint_dir),
-                mode="enforce",
-                now=time.time(),
-                config_json=json.dumps({"command": list(command), "cwd": str(files.root)}),
-            )
+            supervisor = local_supervisor(config, store, run_id=run_id, command=command, cwd=files.root)
+            register_run(store, supervisor, name=f"bench {scenario.name} seed {scenario.seed}")
             supervisor.start()
             wait = threading.Event()
             code: int | None = None

@@ -10,7 +10,6 @@ lives. ``--json`` prints the incident timeline instead.
 from __future__ import annotations
 
 import math
-import os
 import sys
 import threading
 import time
@@ -21,11 +20,11 @@ import orjson
 from rich.console import Console
 from rich.markup import escape
 
-from guardian.actions.process import LocalProcessControl
 from guardian.config import GuardianConfig
 from guardian.demo.scenarios import SCENARIOS, RunFiles
 from guardian.findings import Severity
 from guardian.keys import Signal
+from guardian.run import local_supervisor, register_run
 from guardian.store import Store
 from guardian.supervisor import Supervisor
 
@@ -153,26 +152,8 @@ def run_demo(config: GuardianConfig, *, scenario: str, json_output: bool) -> int
     console = Console(stderr=json_output)
     console.print(f"[bold]guardian demo[/] - scenario [cyan]{scenario}[/]: {chosen.notes or _first_line(scenario)}")
     with Store.open(config.database_url()) as store:
-        supervisor = Supervisor(
-            config=config,
-            store=store,
-            run_id=run_id,
-            command=command,
-            cwd=files.root,
-            env={k: v for k, v in os.environ.items() if k != "VERL_FILE_LOGGER_PATH"},
-            control=LocalProcessControl(),
-            clock=time.time,
-        )
-        store.ensure_run(
-            run_id,
-            name=f"demo {scenario}",
-            metrics_path=str(root),
-            rollouts_dir=str(files.rollouts),
-            checkpoints_dir=str(supervisor.checkpoint_dir),
-            mode="enforce",
-            now=time.time(),
-            config_json=orjson.dumps({"command": list(command), "cwd": str(files.root)}).decode(),
-        )
+        supervisor = local_supervisor(config, store, run_id=run_id, command=command, cwd=files.root)
+        register_run(store, supervisor, name=f"demo {scenario}")
         narrate = Narrator(console, store, run_id)
         supervisor.start()
         stop = threading.Event()

@@ -11,7 +11,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -48,6 +48,44 @@ def _die_after(state: str) -> Callable[[str], None]:
     return hook
 
 
+def local_supervisor(
+    config: GuardianConfig,
+    store: Store,
+    *,
+    run_id: str,
+    command: Sequence[str],
+    cwd: Path,
+    after_commit: Callable[[str], None] = lambda state: None,
+) -> Supervisor:
+    """A supervisor for a trainer launched as a local process group, in this process's environment
+    (less any ``VERL_FILE_LOGGER_PATH``: every attempt gets its own)."""
+    return Supervisor(
+        config=config,
+        store=store,
+        run_id=run_id,
+        command=tuple(command),
+        cwd=cwd,
+        env={k: v for k, v in os.environ.items() if k != "VERL_FILE_LOGGER_PATH"},
+        control=LocalProcessControl(),
+        clock=time.time,
+        after_commit=after_commit,
+    )
+
+
+def register_run(store: Store, supervisor: Supervisor, *, name: str) -> None:
+    """Record a new run with what a later ``guardian run --attach`` needs: its command and cwd."""
+    store.ensure_run(
+        supervisor.run_id,
+        name=name,
+        metrics_path=str(supervisor.folder.root),
+        rollouts_dir=str(supervisor.folder.rollouts),
+        checkpoints_dir=str(supervisor.checkpoint_dir),
+        mode=supervisor.config.mode,
+        now=time.time(),
+        config_json=orjson.dumps({"command": list(supervisor.command), "cwd": str(supervisor.cwd)}).decode(),
+    )
+
+
 def run_guarded(config: GuardianConfig, request: RunRequest, *, stop: threading.Event | None = None) -> int:
     stop = stop or threading.Event()
     with Store.open(config.database_url()) as store:
@@ -63,17 +101,7 @@ def run_guarded(config: GuardianConfig, request: RunRequest, *, stop: threading.
             log.error(event("error", {"message": f"no run {request.run_id!r} in {store.url}"}))
             return 1
         hook = _die_after(os.environ[DIE_AFTER_ENV]) if os.environ.get(DIE_AFTER_ENV) else (lambda s: None)
-        supervisor = Supervisor(
-            config=config,
-            store=store,
-            run_id=request.run_id,
-            command=command,
-            cwd=cwd,
-            env=dict(os.environ),
-            control=LocalProcessControl(),
-            clock=time.time,
-            after_commit=hook,
-        )
+        supervisor = local_supervisor(config, store, run_id=request.run_id, command=command, cwd=cwd, after_commit=hook)
         if request.dry_run:
             files = supervisor.files.prepare(command)
             sys.stdout.write(
@@ -84,16 +112,7 @@ def run_guarded(config: GuardianConfig, request: RunRequest, *, stop: threading.
             )
             return 0
         if known is None:
-            store.ensure_run(
-                request.run_id,
-                name=" ".join(command)[:200],
-                metrics_path=str(supervisor.folder.root),
-                rollouts_dir=str(supervisor.folder.rollouts),
-                checkpoints_dir=str(supervisor.checkpoint_dir),
-                mode=config.mode,
-                now=time.time(),
-                config_json=orjson.dumps({"command": list(command), "cwd": str(cwd)}).decode(),
-            )
+            register_run(store, supervisor, name=" ".join(command)[:200])
         log.info(
             event(
                 "run",

@@ -11,11 +11,10 @@ from __future__ import annotations
 
 import math
 import re
-from pathlib import Path
 
 from guardian.history import StepRecord
-from guardian.sources.jsonl import BadLineReport, MetricsBatch
-from guardian.sources.tail import LineTail, NewSegment
+from guardian.sources.jsonl import BadLine, MetricsFile
+from guardian.sources.tail import OversizedLine
 
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 # Ray's per-actor prefix: "(TaskRunnerV1 pid=1543)", "(pid=2122)", "(TaskRunner pid=1, ip=10.0.0.1)"
@@ -61,52 +60,13 @@ def parse_console_line(line: str) -> StepRecord | None:
     return StepRecord(step=int(head.group(1)), data=data)
 
 
-class ConsoleFile:
+class ConsoleFile(MetricsFile):
     """Tail a stdout log and return the metric lines in it, like ``MetricsFile`` does for the JSONL.
 
     Non-metric lines are skipped without a report; only lines too long to keep are reported as bad.
     """
 
-    def __init__(
-        self,
-        path: Path,
-        *,
-        chunk_bytes: int = 1 << 20,
-        max_line_bytes: int = 16 << 20,
-        max_poll_bytes: int = 4 << 20,
-    ) -> None:
-        self._tail = LineTail(
-            path, chunk_bytes=chunk_bytes, max_line_bytes=max_line_bytes, max_poll_bytes=max_poll_bytes
-        )
-        self._max_line = max_line_bytes
-        self._segment = 0
-        self._line_number = 0
-
-    @property
-    def path(self) -> Path:
-        return self._tail.path
-
-    @property
-    def segment(self) -> int:
-        return self._tail.segment
-
-    def poll(self, *, final: bool = False) -> MetricsBatch:
-        """New metric lines since the last poll; ``final=True`` also reads an unterminated last line."""
-        batch = self._tail.poll(final=final)
-        items: list[StepRecord | NewSegment] = []
-        bad: list[BadLineReport] = []
-        for item in batch.items:
-            if isinstance(item, NewSegment):
-                self._segment = item.segment
-                self._line_number = 0
-                items.append(item)
-                continue
-            self._line_number += 1
-            if isinstance(item, bytes):
-                record = parse_console_line(item.decode("utf-8", errors="replace"))
-                if record is not None:
-                    items.append(record)
-            else:
-                reason = f"line longer than {self._max_line} bytes, skipped"
-                bad.append(BadLineReport(self.path, self._segment, self._line_number, reason))
-        return MetricsBatch(items=items, bad_lines=bad, more=batch.more)
+    def _parse(self, item: bytes | OversizedLine) -> StepRecord | None:
+        if isinstance(item, OversizedLine):
+            raise BadLine(f"line longer than {self._max_line} bytes, skipped")
+        return parse_console_line(item.decode("utf-8", errors="replace"))
