@@ -150,3 +150,17 @@ def ratio_to_baseline(series: Series, cfg: BaselineConfig, floor: float = 0.0) -
     reference = max(base, floor)
     smooth = series.smoothed(cfg.smooth_steps)
     return lambda i: ratio(smooth[i], reference)
+
+
+def signal_ratio(
+    ctx: CheckContext, check: str, signal: Signal, floor: float = 0.0
+) -> tuple[Series, Callable[[int], float]] | Finding:
+    """The signal's series and its ratio-to-baseline function, or the UNKNOWN finding that says why not
+    (the run does not log the signal, or its baseline is not established yet)."""
+    if (missing := need(ctx.history, check, signal)) is not None:
+        return missing
+    series = ctx.history.signal(signal)
+    ratio_of = ratio_to_baseline(series, ctx.baseline, floor)
+    if ratio_of is None:
+        return waiting(check, ctx.history.last_step)
+    return series, ratio_of

@@ -22,8 +22,8 @@ from guardian.checks.base import (
     conclude,
     judge,
     need,
-    ratio_to_baseline,
     rounded,
+    signal_ratio,
     waiting,
 )
 from guardian.checks.reward import reward_state_at
@@ -50,14 +50,10 @@ def _rise_check(
     excused: Callable[[int], bool] = lambda step: False,
     extreme: float = math.inf,
 ) -> Finding:
-    h = ctx.history
-    if (missing := need(h, check, signal)) is not None:
-        return missing
-    series = h.signal(signal)
-    r = ratio_to_baseline(series, ctx.baseline, floor)
-    if r is None:
-        return waiting(check, h.last_step)
-    ratio_of = r
+    got = signal_ratio(ctx, check, signal, floor)
+    if isinstance(got, Finding):
+        return got
+    series, ratio_of = got
 
     def level_at(i: int) -> Severity:
         value = ratio_of(i)

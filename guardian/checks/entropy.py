@@ -15,10 +15,8 @@ from guardian.checks.base import (
     baseline_end,
     conclude,
     judge,
-    need,
-    ratio_to_baseline,
     rounded,
-    waiting,
+    signal_ratio,
 )
 from guardian.checks.egr import egr_state_at
 from guardian.checks.reward import reward_state_at
@@ -44,13 +42,10 @@ def entropy_collapse(
     egr_cfg: EgrCollapseConfig,
 ) -> Finding:
     h = ctx.history
-    if (missing := need(h, COLLAPSE, Signal.ENTROPY)) is not None:
-        return missing
-    series = h.signal(Signal.ENTROPY)
-    r = ratio_to_baseline(series, ctx.baseline)
-    if r is None:
-        return waiting(COLLAPSE, h.last_step)
-    ratio_of = r
+    got = signal_ratio(ctx, COLLAPSE, Signal.ENTROPY)
+    if isinstance(got, Finding):
+        return got
+    series, ratio_of = got
 
     def level_at(i: int) -> Severity:
         value = ratio_of(i)
@@ -100,13 +95,10 @@ def entropy_collapse(
 
 def entropy_explosion(ctx: CheckContext, cfg: EntropyExplosionConfig, reward_cfg: RewardCollapseConfig) -> Finding:
     h = ctx.history
-    if (missing := need(h, EXPLOSION, Signal.ENTROPY)) is not None:
-        return missing
-    series = h.signal(Signal.ENTROPY)
-    r = ratio_to_baseline(series, ctx.baseline)
-    if r is None:
-        return waiting(EXPLOSION, h.last_step)
-    ratio_of = r
+    got = signal_ratio(ctx, EXPLOSION, Signal.ENTROPY)
+    if isinstance(got, Finding):
+        return got
+    series, ratio_of = got
     smooth = series.smoothed(ctx.baseline.smooth_steps)
 
     def level_at(i: int) -> Severity:

@@ -18,8 +18,8 @@ from guardian.checks.base import (
     conclude,
     judge,
     need,
-    ratio_to_baseline,
     rounded,
+    signal_ratio,
     waiting,
 )
 from guardian.config import LengthConfig
@@ -33,14 +33,10 @@ TRUNCATION = "truncation"
 
 
 def length_collapse(ctx: CheckContext, cfg: LengthConfig) -> Finding:
-    h = ctx.history
-    if (missing := need(h, COLLAPSE, Signal.LENGTH_MEAN)) is not None:
-        return missing
-    series = h.signal(Signal.LENGTH_MEAN)
-    r = ratio_to_baseline(series, ctx.baseline)
-    if r is None:
-        return waiting(COLLAPSE, h.last_step)
-    ratio_of = r
+    got = signal_ratio(ctx, COLLAPSE, Signal.LENGTH_MEAN)
+    if isinstance(got, Finding):
+        return got
+    series, ratio_of = got
 
     def level_at(i: int) -> Severity:
         value = ratio_of(i)
@@ -69,13 +65,10 @@ def length_collapse(ctx: CheckContext, cfg: LengthConfig) -> Finding:
 
 def length_explosion(ctx: CheckContext, cfg: LengthConfig) -> Finding:
     h = ctx.history
-    if (missing := need(h, EXPLOSION, Signal.LENGTH_MEAN)) is not None:
-        return missing
-    series = h.signal(Signal.LENGTH_MEAN)
-    r = ratio_to_baseline(series, ctx.baseline)
-    if r is None:
-        return waiting(EXPLOSION, h.last_step)
-    ratio_of = r
+    got = signal_ratio(ctx, EXPLOSION, Signal.LENGTH_MEAN)
+    if isinstance(got, Finding):
+        return got
+    series, ratio_of = got
     smooth = series.smoothed(ctx.baseline.smooth_steps)
 
     def growth(i: int) -> float:
