@@ -64,7 +64,6 @@ def length_collapse(ctx: CheckContext, cfg: LengthConfig) -> Finding:
 
 
 def length_explosion(ctx: CheckContext, cfg: LengthConfig) -> Finding:
-    h = ctx.history
     got = signal_ratio(ctx, EXPLOSION, Signal.LENGTH_MEAN)
     if isinstance(got, Finding):
         return got
