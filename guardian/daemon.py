@@ -152,6 +152,7 @@ class Guardian:
         self.metrics = metrics
         self._judged_through = judged_through
         self.attempt_steps = []
+        self.started_at = self.clock()  # the stall check gives a fresh launch its start-up allowance
 
     def rebuild(self, metrics: MetricsSource) -> int:
         """Re-read an earlier attempt's finished metrics file into the timeline without storing or

@@ -254,3 +254,17 @@ def test_per_check_warmup_holds_judgement() -> None:
     h = history_of([{"actor/grad_norm": None}] * 4)
     (finding,) = evaluate(context(h), checks)
     assert finding.severity == Severity.UNKNOWN and "warming up" in finding.message
+
+
+def test_a_relaunched_trainer_gets_its_start_up_allowance_not_a_stall() -> None:
+    h = RunHistory()
+    for step in range(1, 11):
+        h.add(StepRecord(step, {"timing_s/step": 5.0}), arrived_at=1000.0 + 5 * step)
+    relaunched_at = 2000.0  # long after the last step of the previous attempt
+    assert stall(context(h, now=2100.0, started_at=relaunched_at), C.stall).severity == Severity.OK
+    assert stall(context(h, now=relaunched_at + 3600.0, started_at=relaunched_at), C.stall).severity == (
+        Severity.CRITICAL
+    )
+    # once the new attempt logs, the usual limit applies again
+    h.add(StepRecord(11, {"timing_s/step": 5.0}), arrived_at=2150.0)
+    assert stall(context(h, now=2150.0 + 61.0, started_at=relaunched_at), C.stall).severity == Severity.CRITICAL

@@ -1,5 +1,6 @@
 """Stall: no new step for k times the run's typical step time (NVRx computes hang timeouts the same
-way, with a safety factor of 5). Needs the wall clock, so it is UNKNOWN in replay."""
+way, with a safety factor of 5). Until a (re)launched trainer logs its first step, the limit is
+``startup_seconds`` from the launch instead. Needs the wall clock, so it is UNKNOWN in replay."""
 
 from __future__ import annotations
 
@@ -31,7 +32,10 @@ def stall(ctx: CheckContext, cfg: StallConfig) -> Finding:
     h = ctx.history
     if ctx.now is None:
         return Finding(CHECK, Severity.UNKNOWN, h.last_step, "no wall clock (replay)")
-    if h.last_step is None or h.last_step not in h.arrivals:
+    last_arrival = h.arrivals.get(h.last_step) if h.last_step is not None else None
+    launched_since = ctx.started_at is not None and (last_arrival is None or last_arrival < ctx.started_at)
+    if last_arrival is None or launched_since:
+        # no step yet from the current launch: verl spends minutes starting up, judge it by startup_seconds
         if ctx.started_at is None:
             return Finding(CHECK, Severity.UNKNOWN, None, "no steps yet")
         waited = ctx.now - ctx.started_at
@@ -39,7 +43,7 @@ def stall(ctx: CheckContext, cfg: StallConfig) -> Finding:
         if waited >= cfg.startup_seconds:
             return Finding(CHECK, Severity.CRITICAL, None, f"no first step {waited:.0f}s after start", None, evidence)
         return ok(CHECK, None, "waiting for the first step", evidence)
-    silent = ctx.now - h.arrivals[h.last_step]
+    silent = ctx.now - last_arrival
     typical = typical_step_seconds(h)
     evidence = {"seconds_since_last_step": rounded(silent), "typical_step_seconds": rounded(typical)}
     if typical is None or not math.isfinite(typical):
