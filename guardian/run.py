@@ -125,9 +125,9 @@ def run_guarded(config: GuardianConfig, request: RunRequest, *, stop: threading.
                 },
             )
         )
-        supervisor.start()
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, lambda *_: stop.set())
+        supervisor.start()
         while not stop.is_set():
             code = supervisor.tick()
             if code is not None:
