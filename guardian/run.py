@@ -125,14 +125,17 @@ def run_guarded(config: GuardianConfig, request: RunRequest, *, stop: threading.
                 },
             )
         )
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(sig, lambda *_: stop.set())
-        supervisor.start()
-        while not stop.is_set():
-            code = supervisor.tick()
-            if code is not None:
-                return code
-            stop.wait(config.sources.poll_interval_s)
+        previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            supervisor.start()
+            while not stop.is_set():
+                code = supervisor.tick()
+                if code is not None:
+                    return code
+                stop.wait(config.sources.poll_interval_s)
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
         log.warning(
             event(
                 "guardian_stopped",
