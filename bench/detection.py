@@ -20,6 +20,7 @@ import argparse
 import json
 import statistics
 import sys
+import tempfile
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -49,6 +50,7 @@ class TraceCase:
     mode: str | None
     onset: int | None
     labelled_by: str | None
+    rollouts: Path | None = None  # the run's rollout dumps, for EGR (the demo scenarios have them)
 
 
 def load_cases(traces: Path) -> list[TraceCase]:
@@ -67,6 +69,31 @@ def load_cases(traces: Path) -> list[TraceCase]:
                 labelled_by=entry.get("labelled_by"),
             )
         )
+    return cases
+
+
+# The demo trainer's scenarios that a replay can judge (crash and hang need a live process and a wall
+# clock: bench/remediation.py covers them), with their label and the documented onset of the trouble.
+SCENARIO_LABELS: dict[str, tuple[str, int | None]] = {
+    "healthy": (HEALTHY, None),
+    "entropy_collapse": (UNHEALTHY, 10),  # KL takes off ~step 10, entropy and EGR follow
+    "kl_blowup": (UNHEALTHY, None),
+    "nan": (UNHEALTHY, 20),
+    "length_explosion": (UNHEALTHY, None),
+}
+
+
+def scenario_cases(workdir: Path) -> list[TraceCase]:
+    """Run the demo trainer's scenarios (default seed) into ``workdir`` and label them."""
+    from guardian.demo.scenarios import SCENARIOS, RunFiles
+
+    cases: list[TraceCase] = []
+    for name, (label, onset) in SCENARIO_LABELS.items():
+        files = RunFiles(workdir / name)
+        done = SCENARIOS[name].run(files.root, timeout=300)
+        if done.returncode != 0:
+            raise RuntimeError(f"scenario {name} exited with {done.returncode}; see {files.console}")
+        cases.append(TraceCase(f"demo:{name}", files.metrics, label, name, onset, "scenario", files.rollouts))
     return cases
 
 
@@ -169,7 +196,7 @@ def run_cases(
 ) -> list[CaseResult]:
     out: list[CaseResult] = []
     for case in cases:
-        results = {rules: replay_file(case.path, checks, rules=rules) for rules in rule_sets}
+        results = {rules: replay_file(case.path, checks, rules=rules, rollouts=case.rollouts) for rules in rule_sets}
         for rules, result in results.items():
             if result.bad_lines:
                 print(f"warning: {case.name} ({rules}): {len(result.bad_lines)} unreadable line(s)", file=sys.stderr)
@@ -311,17 +338,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--traces", type=Path, default=DEFAULT_TRACES, help=f"traces folder (default {DEFAULT_TRACES})")
     parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    parser.add_argument(
+        "--no-scenarios", action="store_true", help="skip the demo trainer's scenarios (about 20 s to run)"
+    )
     args = parser.parse_args(argv)
     traces: Path = args.traces
     if not (traces / "labels.json").is_file():
         parser.error(f"no labels.json in {traces}")
     checks = GuardianConfig().checks
-    case_results = run_cases(load_cases(traces), checks)
+    cases = load_cases(traces)
+    with tempfile.TemporaryDirectory(prefix="guardian-detection-") as workdir:
+        if not args.no_scenarios:
+            cases += scenario_cases(Path(workdir))
+        case_results = run_cases(cases, checks)
     summaries = {rules: score(rows_for(case_results, rules)) for rules in RULE_SETS}
     if args.json:
         print(json.dumps(to_json(traces, case_results, summaries), indent=1))
         return 0
-    print(f"traces: {traces} ({len(case_results)} labelled)\n")
+    print(f"traces: {traces} and the demo trainer's scenarios ({len(case_results)} labelled)\n")
     print(render_table(case_results, RULE_SETS))
     print()
     print(render_summary(summaries))
