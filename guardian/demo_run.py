@@ -28,7 +28,6 @@ from guardian.run import local_supervisor, register_run
 from guardian.store import Store
 from guardian.supervisor import Supervisor
 
-DEMO_SCENARIOS = ("entropy_collapse", "nan", "hang", "crash", "healthy")
 # seconds per step added to the trainer, so the story unfolds at a readable pace
 PACE_S = 0.03
 STATUS_EVERY = 25

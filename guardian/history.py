@@ -215,9 +215,6 @@ class RunHistory:
     def has(self, signal: Signal) -> bool:
         return len(self.series[signal]) > 0
 
-    def present_signals(self) -> list[Signal]:
-        return [s for s in Signal if self.has(s)]
-
     def value_at_or_before(self, signal: Signal, step: int) -> float | None:
         s = self.series[signal]
         i = bisect_right(s.steps, step) - 1

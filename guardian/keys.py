@@ -49,10 +49,6 @@ ALL_ONE_KEY = "guardian/rollout/all_one_group_fraction"
 GROUP_STD_KEY = "guardian/rollout/mean_group_reward_std"
 GROUPS_KEY = "guardian/rollout/groups"
 SAMPLES_KEY = "guardian/rollout/samples"
-ROLLOUT_KEYS: tuple[str, ...] = (EGR_KEY, ALL_ZERO_KEY, ALL_ONE_KEY, GROUP_STD_KEY, GROUPS_KEY, SAMPLES_KEY)
-
-# verl's own step counter inside the data dict (facts §1.3); the line's "step" field is authoritative.
-GLOBAL_STEP_KEY = "training/global_step"
 
 # verl keys per signal, newest verl first.
 VERL_ALIASES: dict[Signal, tuple[str, ...]] = {
