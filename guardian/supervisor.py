@@ -213,6 +213,7 @@ class Supervisor(Rescue):
             from_attempt_id=self.attempt.id if self.attempt else None,
             now=now,
         )
+        self.after_commit(State.DETECTED.value)
         log.error(
             event(
                 "intervention",

@@ -112,7 +112,9 @@ def test_collapse_is_rolled_back_patched_resumed_and_resolved(tmp_path: Path) ->
     assert len(attempts) >= 2
 
 
-CHAOS_POINTS = ["STOPPING", "STOPPED", "STOPPED+target", "ROLLED_BACK", "PATCHED", "RESUMING", "PROBATION"]
+CHAOS_POINTS = [
+    "DETECTED", "STOPPING", "STOPPED", "STOPPED+target", "ROLLED_BACK", "PATCHED", "RESUMING", "PROBATION", "RESOLVED"
+]  # fmt: skip
 
 
 @pytest.mark.parametrize("die_after", CHAOS_POINTS)
