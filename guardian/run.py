@@ -12,16 +12,21 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
 import orjson
+from rich.console import Group
+from rich.live import Live
+from rich.text import Text
 
 from guardian.actions.process import LocalProcessControl
 from guardian.config import GuardianConfig
 from guardian.logs import event, get_logger
 from guardian.store import Store
 from guardian.supervisor import Supervisor
+from guardian.view import render
 
 log = get_logger("run")
 EXIT_INTERRUPTED = 130
@@ -86,6 +91,27 @@ def register_run(store: Store, supervisor: Supervisor, *, name: str) -> None:
     )
 
 
+def _loop(supervisor: Supervisor, stop: threading.Event, poll_s: float, *, live: bool) -> int | None:
+    """Tick until the run is over (its exit code) or the guardian is told to stop (None)."""
+    view = Live(_render(supervisor), refresh_per_second=4) if live else None
+    with view or nullcontext():
+        while not stop.is_set():
+            code = supervisor.tick()
+            if view is not None:
+                view.update(_render(supervisor))
+            if code is not None:
+                return code
+            stop.wait(poll_s)
+    return None
+
+
+def _render(supervisor: Supervisor) -> Group:
+    guardian = supervisor.guardian
+    active = supervisor.store.active_intervention(supervisor.run_id)
+    line = f"intervention {active.number}: {active.state}" if active else "no intervention in progress"
+    return Group(render(supervisor.run_id, guardian.history, guardian.tracker, time.time()), Text(line))
+
+
 def run_guarded(config: GuardianConfig, request: RunRequest, *, stop: threading.Event | None = None) -> int:
     stop = stop or threading.Event()
     with Store.open(config.database_url()) as store:
@@ -128,11 +154,9 @@ def run_guarded(config: GuardianConfig, request: RunRequest, *, stop: threading.
         previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
         try:
             supervisor.start()
-            while not stop.is_set():
-                code = supervisor.tick()
-                if code is not None:
-                    return code
-                stop.wait(config.sources.poll_interval_s)
+            code = _loop(supervisor, stop, config.sources.poll_interval_s, live=request.live)
+            if code is not None:
+                return code
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
