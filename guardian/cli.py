@@ -12,7 +12,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import orjson
@@ -35,7 +35,13 @@ def _print_json(document: object) -> None:
 
 
 def _config(args: argparse.Namespace) -> GuardianConfig:
-    return load_config(Path(args.config) if args.config else None)
+    config = load_config(Path(args.config) if args.config else None)
+    port = getattr(args, "export", None)
+    if port is not None:  # --export PORT: the exporter on, on loopback
+        config = config.model_copy(
+            update={"exporter": config.exporter.model_copy(update={"enabled": True, "port": port})}
+        )
+    return config
 
 
 # -- replay ---------------------------------------------------------------------------------------
@@ -80,6 +86,7 @@ def derive_run_id(metrics: Path) -> str:
 
 def cmd_watch(args: argparse.Namespace) -> int:
     from guardian.daemon import Guardian
+    from guardian.sinks.export import exporting
     from guardian.sources.console import ConsoleFile
     from guardian.sources.jsonl import MetricsFile
     from guardian.sources.rollouts import RolloutDir
@@ -111,13 +118,27 @@ def cmd_watch(args: argparse.Namespace) -> int:
         log.info(event("watch", {"run": run_id, "metrics": path, "db": store.url}))
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, lambda *_: stop.set())
-        _watch_loop(guardian, stop, live=sys.stdout.isatty() and not args.no_live, max_ticks=args.max_ticks)
+        with exporting(guardian, store, config.exporter, time.time) as polled:
+            _watch_loop(
+                guardian,
+                stop,
+                live=sys.stdout.isatty() and not args.no_live,
+                max_ticks=args.max_ticks,
+                after_tick=polled,
+            )
         worst = guardian.tracker.worst()
         log.info(event("watch_stopped", {"run": run_id, "last_step": guardian.history.last_step}))
     return EXIT_UNHEALTHY if worst == Severity.CRITICAL else EXIT_OK
 
 
-def _watch_loop(guardian: object, stop: threading.Event, *, live: bool, max_ticks: int | None) -> None:
+def _watch_loop(
+    guardian: object,
+    stop: threading.Event,
+    *,
+    live: bool,
+    max_ticks: int | None,
+    after_tick: Callable[[], None] = lambda: None,
+) -> None:
     from rich.live import Live
 
     from guardian.daemon import Guardian
@@ -129,6 +150,7 @@ def _watch_loop(guardian: object, stop: threading.Event, *, live: bool, max_tick
     def counted(_result: object) -> None:
         nonlocal ticks
         ticks += 1
+        after_tick()
         if max_ticks is not None and ticks >= max_ticks:
             stop.set()
 
@@ -327,6 +349,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--checkpoints", help="trainer.default_local_dir (global_step_N folders)")
     p.add_argument("--run-id", help="run id in the store (default: derived from the metrics path)")
     p.add_argument("--no-live", action="store_true", help="no live terminal view (logs only)")
+    p.add_argument("--export", type=int, metavar="PORT", help="serve Prometheus metrics on 127.0.0.1:PORT")
     p.add_argument("--max-ticks", type=int, help=argparse.SUPPRESS)
     p.set_defaults(func=cmd_watch)
 
@@ -364,6 +387,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--attach", metavar="RUN_ID", help="re-attach to a run this store knows (after a guardian restart)")
     p.add_argument("--dry-run", action="store_true", help="print the command the first attempt would run, and exit")
     p.add_argument("--no-live", action="store_true", help="no live terminal view (logs only)")
+    p.add_argument("--export", type=int, metavar="PORT", help="serve Prometheus metrics on 127.0.0.1:PORT")
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- python -m verl.trainer.main_ppo key=value ...")
     p.set_defaults(func=cmd_run)
 

@@ -165,6 +165,13 @@ class InterventionConfig(_Section):
     stop_sigkill_s: float = Field(10.0, ge=0, description="... then after SIGKILL, before reporting a failed stop.")
 
 
+class ExporterConfig(_Section):
+    enabled: bool = Field(False, description="Serve Prometheus metrics at http://host:port/metrics while guarding.")
+    host: str = Field("127.0.0.1", description="Address to listen on (never all interfaces unless allow_public).")
+    port: int = Field(9464, ge=0, le=65535, description="Port (0 = any free port).")
+    allow_public: bool = Field(False, description="Allow 0.0.0.0 / :: as host.")
+
+
 class GuardianConfig(_Section):
     home: Path = Field(Path(".guardian"), description="Guardian home: database, run folders.")
     db_url: str | None = Field(
@@ -180,6 +187,7 @@ class GuardianConfig(_Section):
     checks: ChecksConfig = ChecksConfig()
     intervention: InterventionConfig = InterventionConfig()
     remediation: RemediationConfig = RemediationConfig()
+    exporter: ExporterConfig = ExporterConfig()
 
     def database_url(self) -> str:
         return self.db_url or f"sqlite:///{self.home / 'guardian.db'}"

@@ -131,3 +131,67 @@ def signals_present(keys: set[str] | frozenset[str]) -> dict[Signal, str]:
 
 # Every raw key the checks can read: a replay parses only these.
 CHECKED_KEYS: frozenset[str] = frozenset(k for aliases in ALIASES.values() for k in aliases) | NON_FINITE_WATCHED_KEYS
+
+
+# ==================================================================================================
+# Prometheus exporter (guardian/sinks/prometheus.py): every exported metric and label name.
+# Names as they appear in the exposition: prefix guardian_, base units in the name (seconds; ratios
+# 0-1; entropy and log-prob in nats), counters end in _total, the metadata series in _info.
+# Labels: run_id and experiment on every series; check on the per-check status and incident series;
+# state on the intervention counter. Nothing else (attempt, mode, version go in guardian_run_info).
+# ==================================================================================================
+PROM_LABEL_RUN_ID = "run_id"
+PROM_LABEL_EXPERIMENT = "experiment"
+PROM_LABEL_CHECK = "check"
+PROM_LABEL_STATE = "state"
+
+PROM_UP = "guardian_up"
+PROM_LAST_POLL_SUCCESS = "guardian_last_poll_success"
+PROM_LAST_POLL_TIMESTAMP = "guardian_last_poll_timestamp_seconds"
+PROM_RUN_INFO = "guardian_run_info"
+PROM_STEP = "guardian_step"
+PROM_LAST_STEP_AGE = "guardian_last_step_age_seconds"
+PROM_STEP_TIME = "guardian_step_time_seconds"
+PROM_POLICY_ENTROPY = "guardian_policy_entropy_nats"
+PROM_KL_TO_REFERENCE = "guardian_kl_to_reference"
+PROM_EFFECTIVE_GROUP_RATIO = "guardian_effective_group_ratio"
+PROM_MEAN_LOG_PROB = "guardian_mean_log_prob_nats"  # = -Signal.LOG_PPL
+PROM_REWARD_MEAN = "guardian_reward_mean"
+PROM_RESPONSE_LENGTH = "guardian_response_length_tokens"
+PROM_GRAD_NORM = "guardian_grad_norm"
+PROM_LEARNING_RATE = "guardian_learning_rate"
+PROM_CHECK_STATUS = "guardian_check_status"
+PROM_INCIDENTS = "guardian_incidents_total"
+PROM_INTERVENTIONS = "guardian_interventions_total"
+PROM_INTERVENTION_IN_PROGRESS = "guardian_intervention_in_progress"
+
+# The training signals exported as gauges (latest value of each), one metric per signal.
+PROM_SIGNAL_METRICS: dict[Signal, str] = {
+    Signal.ENTROPY: PROM_POLICY_ENTROPY,
+    Signal.KL: PROM_KL_TO_REFERENCE,
+    Signal.EGR: PROM_EFFECTIVE_GROUP_RATIO,
+    Signal.LOG_PPL: PROM_MEAN_LOG_PROB,
+    Signal.REWARD: PROM_REWARD_MEAN,
+    Signal.LENGTH_MEAN: PROM_RESPONSE_LENGTH,
+    Signal.GRAD_NORM: PROM_GRAD_NORM,
+    Signal.LR: PROM_LEARNING_RATE,
+    Signal.STEP_TIME: PROM_STEP_TIME,
+}
+
+# Every metric name the exporter can expose (dashboards and alert rules may use only these).
+PROM_METRIC_NAMES: frozenset[str] = frozenset(
+    {
+        PROM_UP,
+        PROM_LAST_POLL_SUCCESS,
+        PROM_LAST_POLL_TIMESTAMP,
+        PROM_RUN_INFO,
+        PROM_STEP,
+        PROM_LAST_STEP_AGE,
+        PROM_CHECK_STATUS,
+        PROM_INCIDENTS,
+        PROM_INTERVENTIONS,
+        PROM_INTERVENTION_IN_PROGRESS,
+        *PROM_SIGNAL_METRICS.values(),
+    }
+)
+# ================================================================================ end of exporter names

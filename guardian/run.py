@@ -24,6 +24,7 @@ from rich.text import Text
 from guardian.actions.process import LocalProcessControl
 from guardian.config import GuardianConfig
 from guardian.logs import event, get_logger
+from guardian.sinks.export import exporting
 from guardian.store import Store
 from guardian.supervisor import Supervisor
 from guardian.view import render
@@ -91,12 +92,20 @@ def register_run(store: Store, supervisor: Supervisor, *, name: str) -> None:
     )
 
 
-def _loop(supervisor: Supervisor, stop: threading.Event, poll_s: float, *, live: bool) -> int | None:
+def _loop(
+    supervisor: Supervisor,
+    stop: threading.Event,
+    poll_s: float,
+    *,
+    live: bool,
+    after_tick: Callable[[], None] = lambda: None,
+) -> int | None:
     """Tick until the run is over (its exit code) or the guardian is told to stop (None)."""
     view = Live(_render(supervisor), refresh_per_second=4) if live else None
     with view or nullcontext():
         while not stop.is_set():
             code = supervisor.tick()
+            after_tick()
             if view is not None:
                 view.update(_render(supervisor))
             if code is not None:
@@ -154,7 +163,8 @@ def run_guarded(config: GuardianConfig, request: RunRequest, *, stop: threading.
         previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
         try:
             supervisor.start()
-            code = _loop(supervisor, stop, config.sources.poll_interval_s, live=request.live)
+            with exporting(supervisor.guardian, store, config.exporter, time.time) as polled:
+                code = _loop(supervisor, stop, config.sources.poll_interval_s, live=request.live, after_tick=polled)
             if code is not None:
                 return code
         finally:

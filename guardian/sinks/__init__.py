@@ -1,0 +1,1 @@
+"""Where the guardian's state goes besides the store: exporters and notifiers."""

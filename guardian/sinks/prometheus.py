@@ -1,0 +1,439 @@
+"""Prometheus exporter: ``/metrics`` for the runs the guardian watches, read at scrape time.
+
+Nothing is mirrored into prometheus_client metric objects. ``GuardianCollector`` is a custom
+collector: on every scrape it asks its ``ExportSource`` for one ``RunSnapshot`` per run and turns the
+snapshots into metric families. ``build_registry`` registers it in a *private* ``CollectorRegistry``
+(never the process-wide default one, so no process/GC metrics and no clashes with other libraries),
+and ``serve`` exposes that registry over HTTP on loopback (default ``127.0.0.1:9464``).
+
+Every name below comes from ``guardian.keys`` (``PROM_*``). Labels are ``run_id`` and ``experiment``
+on every series, plus ``check`` on the per-check series and ``state`` on the intervention counter
+(bounded sets: the configured checks, the four final intervention states). Attempt number, mode and
+guardian version live in one ``guardian_run_info`` series; join with
+``* on(run_id) group_left(attempt) guardian_run_info``.
+
+=====================================  =======  ========================================================
+metric                                 type     value
+=====================================  =======  ========================================================
+guardian_up                            gauge    1 while the guardian guards the run (0: it stopped)
+guardian_last_poll_success             gauge    1 if the last poll of the run's sources worked, else 0
+guardian_last_poll_timestamp_seconds   gauge    Unix time of the last *successful* poll
+guardian_run_info                      info     1, labels ``attempt``, ``mode``, ``version``
+guardian_step                          gauge    last training step of the active timeline
+guardian_last_step_age_seconds         gauge    seconds since that step's first line arrived
+guardian_step_time_seconds             gauge    trainer's time per step (verl ``timing_s/step``)
+guardian_policy_entropy_nats           gauge    mean per-token policy entropy
+guardian_kl_to_reference               gauge    KL to the reference policy (kl loss or in-reward penalty)
+guardian_effective_group_ratio         gauge    share (0-1) of GRPO groups with non-zero reward variance
+guardian_mean_log_prob_nats            gauge    mean per-token log-prob of the sampled responses (-log_ppl)
+guardian_reward_mean                   gauge    mean score/reward of the batch
+guardian_response_length_tokens        gauge    mean response length
+guardian_grad_norm                     gauge    actor gradient norm
+guardian_learning_rate                 gauge    actor learning rate
+guardian_check_status{check}           gauge    -1 unknown, 0 ok, 1 warn, 2 critical (``Severity`` values)
+guardian_incidents_total{check}        counter  incidents opened, per check (0 for checks without any)
+guardian_interventions_total{state}    counter  interventions finished, per final state: ``resolved``,
+                                                ``relapsed``, ``gave_up``, ``abandoned`` (0 until one does)
+guardian_intervention_in_progress      gauge    1 while an intervention is under way, else 0
+=====================================  =======  ========================================================
+
+Signal gauges carry the latest value the run logged for that signal. A value that is unknown or not
+finite (verl writes NaN/inf as null) is *left out* of the scrape rather than exported as NaN, so
+``absent()``/staleness tell "no number" apart from a number; the guardian's ``non_finite`` check
+reports broken numbers through ``guardian_check_status{check="non_finite"}``. No sample carries an
+explicit timestamp and counters export no ``_created`` series.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import math
+import threading
+from collections import Counter
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Final, Protocol
+from wsgiref.simple_server import WSGIServer
+
+import orjson
+from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from guardian import __version__, keys
+from guardian.findings import Severity
+from guardian.keys import Signal
+from guardian.logs import event, get_logger
+from guardian.store.interventions import FINISHED_STATES
+
+if TYPE_CHECKING:
+    from guardian.daemon import Guardian
+    from guardian.store import RunView, Store
+
+log = get_logger("prometheus")
+
+DEFAULT_HOST: Final = "127.0.0.1"
+DEFAULT_PORT: Final = 9464
+
+# the final intervention states as label values (always exported, 0 until reached)
+INTERVENTION_OUTCOMES: Final = tuple(sorted(state.lower() for state in FINISHED_STATES))
+# exported with the opposite sign: the store keeps -log pi (log-perplexity), people read log-prob
+_NEGATED: Final = frozenset({Signal.LOG_PPL})
+# store.list_incidents pages by default; the counter needs every incident of the run
+_ALL_INCIDENTS: Final = 2**31 - 1
+_EXPERIMENT_OVERRIDE: Final = "trainer.experiment_name="
+
+_RUN_LABELS: Final = (keys.PROM_LABEL_RUN_ID, keys.PROM_LABEL_EXPERIMENT)
+
+_SIGNAL_HELP: Final[Mapping[Signal, tuple[str, str]]] = {
+    # signal: (help text, unit suffix of the name or "")
+    Signal.ENTROPY: ("Mean per-token entropy of the policy on the sampled responses (verl actor/entropy).", "nats"),
+    Signal.KL: ("KL divergence to the reference policy (verl actor/kl_loss or the in-reward KL penalty).", ""),
+    Signal.EGR: ("Effective group ratio: share (0-1) of GRPO groups whose rewards are not all equal.", ""),
+    Signal.LOG_PPL: ("Mean per-token log-probability of the sampled responses under the old policy.", "nats"),
+    Signal.REWARD: ("Mean score (or reward) of the batch (verl critic/score/mean).", ""),
+    Signal.LENGTH_MEAN: ("Mean response length of the batch (verl response_length/mean).", "tokens"),
+    Signal.GRAD_NORM: ("Actor gradient norm (verl actor/grad_norm).", ""),
+    Signal.LR: ("Actor learning rate (verl actor/lr).", ""),
+    Signal.STEP_TIME: ("Time of the last training step as the trainer measured it (verl timing_s/step).", "seconds"),
+}
+
+
+# ------------------------------------------------------------------------------------------ snapshot
+
+
+@dataclass(frozen=True, slots=True)
+class RunSnapshot:
+    """Everything the exporter shows about one run, read at scrape time.
+
+    ``signals`` holds the latest value of each signal (NaN allowed: it is left out of the scrape).
+    ``checks`` is each configured check's latest verdict. ``incidents_opened`` counts incidents by
+    check; ``interventions_finished`` counts finished interventions by final state, as label values
+    (``resolved``, ``relapsed``, ``gave_up``, ``abandoned``). ``last_poll_success_at`` is the Unix time
+    of the last successful poll; None (with ``last_poll_success``) when not known, and then the
+    series are left out.
+    """
+
+    run_id: str
+    experiment: str
+    attempt: int | None = None
+    mode: str = ""
+    step: int | None = None
+    last_step_age_seconds: float | None = None
+    signals: Mapping[Signal, float] = field(default_factory=dict)
+    checks: Mapping[str, Severity] = field(default_factory=dict)
+    incidents_opened: Mapping[str, int] = field(default_factory=dict)
+    interventions_finished: Mapping[str, int] = field(default_factory=dict)
+    intervention_in_progress: bool = False
+    up: bool = True
+    last_poll_success: bool | None = None
+    last_poll_success_at: float | None = None
+
+    @property
+    def step_time_seconds(self) -> float | None:
+        """The trainer's time per step, when logged."""
+        return self.signals.get(Signal.STEP_TIME)
+
+    @property
+    def incidents_total(self) -> int:
+        """Incidents opened on the run, all checks."""
+        return sum(self.incidents_opened.values())
+
+    @property
+    def interventions_total(self) -> int:
+        """Interventions started on the run: the finished ones and the one under way, if any."""
+        return sum(self.interventions_finished.values()) + int(self.intervention_in_progress)
+
+
+class ExportSource(Protocol):
+    """What the exporter reads at each scrape: one snapshot per run (called from the HTTP thread)."""
+
+    def snapshot(self) -> Sequence[RunSnapshot]: ...
+
+
+def snapshot_from(
+    guardian: Guardian,
+    store: Store,
+    now: float,
+    *,
+    experiment: str | None = None,
+    up: bool = True,
+    last_poll_success: bool | None = None,
+    last_poll_success_at: float | None = None,
+) -> RunSnapshot:
+    """The snapshot of ``guardian``'s run at ``now``: step, step age, latest signals and per-check
+    verdicts from the guardian's memory; attempt, mode, incidents and interventions from ``store``.
+
+    ``Guardian`` does not record whether its polls succeed, so the caller passes that in (see
+    ``GuardianSource.record_poll``). ``experiment`` defaults to the run's ``trainer.experiment_name=``
+    override when its stored command has one, else the run's name for runs without a stored command
+    (``guardian watch``), else the run id. Safe to call from another thread while the guard loop
+    ticks: it copies what it reads from memory, and the store opens its own session per call.
+    """
+    run_id = guardian.run_id
+    run = store.get_run(run_id)
+    attempt = store.latest_attempt(run_id)
+    history = guardian.history
+    step = history.last_step
+    arrived = history.arrivals.get(step) if step is not None else None
+    signals: dict[Signal, float] = {}
+    for signal, series in history.series.items():
+        value = _last(series.values)
+        if value is not None:
+            signals[signal] = value
+    checks = {check.name: Severity.UNKNOWN for check in guardian.checks}
+    checks.update({name: finding.severity for name, finding in dict(guardian.tracker.latest).items()})
+    interventions = store.interventions(run_id)
+    return RunSnapshot(
+        run_id=run_id,
+        experiment=experiment or _experiment_of(run, run_id),
+        attempt=attempt.number if attempt is not None else None,
+        mode=run.mode if run is not None else "",
+        step=step,
+        last_step_age_seconds=max(0.0, now - arrived) if arrived is not None else None,
+        signals=signals,
+        checks=checks,
+        incidents_opened=dict(Counter(i.check for i in store.list_incidents(run_id, limit=_ALL_INCIDENTS))),
+        interventions_finished=dict(Counter(i.state.lower() for i in interventions if i.finished)),
+        intervention_in_progress=any(not i.finished for i in interventions),
+        up=up,
+        last_poll_success=last_poll_success,
+        last_poll_success_at=last_poll_success_at,
+    )
+
+
+def _last(values: list[float]) -> float | None:
+    """The last element, or None; tolerant of the guard loop truncating the list meanwhile."""
+    try:
+        return values[-1]
+    except IndexError:
+        return None
+
+
+def _experiment_of(run: RunView | None, run_id: str) -> str:
+    if run is None:
+        return run_id
+    try:
+        saved = orjson.loads(run.config_json) if run.config_json else None
+    except orjson.JSONDecodeError:
+        saved = None
+    command = saved.get("command") if isinstance(saved, dict) else None
+    if not isinstance(command, list):
+        return run.name or run_id
+    for arg in command:
+        text = str(arg).lstrip("+")
+        if text.startswith(_EXPERIMENT_OVERRIDE) and len(text) > len(_EXPERIMENT_OVERRIDE):
+            return text[len(_EXPERIMENT_OVERRIDE) :].strip("'\"")
+    return run_id
+
+
+@dataclass
+class GuardianSource:
+    """An ``ExportSource`` over one ``Guardian``: the glue a guard loop needs.
+
+    Call ``record_poll`` after each tick (``ok=False`` when it raised); every scrape then builds a
+    fresh snapshot with ``snapshot_from``. Set ``up`` to False once the guardian stops guarding the
+    run while the exporter keeps serving.
+    """
+
+    guardian: Guardian
+    store: Store
+    clock: Callable[[], float]
+    experiment: str | None = None
+    up: bool = True
+    _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
+    _poll_ok: bool | None = field(default=None, init=False)
+    _poll_ok_at: float | None = field(default=None, init=False)
+
+    def record_poll(self, ok: bool, at: float | None = None) -> None:
+        """Note the outcome of one poll (a guard-loop tick) at ``at`` (default: now)."""
+        when = self.clock() if at is None else at
+        with self._lock:
+            self._poll_ok = ok
+            if ok:
+                self._poll_ok_at = when
+
+    def snapshot(self) -> list[RunSnapshot]:
+        """The guardian's run, as of now."""
+        with self._lock:
+            ok, ok_at = self._poll_ok, self._poll_ok_at
+        return [
+            snapshot_from(
+                self.guardian,
+                self.store,
+                self.clock(),
+                experiment=self.experiment,
+                up=self.up,
+                last_poll_success=ok,
+                last_poll_success_at=ok_at,
+            )
+        ]
+
+
+# ----------------------------------------------------------------------------------------- collector
+
+
+class GuardianCollector(Collector):
+    """A custom collector reading its ``ExportSource`` at each scrape (see the module docstring).
+
+    Runs are keyed by ``run_id``: a second snapshot with the same id in one scrape is dropped (with a
+    warning), since duplicate series make the whole exposition invalid. An exception from the source
+    fails the scrape (HTTP 500, so Prometheus records ``up == 0``) rather than serve partial data.
+    """
+
+    def __init__(self, source: ExportSource) -> None:
+        self._source = source
+
+    def describe(self) -> Iterator[Metric]:
+        """The metric families, without samples (lets the registry check names without a scrape)."""
+        return iter(_Families().all())
+
+    def collect(self) -> Iterator[Metric]:
+        """The metric families with one set of samples per run."""
+        families = _Families()
+        seen: set[str] = set()
+        for snap in self._source.snapshot():
+            if snap.run_id in seen:
+                log.warning(event("metrics_duplicate_run", {"run": snap.run_id}))
+                continue
+            seen.add(snap.run_id)
+            families.add(snap)
+        return iter(families.all())
+
+
+def _gauge(name: str, documentation: str, unit: str = "", extra: tuple[str, ...] = ()) -> GaugeMetricFamily:
+    return GaugeMetricFamily(name, documentation, labels=[*_RUN_LABELS, *extra], unit=unit)
+
+
+class _Families:
+    """One scrape's metric families, filled run by run."""
+
+    def __init__(self) -> None:
+        self.up = _gauge(keys.PROM_UP, "1 while the guardian guards the run; 0 once it stopped.")
+        self.poll_success = _gauge(
+            keys.PROM_LAST_POLL_SUCCESS, "1 if the guardian's last poll of the run's sources succeeded, else 0."
+        )
+        self.poll_timestamp = _gauge(
+            keys.PROM_LAST_POLL_TIMESTAMP, "Unix time of the guardian's last successful poll of the run.", "seconds"
+        )
+        self.info = InfoMetricFamily(
+            keys.PROM_RUN_INFO.removesuffix("_info"),
+            "The run's current attempt number, guardian mode and guardian version.",
+            labels=list(_RUN_LABELS),
+        )
+        self.step = _gauge(keys.PROM_STEP, "Last training step of the run's active timeline.")
+        self.step_age = _gauge(
+            keys.PROM_LAST_STEP_AGE, "Seconds since the first metrics line of the last step arrived.", "seconds"
+        )
+        self.signals = {
+            signal: _gauge(name, *_SIGNAL_HELP[signal]) for signal, name in keys.PROM_SIGNAL_METRICS.items()
+        }
+        self.check_status = _gauge(
+            keys.PROM_CHECK_STATUS,
+            "Latest verdict of each health check: -1 unknown, 0 ok, 1 warn, 2 critical.",
+            extra=(keys.PROM_LABEL_CHECK,),
+        )
+        self.incidents = CounterMetricFamily(
+            keys.PROM_INCIDENTS,
+            "Incidents the guardian opened on the run, per check.",
+            labels=[*_RUN_LABELS, keys.PROM_LABEL_CHECK],
+        )
+        self.interventions = CounterMetricFamily(
+            keys.PROM_INTERVENTIONS,
+            "Interventions that finished, per final state (resolved, relapsed, gave_up, abandoned).",
+            labels=[*_RUN_LABELS, keys.PROM_LABEL_STATE],
+        )
+        self.in_progress = _gauge(keys.PROM_INTERVENTION_IN_PROGRESS, "1 while an intervention is under way, else 0.")
+
+    def all(self) -> list[Metric]:
+        return [
+            self.up,
+            self.poll_success,
+            self.poll_timestamp,
+            self.info,
+            self.step,
+            self.step_age,
+            *self.signals.values(),
+            self.check_status,
+            self.incidents,
+            self.interventions,
+            self.in_progress,
+        ]
+
+    def add(self, snap: RunSnapshot) -> None:
+        run = [snap.run_id, snap.experiment]
+        self.up.add_metric(run, 1.0 if snap.up else 0.0)
+        if snap.last_poll_success is not None:
+            self.poll_success.add_metric(run, 1.0 if snap.last_poll_success else 0.0)
+        polled_at = snap.last_poll_success_at
+        if polled_at is not None and math.isfinite(polled_at):
+            self.poll_timestamp.add_metric(run, float(polled_at))
+        attempt = str(snap.attempt) if snap.attempt is not None else ""
+        self.info.add_metric(run, {"attempt": attempt, "mode": snap.mode, "version": __version__})
+        if snap.step is not None:
+            self.step.add_metric(run, float(snap.step))
+        age = snap.last_step_age_seconds
+        if age is not None and math.isfinite(age):
+            self.step_age.add_metric(run, float(age))
+        for signal, family in self.signals.items():
+            value = snap.signals.get(signal)
+            if value is not None and math.isfinite(value):
+                family.add_metric(run, -value if signal in _NEGATED else float(value))
+        for check, severity in sorted(snap.checks.items()):
+            self.check_status.add_metric([*run, check], float(int(severity)))
+        for check in sorted(set(snap.checks) | set(snap.incidents_opened)):
+            self.incidents.add_metric([*run, check], float(snap.incidents_opened.get(check, 0)))
+        for state in sorted(set(INTERVENTION_OUTCOMES) | set(snap.interventions_finished)):
+            self.interventions.add_metric([*run, state], float(snap.interventions_finished.get(state, 0)))
+        self.in_progress.add_metric(run, 1.0 if snap.intervention_in_progress else 0.0)
+
+
+def build_registry(source: ExportSource) -> CollectorRegistry:
+    """A private registry holding only a ``GuardianCollector`` over ``source``."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(GuardianCollector(source))
+    return registry
+
+
+# ------------------------------------------------------------------------------------------- serving
+
+
+def is_public_host(host: str) -> bool:
+    """Whether binding ``host`` listens on every interface (``0.0.0.0``, ``::``, empty)."""
+    bare = host.strip().strip("[]")
+    if not bare:
+        return True
+    try:
+        return ipaddress.ip_address(bare).is_unspecified
+    except ValueError:
+        return False  # a host name or a specific address
+
+
+def serve(
+    registry: CollectorRegistry,
+    host: str = DEFAULT_HOST,
+    port: int = DEFAULT_PORT,
+    *,
+    allow_public: bool = False,
+) -> tuple[WSGIServer, threading.Thread]:
+    """Serve ``registry`` at ``http://host:port/metrics`` from a daemon thread.
+
+    Listening on every interface (``0.0.0.0``, ``::``) exposes run names and health to the network,
+    so it is refused unless ``allow_public`` is set. Port 0 picks a free port: read it from the
+    returned server's ``server_port``. Stop with ``shutdown(server, thread)``.
+    """
+    if is_public_host(host) and not allow_public:
+        raise ValueError(
+            f"refusing to serve metrics on {host!r} (every interface); bind 127.0.0.1 or a specific "
+            "address, or pass allow_public=True"
+        )
+    server, thread = start_http_server(port, addr=host, registry=registry)
+    log.info(event("metrics_serving", {"host": host, "port": server.server_port}))
+    return server, thread
+
+
+def shutdown(server: WSGIServer, thread: threading.Thread, timeout: float = 5.0) -> None:
+    """Stop a server started by ``serve``, close its socket and wait for its thread."""
+    server.shutdown()
+    server.server_close()
+    thread.join(timeout)

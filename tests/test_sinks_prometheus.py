@@ -1,0 +1,451 @@
+"""The Prometheus exporter: names, labels, values and HELP/TYPE of the exposition, scraped over HTTP
+from a private registry; ``snapshot_from`` over a real ``Guardian`` and store; loopback-only serving;
+and ``promtool check metrics`` on the scrape when promtool is installed."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import subprocess
+import urllib.error
+import urllib.request
+from collections.abc import Iterator, Sequence
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from prometheus_client import generate_latest
+from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
+from prometheus_client.openmetrics.parser import text_string_to_metric_families as parse_openmetrics
+from prometheus_client.parser import text_string_to_metric_families
+
+from guardian import __version__, keys
+from guardian.config import GuardianConfig
+from guardian.daemon import Guardian
+from guardian.findings import Severity
+from guardian.keys import Signal
+from guardian.sinks.prometheus import (
+    INTERVENTION_OUTCOMES,
+    GuardianSource,
+    RunSnapshot,
+    build_registry,
+    is_public_host,
+    serve,
+    shutdown,
+    snapshot_from,
+)
+from guardian.sources.jsonl import MetricsFile
+from guardian.store import Store
+
+Series = dict[tuple[str, frozenset[tuple[str, str]]], float]
+
+
+class FixedSource:
+    """The exporter's seam: hands out whatever snapshots the test sets (read at every scrape)."""
+
+    def __init__(self, snapshots: Sequence[RunSnapshot]) -> None:
+        self.snapshots = list(snapshots)
+        self.calls = 0
+
+    def snapshot(self) -> list[RunSnapshot]:
+        self.calls += 1
+        return list(self.snapshots)
+
+
+RUN_A = RunSnapshot(
+    run_id="run-a",
+    experiment="qwen-grpo",
+    attempt=2,
+    mode="enforce",
+    step=120,
+    last_step_age_seconds=7.5,
+    signals={
+        Signal.ENTROPY: 0.42,
+        Signal.KL: 0.013,
+        Signal.EGR: 0.55,
+        Signal.LOG_PPL: 0.31,
+        Signal.REWARD: 0.62,
+        Signal.LENGTH_MEAN: 812.0,
+        Signal.GRAD_NORM: math.nan,  # verl logged null: left out
+        Signal.LR: 1e-6,
+        Signal.STEP_TIME: 95.0,
+        Signal.LOSS: 0.2,  # not an exported signal
+    },
+    checks={"entropy_collapse": Severity.CRITICAL, "kl_drift": Severity.WARN, "stall": Severity.OK},
+    incidents_opened={"entropy_collapse": 2, "non_finite": 1},
+    interventions_finished={"resolved": 1, "gave_up": 1},
+    intervention_in_progress=True,
+    last_poll_success=True,
+    last_poll_success_at=1_764_000_000.0,
+)
+RUN_B = RunSnapshot(run_id="run-b", experiment="exp b", checks={"stall": Severity.UNKNOWN})
+
+
+def series_of(text: str) -> Series:
+    return {
+        (s.name, frozenset(s.labels.items())): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+def labels(run: RunSnapshot, **extra: str) -> frozenset[tuple[str, str]]:
+    return frozenset({"run_id": run.run_id, "experiment": run.experiment, **extra}.items())
+
+
+def exposition(source: FixedSource) -> str:
+    return generate_latest(build_registry(source)).decode()
+
+
+@pytest.fixture
+def served() -> Iterator[tuple[FixedSource, str]]:
+    source = FixedSource([RUN_A, RUN_B])
+    server, thread = serve(build_registry(source), "127.0.0.1", 0)
+    try:
+        yield source, f"http://127.0.0.1:{server.server_port}/metrics"
+    finally:
+        shutdown(server, thread)
+
+
+def scrape(url: str) -> tuple[str, str]:
+    with urllib.request.urlopen(url, timeout=10) as response:
+        return response.read().decode(), response.headers["Content-Type"]
+
+
+# ---------------------------------------------------------------------------------------- collector
+
+
+def test_values_and_labels_of_one_run() -> None:
+    got = series_of(exposition(FixedSource([RUN_A])))
+    run = labels(RUN_A)
+    expected = {
+        ("guardian_up", run): 1.0,
+        ("guardian_last_poll_success", run): 1.0,
+        ("guardian_last_poll_timestamp_seconds", run): 1_764_000_000.0,
+        ("guardian_step", run): 120.0,
+        ("guardian_last_step_age_seconds", run): 7.5,
+        ("guardian_step_time_seconds", run): 95.0,
+        ("guardian_policy_entropy_nats", run): 0.42,
+        ("guardian_kl_to_reference", run): 0.013,
+        ("guardian_effective_group_ratio", run): 0.55,
+        ("guardian_mean_log_prob_nats", run): -0.31,  # the negated log-perplexity
+        ("guardian_reward_mean", run): 0.62,
+        ("guardian_response_length_tokens", run): 812.0,
+        ("guardian_learning_rate", run): 1e-6,
+        ("guardian_intervention_in_progress", run): 1.0,
+        ("guardian_run_info", labels(RUN_A, attempt="2", mode="enforce", version=__version__)): 1.0,
+        ("guardian_check_status", labels(RUN_A, check="entropy_collapse")): 2.0,
+        ("guardian_check_status", labels(RUN_A, check="kl_drift")): 1.0,
+        ("guardian_check_status", labels(RUN_A, check="stall")): 0.0,
+        # every check has an incident series (0 until one opens), plus checks that opened one
+        ("guardian_incidents_total", labels(RUN_A, check="entropy_collapse")): 2.0,
+        ("guardian_incidents_total", labels(RUN_A, check="kl_drift")): 0.0,
+        ("guardian_incidents_total", labels(RUN_A, check="non_finite")): 1.0,
+        ("guardian_incidents_total", labels(RUN_A, check="stall")): 0.0,
+        # every final state has a series from the start
+        ("guardian_interventions_total", labels(RUN_A, state="abandoned")): 0.0,
+        ("guardian_interventions_total", labels(RUN_A, state="gave_up")): 1.0,
+        ("guardian_interventions_total", labels(RUN_A, state="relapsed")): 0.0,
+        ("guardian_interventions_total", labels(RUN_A, state="resolved")): 1.0,
+    }
+    assert got.keys() == expected.keys()
+    for key, value in expected.items():
+        assert got[key] == pytest.approx(value), key
+    assert not any(name == "guardian_grad_norm" for name, _ in got)  # NaN: no sample at all
+    assert not any(name.endswith("_created") for name, _ in got)
+    assert RUN_A.incidents_total == 3 and RUN_A.interventions_total == 3 and RUN_A.step_time_seconds == 95.0
+
+
+def test_help_and_type_lines_and_no_timestamps() -> None:
+    text = exposition(FixedSource([RUN_A, RUN_B]))
+    kinds = {name: "gauge" for name in keys.PROM_METRIC_NAMES}
+    kinds[keys.PROM_INCIDENTS] = kinds[keys.PROM_INTERVENTIONS] = "counter"
+    for name, kind in kinds.items():
+        assert f"# TYPE {name} {kind}\n" in text
+        help_line = next(line for line in text.splitlines() if line.startswith(f"# HELP {name} "))
+        assert len(help_line) > len(f"# HELP {name} ") + 10
+    samples = [s for family in text_string_to_metric_families(text) for s in family.samples]
+    assert samples and all(s.timestamp is None for s in samples)  # no explicit timestamps
+    assert "# HELP guardian_check_status" in text and "-1 unknown, 0 ok, 1 warn, 2 critical" in text
+
+
+def test_every_exported_name_comes_from_keys_and_labels_are_bounded() -> None:
+    full = replace(RUN_A, signals={**RUN_A.signals, Signal.GRAD_NORM: 3.0})
+    families = list(text_string_to_metric_families(exposition(FixedSource([full]))))
+    names = {s.name for f in families for s in f.samples}
+    assert names == keys.PROM_METRIC_NAMES
+    assert all(name.startswith("guardian_") for name in names)
+    allowed = {keys.PROM_LABEL_RUN_ID, keys.PROM_LABEL_EXPERIMENT}
+    extra_by_name = {
+        keys.PROM_CHECK_STATUS: {keys.PROM_LABEL_CHECK},
+        keys.PROM_INCIDENTS: {keys.PROM_LABEL_CHECK},
+        keys.PROM_INTERVENTIONS: {keys.PROM_LABEL_STATE},
+        keys.PROM_RUN_INFO: {"attempt", "mode", "version"},
+    }
+    for family in families:
+        for sample in family.samples:
+            assert set(sample.labels) == allowed | extra_by_name.get(sample.name, set()), sample
+    assert set(INTERVENTION_OUTCOMES) == {"resolved", "relapsed", "gave_up", "abandoned"}
+
+
+def test_unknown_values_are_left_out_and_two_runs_do_not_mix() -> None:
+    got = series_of(exposition(FixedSource([RUN_A, RUN_B])))
+    b = labels(RUN_B)
+    of_b = {name: value for (name, lab), value in got.items() if ("run_id", "run-b") in lab}
+    # run-b knows nothing yet: no step, no signals, no poll outcome; always up, info and counters
+    assert of_b == {
+        "guardian_up": 1.0,
+        "guardian_run_info": 1.0,
+        "guardian_check_status": -1.0,
+        "guardian_incidents_total": 0.0,
+        "guardian_interventions_total": 0.0,
+        "guardian_intervention_in_progress": 0.0,
+    }
+    assert ("guardian_check_status", labels(RUN_B, check="stall")) in got
+    assert ("guardian_up", b) in got and ("guardian_step", labels(RUN_A)) in got
+    assert ("guardian_run_info", labels(RUN_B, attempt="", mode="", version=__version__)) in got
+
+
+def test_infinities_and_a_stopped_guardian() -> None:
+    snap = replace(
+        RUN_A,
+        up=False,
+        last_poll_success=False,
+        last_step_age_seconds=math.inf,
+        signals={Signal.ENTROPY: math.inf, Signal.KL: -math.inf, Signal.REWARD: 0.0},
+    )
+    got = series_of(exposition(FixedSource([snap])))
+    run = labels(snap)
+    assert got[("guardian_up", run)] == 0.0
+    assert got[("guardian_last_poll_success", run)] == 0.0
+    assert got[("guardian_reward_mean", run)] == 0.0  # zero is a value, not a gap
+    names = {name for name, _ in got}
+    assert not names & {"guardian_policy_entropy_nats", "guardian_kl_to_reference", "guardian_last_step_age_seconds"}
+
+
+def test_state_is_read_at_scrape_time_and_duplicates_are_dropped() -> None:
+    source = FixedSource([RUN_A])
+    registry = build_registry(source)
+    first = series_of(generate_latest(registry).decode())
+    source.snapshots = [replace(RUN_A, step=121), replace(RUN_A, step=999, experiment="other")]
+    second = series_of(generate_latest(registry).decode())
+    assert first[("guardian_step", labels(RUN_A))] == 120.0
+    assert second[("guardian_step", labels(RUN_A))] == 121.0  # the duplicate run-a was dropped
+    assert [k for k in second if k[0] == "guardian_step"] == [("guardian_step", labels(RUN_A))]
+    assert source.calls == 2
+
+
+def test_openmetrics_exposition_parses_with_units() -> None:
+    text = generate_openmetrics(build_registry(FixedSource([RUN_A]))).decode()
+    families = {f.name: f for f in parse_openmetrics(text)}
+    assert families["guardian_last_step_age_seconds"].unit == "seconds"
+    assert families["guardian_policy_entropy_nats"].unit == "nats"
+    assert families["guardian_run"].type == "info"
+    assert families["guardian_incidents"].type == "counter"
+
+
+# ------------------------------------------------------------------------------------------ serving
+
+
+def test_scrape_over_http(served: tuple[FixedSource, str]) -> None:
+    source, url = served
+    text, content_type = scrape(url)
+    assert content_type.startswith("text/plain")
+    got = series_of(text)
+    assert got[("guardian_step", labels(RUN_A))] == 120.0
+    assert ("guardian_up", labels(RUN_B)) in got
+    assert "# TYPE guardian_interventions_total counter" in text
+    source.snapshots = [replace(RUN_A, step=200)]
+    assert series_of(scrape(url)[0])[("guardian_step", labels(RUN_A))] == 200.0
+
+
+def test_promtool_check_metrics_passes(served: tuple[FixedSource, str]) -> None:
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        message = "promtool not on PATH (Debian package prometheus; .ci/run installs it)"
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
+    text, _ = scrape(served[1])
+    checked = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True, timeout=60)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert checked.stdout.strip() == "" and checked.stderr.strip() == ""
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "::", "[::]", "", " 0.0.0.0 ", "0:0:0:0:0:0:0:0"])
+def test_serving_on_every_interface_is_refused_unless_asked(host: str) -> None:
+    assert is_public_host(host)
+    with pytest.raises(ValueError, match="allow_public"):
+        serve(build_registry(FixedSource([])), host, 0)
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "::1", "localhost", "10.1.2.3", "metrics.internal"])
+def test_specific_hosts_are_not_public(host: str) -> None:
+    assert not is_public_host(host)
+
+
+def test_allow_public_serves_and_shutdown_closes_the_port() -> None:
+    server, thread = serve(build_registry(FixedSource([RUN_A])), "0.0.0.0", 0, allow_public=True)
+    port = server.server_port
+    try:
+        assert "guardian_up" in scrape(f"http://127.0.0.1:{port}/metrics")[0]
+    finally:
+        shutdown(server, thread)
+    assert not thread.is_alive()
+    with pytest.raises(urllib.error.URLError):
+        scrape(f"http://127.0.0.1:{port}/metrics")
+
+
+# -------------------------------------------------------------------------- a real guardian and store
+
+
+def _write_run(path: Path, steps: range, null_grad_from: int) -> None:
+    with path.open("w") as out:
+        for step in steps:
+            data = {
+                "actor/entropy": 1.0 - 0.05 * step,
+                "actor/kl_loss": 0.001 * step,
+                "rollout_corr/training_log_ppl": 0.4,
+                "critic/score/mean": 0.1 * step,
+                "response_length/mean": 300.0 + step,
+                "actor/grad_norm": None if step >= null_grad_from else 1.5,
+                "actor/lr": 1e-6,
+                "timing_s/step": 42.0,
+            }
+            out.write(json.dumps({"step": step, "data": data}) + "\n")
+
+
+def test_snapshot_from_a_real_guardian(tmp_path: Path) -> None:
+    metrics = tmp_path / "metrics.jsonl"
+    _write_run(metrics, range(1, 7), null_grad_from=5)  # grad norm null for 2 steps: non_finite critical
+    clock = [1_000.0]
+    with Store.open(f"sqlite:///{tmp_path / 'guardian.db'}") as store:
+        store.ensure_run(
+            "r1",
+            name="python -m verl.trainer.main_ppo trainer.experiment_name=exp-a",
+            metrics_path=str(metrics),
+            rollouts_dir="",
+            checkpoints_dir=None,
+            mode="observe",
+            now=clock[0],
+            config_json=json.dumps({"command": ["python", "-m", "x", "trainer.experiment_name=exp-a"], "cwd": "."}),
+        )
+        guardian = Guardian(
+            config=GuardianConfig(), store=store, run_id="r1", metrics=MetricsFile(metrics), clock=lambda: clock[0]
+        )
+        guardian.tick()
+        incident = store.list_incidents("r1")[0]
+        done = store.create_intervention("r1", incident.id, kind="remediate", rung=1, from_attempt_id=None, now=1_001)
+        store.advance(done.id, "RESOLVED", now=1_002)
+        store.create_intervention("r1", incident.id, kind="remediate", rung=2, from_attempt_id=None, now=1_003)
+
+        snap = snapshot_from(guardian, store, 1_012.0, last_poll_success=True, last_poll_success_at=1_000.0)
+
+        assert (snap.run_id, snap.experiment, snap.attempt, snap.mode) == ("r1", "exp-a", 1, "observe")
+        assert snap.step == 6 and snap.last_step_age_seconds == pytest.approx(12.0)
+        assert snap.signals[Signal.ENTROPY] == pytest.approx(0.7)
+        assert snap.signals[Signal.LOG_PPL] == pytest.approx(0.4)
+        assert snap.step_time_seconds == 42.0
+        assert math.isnan(snap.signals[Signal.GRAD_NORM])
+        assert Signal.EGR not in snap.signals  # no rollouts
+        assert snap.checks["non_finite"] is Severity.CRITICAL
+        assert set(snap.checks) == {check.name for check in guardian.checks}
+        assert snap.incidents_opened == {"non_finite": 1}
+        assert snap.interventions_finished == {"resolved": 1} and snap.intervention_in_progress
+
+        # the same run through the glue object, scraped over HTTP (the store read from the server thread)
+        source = GuardianSource(guardian, store, clock=lambda: clock[0] + 5)
+        server, thread = serve(build_registry(source), port=0)
+        try:
+            url = f"http://127.0.0.1:{server.server_port}/metrics"
+            before = series_of(scrape(url)[0])
+            source.record_poll(True, at=1_004.0)
+            source.record_poll(False, at=1_005.0)
+            got = series_of(scrape(url)[0])
+        finally:
+            shutdown(server, thread)
+    run = frozenset({"run_id": "r1", "experiment": "exp-a"}.items())
+    assert ("guardian_last_poll_success", run) not in before  # no poll recorded yet: unknown, left out
+    assert got[("guardian_last_poll_success", run)] == 0.0
+    assert got[("guardian_last_poll_timestamp_seconds", run)] == 1_004.0  # the last *successful* poll
+    assert got[("guardian_step", run)] == 6.0
+    assert got[("guardian_last_step_age_seconds", run)] == pytest.approx(5.0)
+    assert got[("guardian_mean_log_prob_nats", run)] == pytest.approx(-0.4)
+    assert not any(name == "guardian_grad_norm" for name, _ in got)
+    assert got[("guardian_check_status", run | {("check", "non_finite")})] == 2.0
+    assert got[("guardian_incidents_total", run | {("check", "non_finite")})] == 1.0
+    assert got[("guardian_interventions_total", run | {("state", "resolved")})] == 1.0
+    assert got[("guardian_intervention_in_progress", run)] == 1.0
+    assert got[("guardian_run_info", run | {("attempt", "1"), ("mode", "observe"), ("version", __version__)})] == 1.0
+
+
+def test_experiment_falls_back_to_the_run_name_or_id(tmp_path: Path) -> None:
+    metrics = tmp_path / "m.jsonl"
+    metrics.write_text("")
+    with Store.open(f"sqlite:///{tmp_path / 'g.db'}") as store:
+        for run_id, name, config_json in [
+            ("watched", "my-watch", None),
+            ("launched", "python train.py a=b", json.dumps({"command": ["python", "train.py", "a=b"]})),
+        ]:
+            store.ensure_run(
+                run_id,
+                name=name,
+                metrics_path=str(metrics),
+                rollouts_dir="",
+                checkpoints_dir=None,
+                mode="observe",
+                now=0.0,
+                config_json=config_json,
+            )
+        experiments = {}
+        for run_id in ("watched", "launched"):
+            guardian = Guardian(
+                config=GuardianConfig(), store=store, run_id=run_id, metrics=MetricsFile(metrics), clock=lambda: 0.0
+            )
+            snap = snapshot_from(guardian, store, 0.0)
+            experiments[run_id] = snap.experiment
+            assert snap.step is None and snap.attempt is None and snap.last_step_age_seconds is None
+            assert snapshot_from(guardian, store, 0.0, experiment="given").experiment == "given"
+    assert experiments == {"watched": "my-watch", "launched": "launched"}
+
+
+def test_watch_serves_metrics_while_it_guards(tmp_path: Path) -> None:
+    """`guardian watch --export PORT` end to end: a real watch process, scraped over loopback."""
+    import os
+    import signal
+    import socket
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+    from importlib.resources import files
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    trace = tmp_path / "metrics.jsonl"
+    trace.write_bytes(files("guardian.data").joinpath("aopd-2.jsonl").read_bytes())
+    env = {**os.environ, "GUARDIAN_HOME": str(tmp_path / "home")}
+    env.pop("GUARDIAN_DB_URL", None)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "guardian", "watch", "--metrics", str(trace), "--no-live", "--export", str(port)],
+        env=env,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        text = ""
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and "guardian_step{" not in text:
+            time.sleep(0.3)
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+                    text = response.read().decode()
+            except OSError:
+                continue
+        assert 'guardian_check_status{check="length_collapse"' in text
+        assert "guardian_up{" in text and "guardian_incidents_total{" in text
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.communicate(timeout=20)
