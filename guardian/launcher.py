@@ -9,8 +9,6 @@ overwrites a replayed step's file).
 
 from __future__ import annotations
 
-import os
-import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +16,7 @@ from pathlib import Path
 import orjson
 
 from guardian.actions.process import TrainerControl, TrainerHandle, read_runner_start
+from guardian.atomic import write_atomically
 from guardian.logs import event, get_logger
 
 log = get_logger("launcher")
@@ -42,21 +41,6 @@ class RunFolder:
 
     def exit_file(self, number: int) -> Path:
         return self.attempt(number) / "exit.json"
-
-
-def write_atomically(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` via a temp file in the same folder and ``os.replace``."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "wb") as out:
-            out.write(data)
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(temp, path)
-    except BaseException:
-        Path(temp).unlink(missing_ok=True)
-        raise
 
 
 def launch_attempt(

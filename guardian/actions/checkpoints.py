@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, TypeVar
 
+from guardian.atomic import fsync_dir, write_atomically
 from guardian.sources.checkpoints import TRACKER_FILE, read_tracker, scan_checkpoints
 
 QUARANTINE_DIR = ".guardian-quarantine"
@@ -106,23 +107,9 @@ def resume_path_for(checkpoint_path: str | os.PathLike[str]) -> str:
     return text
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def write_tracker(ckpt_dir: Path, step: int) -> None:
     """Atomically set ``latest_checkpointed_iteration.txt`` to ``step`` (verl's format: digits, no newline)."""
-    tmp = ckpt_dir / f".{TRACKER_FILE}.guardian-tmp"
-    with open(tmp, "w", encoding="utf-8") as fh:
-        fh.write(str(step))
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, ckpt_dir / TRACKER_FILE)
-    _fsync_dir(ckpt_dir)
+    write_atomically(ckpt_dir / TRACKER_FILE, str(step).encode())
 
 
 def _move(source: Path, dest: Path) -> None:
@@ -179,8 +166,8 @@ def quarantine_after(
         _move(source, dest)
         moved.append(MovedCheckpoint(ckpt.step, source, dest))
     if moved:
-        _fsync_dir(folder)
-        _fsync_dir(ckpt_dir)
+        fsync_dir(folder)
+        fsync_dir(ckpt_dir)
     return QuarantineResult(incident_id, keep_step, tuple(moved), tracker_before, keep_step)
 
 
@@ -204,8 +191,8 @@ def quarantine_all(ckpt_dir: Path, incident_id: int) -> QuarantineResult:
         folder.mkdir(parents=True, exist_ok=True)
         _move(tracker, _free_name(folder, TRACKER_FILE))
     if moved or tracker_before is not None:
-        _fsync_dir(folder)
-        _fsync_dir(ckpt_dir)
+        fsync_dir(folder)
+        fsync_dir(ckpt_dir)
     return QuarantineResult(incident_id, 0, tuple(moved), tracker_before, None)
 
 
@@ -248,7 +235,7 @@ def restore_quarantine(ckpt_dir: Path, incident_id: int) -> RestoreResult:
     for source in originals:
         _move(source, ckpt_dir / source.name)
         restored.append(MovedCheckpoint(_sort_key(source)[0], source, ckpt_dir / source.name))
-    _fsync_dir(ckpt_dir)
+    fsync_dir(ckpt_dir)
     steps = [c.step for c in scan_checkpoints(ckpt_dir)]
     tracker_after = max(steps) if steps else tracker_before
     if tracker_after is not None and tracker_after != tracker_before:

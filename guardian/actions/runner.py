@@ -36,6 +36,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import FrameType
 
+from guardian.atomic import write_atomically
+
 SHIELDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 EXIT_CANNOT_START = 127
 
@@ -46,29 +48,8 @@ def pid_file_for(exit_file: Path) -> Path:
 
 
 def write_json_atomic(path: Path, payload: Mapping[str, object]) -> None:
-    """Write ``payload`` as JSON to ``path`` so readers see either nothing or the whole document, also after a
-    power cut: temporary file in the same folder, fsync, ``os.replace``, fsync of the folder."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    data = (json.dumps(dict(payload), sort_keys=True) + "\n").encode()
-    try:
-        with open(tmp, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-    except OSError:
-        tmp.unlink(missing_ok=True)
-        raise
-    os.replace(tmp, path)
-    try:
-        dir_fd = os.open(path.parent, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(dir_fd)
-    except OSError:
-        pass
-    finally:
-        os.close(dir_fd)
+    """Write ``payload`` as JSON to ``path`` so readers see either nothing or the whole document."""
+    write_atomically(path, (json.dumps(dict(payload), sort_keys=True) + "\n").encode())
 
 
 def _ignore(signum: int, frame: FrameType | None) -> None:
