@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 
 import orjson
 from sqlalchemy import func, select
@@ -18,17 +18,10 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from guardian.store.errors import NotFoundError
 from guardian.store.models import Intervention, InterventionEvent
+from guardian.store.views import as_utc, at_utc
 
 # states after which an intervention is over (a relapse ends it and starts the next one)
 FINISHED_STATES = frozenset({"RESOLVED", "RELAPSED", "GAVE_UP", "ABANDONED"})
-
-
-def _at(now: float) -> datetime:
-    return datetime.fromtimestamp(now, tz=UTC)
-
-
-def _aware(value: datetime) -> datetime:
-    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,8 +90,8 @@ def _view(row: Intervention) -> InterventionView:
         target_step=row.target_step,
         target_path=row.target_path,
         plan=orjson.loads(row.plan_json) if row.plan_json else None,
-        created_at=_aware(row.created_at),
-        updated_at=_aware(row.updated_at),
+        created_at=as_utc(row.created_at),
+        updated_at=as_utc(row.updated_at),
         note=row.note,
     )
 
@@ -126,12 +119,12 @@ class InterventionRecords:
                 rung=rung,
                 state="DETECTED",
                 from_attempt_id=from_attempt_id,
-                created_at=_at(now),
-                updated_at=_at(now),
+                created_at=at_utc(now),
+                updated_at=at_utc(now),
             )
             session.add(row)
             session.flush()
-            session.add(InterventionEvent(intervention_id=row.id, state="DETECTED", at=_at(now), detail_json="{}"))
+            session.add(InterventionEvent(intervention_id=row.id, state="DETECTED", at=at_utc(now), detail_json="{}"))
             return _view(row)
 
     def advance(
@@ -153,7 +146,7 @@ class InterventionRecords:
             if row is None:
                 raise NotFoundError(f"no intervention #{intervention_id}")
             row.state = state
-            row.updated_at = _at(now)
+            row.updated_at = at_utc(now)
             if target_step is not _UNSET:
                 row.target_step = target_step  # type: ignore[assignment]
             if target_path is not _UNSET:
@@ -168,7 +161,7 @@ class InterventionRecords:
                 InterventionEvent(
                     intervention_id=row.id,
                     state=state,
-                    at=_at(now),
+                    at=at_utc(now),
                     detail_json=orjson.dumps(dict(detail or {}), default=str).decode(),
                 )
             )
@@ -202,4 +195,4 @@ class InterventionRecords:
                 .where(InterventionEvent.intervention_id == intervention_id)
                 .order_by(InterventionEvent.id)
             )
-            return [InterventionEventView(r.state, _aware(r.at), orjson.loads(r.detail_json)) for r in rows]
+            return [InterventionEventView(r.state, as_utc(r.at), orjson.loads(r.detail_json)) for r in rows]

@@ -17,7 +17,6 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from collections.abc import Iterator, Mapping, Sequence
-from datetime import UTC, datetime
 from types import TracebackType
 from typing import Final, Self, SupportsFloat
 
@@ -42,6 +41,7 @@ from guardian.store.views import (
     IncidentDetail,
     IncidentView,
     RunView,
+    at_utc,
     attempt_view,
     checkpoint_view,
     finding_view,
@@ -55,10 +55,6 @@ _IN_CHUNK: Final = 500
 StepValues = dict[str, float | None]
 
 # ------------------------------------------------------------------------------------------ helpers
-
-
-def _at(now: float) -> datetime:
-    return datetime.fromtimestamp(now, tz=UTC)
 
 
 def _json_default(value: object) -> object:
@@ -176,7 +172,7 @@ class Store(InterventionRecords):
                 row = Run(
                     id=run_id,
                     name=name,
-                    created_at=_at(now),
+                    created_at=at_utc(now),
                     metrics_path=metrics_path,
                     rollouts_dir=rollouts_dir,
                     checkpoints_dir=checkpoints_dir,
@@ -224,7 +220,7 @@ class Store(InterventionRecords):
             row = Attempt(
                 run_id=run_id,
                 number=(last or 0) + 1,
-                started_at=_at(now),
+                started_at=at_utc(now),
                 command_json=_dumps(command) if command is not None else None,
                 metrics_path=metrics_path,
                 pid=pid,
@@ -240,7 +236,7 @@ class Store(InterventionRecords):
             if row is None:
                 raise NotFoundError(f"no attempt {attempt_id}")
             row.exit_code = exit_code
-            row.ended_at = _at(now)
+            row.ended_at = at_utc(now)
             return attempt_view(row)
 
     def latest_attempt(self, run_id: str) -> AttemptView | None:
@@ -293,7 +289,7 @@ class Store(InterventionRecords):
                 )
                 for row_id, step, blob in rows:
                     existing[step] = (row_id, blob)
-            recorded_at = _at(now)
+            recorded_at = at_utc(now)
             inserts: list[dict[str, object]] = []
             updates: list[dict[str, object]] = []
             for step, values in merged.items():
@@ -409,7 +405,7 @@ class Store(InterventionRecords):
                 select(Checkpoint).where(Checkpoint.run_id == run_id, Checkpoint.path == path)
             ).first()
             if row is None:
-                row = Checkpoint(run_id=run_id, step=step, path=path, found_at=_at(now), verdict=verdict, note=note)
+                row = Checkpoint(run_id=run_id, step=step, path=path, found_at=at_utc(now), verdict=verdict, note=note)
                 session.add(row)
             else:
                 row.step = step
@@ -448,7 +444,7 @@ class Store(InterventionRecords):
                 onset_step=finding.onset_step,
                 message=finding.message,
                 evidence_json=_dumps(dict(finding.evidence)),
-                created_at=_at(now),
+                created_at=at_utc(now),
                 incident_id=incident_id,
             )
             session.add(row)
@@ -466,10 +462,10 @@ class Store(InterventionRecords):
                 check=finding.check,
                 severity=finding.severity.label,
                 status=INCIDENT_OPEN,
-                opened_at=_at(now),
+                opened_at=at_utc(now),
                 opened_step=finding.step,
                 onset_step=finding.onset_step,
-                updated_at=_at(now),
+                updated_at=at_utc(now),
                 message=finding.message,
                 evidence_json=_dumps(dict(finding.evidence)),
             )
@@ -503,7 +499,7 @@ class Store(InterventionRecords):
             row.evidence_json = _dumps(dict(finding.evidence))
             if finding.onset_step is not None and (row.onset_step is None or finding.onset_step < row.onset_step):
                 row.onset_step = finding.onset_step
-            row.updated_at = _at(now)
+            row.updated_at = at_utc(now)
             return incident_view(row)
 
     def set_incident_status(self, incident_id: int, status: str, now: float) -> IncidentView:
@@ -514,7 +510,7 @@ class Store(InterventionRecords):
         with self._write() as session, session.begin():
             row = self._incident_row(session, incident_id)
             row.status = status
-            row.updated_at = _at(now)
+            row.updated_at = at_utc(now)
             return incident_view(row)
 
     def close_incident(
@@ -532,9 +528,9 @@ class Store(InterventionRecords):
         with self._write() as session, session.begin():
             row = self._incident_row(session, incident_id)
             row.status = status
-            row.closed_at = _at(now)
+            row.closed_at = at_utc(now)
             row.closed_step = step
-            row.updated_at = _at(now)
+            row.updated_at = at_utc(now)
             if note is not None:
                 row.note = note
             return incident_view(row)

@@ -199,13 +199,18 @@ class IncidentDetail:
 # -------------------------------------------------------------------------------------- conversions
 
 
-def _utc(value: datetime) -> datetime:
+def at_utc(now: float) -> datetime:
+    """A clock reading (epoch seconds) as the aware UTC timestamp the store keeps."""
+    return datetime.fromtimestamp(now, tz=UTC)
+
+
+def as_utc(value: datetime) -> datetime:
     """A database timestamp as aware UTC (SQLite hands back naive values)."""
     return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
 
 
 def _utc_or_none(value: datetime | None) -> datetime | None:
-    return _utc(value) if value is not None else None
+    return as_utc(value) if value is not None else None
 
 
 def _loads_lenient(text: str | None) -> object:
@@ -234,7 +239,7 @@ def run_view(row: Run) -> RunView:
     return RunView(
         id=row.id,
         name=row.name,
-        created_at=_utc(row.created_at),
+        created_at=as_utc(row.created_at),
         metrics_path=row.metrics_path,
         rollouts_dir=row.rollouts_dir,
         checkpoints_dir=row.checkpoints_dir,
@@ -249,7 +254,7 @@ def attempt_view(row: Attempt) -> AttemptView:
         id=row.id,
         run_id=row.run_id,
         number=row.number,
-        started_at=_utc(row.started_at),
+        started_at=as_utc(row.started_at),
         ended_at=_utc_or_none(row.ended_at),
         command=_loads_lenient(row.command_json),
         metrics_path=row.metrics_path,
@@ -264,7 +269,7 @@ def checkpoint_view(row: Checkpoint) -> CheckpointView:
         run_id=row.run_id,
         step=row.step,
         path=row.path,
-        found_at=_utc(row.found_at),
+        found_at=as_utc(row.found_at),
         verdict=row.verdict,
         note=row.note,
     )
@@ -281,7 +286,7 @@ def finding_view(row: FindingRow) -> FindingView:
         onset_step=row.onset_step,
         message=row.message,
         evidence=_evidence(row.evidence_json),
-        created_at=_utc(row.created_at),
+        created_at=as_utc(row.created_at),
         incident_id=row.incident_id,
     )
 
@@ -293,10 +298,10 @@ def incident_view(row: Incident) -> IncidentView:
         check=row.check,
         severity=parse_severity(row.severity),
         status=row.status,
-        opened_at=_utc(row.opened_at),
+        opened_at=as_utc(row.opened_at),
         opened_step=row.opened_step,
         onset_step=row.onset_step,
-        updated_at=_utc(row.updated_at),
+        updated_at=as_utc(row.updated_at),
         closed_at=_utc_or_none(row.closed_at),
         closed_step=row.closed_step,
         message=row.message,
