@@ -47,6 +47,7 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+from common import json_safe
 
 from guardian.checks import CheckContext, build_checks
 from guardian.config import GuardianConfig
@@ -625,17 +626,6 @@ class Figures:
         }
 
 
-def _json_safe(value: object) -> object:
-    """NaN (an empty latency sample) as null, so the output is strict JSON."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _json_safe(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_json_safe(v) for v in value]
-    return value
-
-
 def render(fig: Figures) -> str:
     met = fig.met()
 
@@ -753,7 +743,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     total = time.perf_counter() - started
     if args.json:
         doc = {**figures.to_json(), "bench_seconds": total, "profile": profile}
-        print(json.dumps(_json_safe(doc), indent=1, allow_nan=False))
+        print(json.dumps(json_safe(doc), indent=1, allow_nan=False))
         return 0
     print(render(figures))
     print(f"\nwhole bench: {total:.1f} s")

@@ -53,6 +53,8 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from pathlib import Path
 
+from common import json_safe
+
 from guardian.actions.process import StopPolicy
 from guardian.config import GuardianConfig
 from guardian.demo.scenarios import SCENARIOS, RunFiles, Scenario
@@ -489,16 +491,6 @@ def render(runs: Sequence[RunRecord], summaries: Sequence[ScenarioSummary], tota
     return "\n".join(out)
 
 
-def _json_safe(value: object) -> object:
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _json_safe(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_json_safe(v) for v in value]
-    return value
-
-
 def document(
     args: argparse.Namespace, runs: Sequence[RunRecord], summaries: Sequence[ScenarioSummary], total: float
 ) -> dict[str, object]:
@@ -596,7 +588,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     total = time.monotonic() - started
     summaries = [summarise(name, [r for r in runs if r.scenario == name]) for name in args.scenarios]
     if args.json:
-        print(json.dumps(_json_safe(document(args, runs, summaries, total)), indent=1, allow_nan=False))
+        print(json.dumps(json_safe(document(args, runs, summaries, total)), indent=1, allow_nan=False))
     else:
         print(render(runs, summaries, total))
     return 0

@@ -38,7 +38,6 @@ def seed_entropy(ctx: CheckContext) -> Finding:
     s = ctx.history.signal(Signal.ENTROPY)
     initial = next((v for v in s.values if math.isfinite(v)), math.nan)
     latest = _latest(ctx, Signal.ENTROPY)
-    assert latest is not None or math.isnan(initial)
     if latest is None or not latest[1] < ENTROPY_FRACTION * initial:
         return ok(name, s.steps[-1], "entropy >= 0.3 x initial", {})
     return Finding(
