@@ -399,6 +399,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="what goes wrong (default entropy_collapse)",
     )
     p.add_argument("--json", action="store_true", help="print the incident timeline as JSON")
+    p.add_argument("--export", type=int, metavar="PORT", help="serve Prometheus metrics on 127.0.0.1:PORT")
     p.set_defaults(func=cmd_demo)
     return parser
 

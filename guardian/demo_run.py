@@ -25,6 +25,7 @@ from guardian.demo.scenarios import SCENARIOS, RunFiles
 from guardian.findings import Severity
 from guardian.keys import Signal
 from guardian.run import local_supervisor, register_run
+from guardian.sinks.export import exporting
 from guardian.store import Store
 from guardian.supervisor import Supervisor
 
@@ -157,10 +158,12 @@ def run_demo(config: GuardianConfig, *, scenario: str, json_output: bool) -> int
         supervisor.start()
         stop = threading.Event()
         code: int | None = None
-        while code is None and not stop.is_set():
-            code = supervisor.tick()
-            narrate(supervisor)
-            stop.wait(config.sources.poll_interval_s)
+        with exporting(supervisor.guardian, store, config.exporter, time.time) as polled:
+            while code is None and not stop.is_set():
+                code = supervisor.tick()
+                polled()
+                narrate(supervisor)
+                stop.wait(config.sources.poll_interval_s)
         incidents = store.list_incidents(run_id, limit=1000)
         if json_output:
             document = {

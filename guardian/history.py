@@ -197,6 +197,9 @@ class RunHistory:
         longest = resolve(Signal.LENGTH_MAX, data)
         if clip is not None and longest is not None and resolve(Signal.TRUNCATION, data) is None:
             self.series[Signal.TRUNCATION].set(step, derive_truncation(clip[1], longest[1], self._cap(longest[1])))
+        turns = resolve(Signal.NUM_TURNS, data)
+        if turns is not None and resolve(Signal.TOOL_CALLS, data) is None:
+            self.series[Signal.TOOL_CALLS].set(step, tool_calls_from_turns(turns[1]))
         evicted = resolve(Signal.FILTER_EVICTED, data)
         # an EGR measured from rollout dumps always wins over the estimate
         if evicted is not None and self.train_batch_size and EGR_KEY not in self.keys_seen:
@@ -231,6 +234,15 @@ def derive_truncation(clip_ratio: float, longest: float, cap: float) -> float:
     if not math.isfinite(clip_ratio):
         return math.nan
     return clip_ratio if math.isfinite(longest) and cap > 0 and longest >= cap else 0.0
+
+
+def tool_calls_from_turns(mean_turns: float) -> float:
+    """Tool calls per trajectory from verl's ``num_turns/mean``: a tool-agent trajectory has
+    ``2 + 2 * calls`` turns (prompt and final answer, then one assistant and one tool turn per call)
+    with ``max_parallel_calls=1`` (facts §1.3); 0 for a single-turn agent."""
+    if not math.isfinite(mean_turns):
+        return math.nan
+    return max(0.0, (mean_turns - 2.0) / 2.0)
 
 
 def estimate_egr(evicted_groups: float, train_batch_size: int) -> float:

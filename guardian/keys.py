@@ -39,6 +39,8 @@ class Signal(StrEnum):
     GROUPS_ALL_ONE = "groups_all_one"
     GROUP_REWARD_STD = "group_reward_std"
     FILTER_EVICTED = "filter_evicted"
+    NUM_TURNS = "num_turns"
+    TOOL_CALLS = "tool_calls"
 
 
 # Keys the guardian itself adds to a step's record (computed from rollout dumps). The ``guardian/``
@@ -49,6 +51,9 @@ ALL_ONE_KEY = "guardian/rollout/all_one_group_fraction"
 GROUP_STD_KEY = "guardian/rollout/mean_group_reward_std"
 GROUPS_KEY = "guardian/rollout/groups"
 SAMPLES_KEY = "guardian/rollout/samples"
+# mean of each numeric reward-extra field of a dump (a reward function returning a dict, e.g.
+# {"score", "correctness", "format"}; verl's V0 trainer dumps them): guardian/rollout/reward/<field>
+REWARD_COMPONENT_PREFIX = "guardian/rollout/reward/"
 
 # verl keys per signal, newest verl first.
 VERL_ALIASES: dict[Signal, tuple[str, ...]] = {
@@ -77,6 +82,10 @@ VERL_ALIASES: dict[Signal, tuple[str, ...]] = {
     Signal.GROUP_REWARD_STD: (GROUP_STD_KEY,),
     # DAPO dynamic sampling (V1, filter_groups.enable): groups evicted for zero variance (facts §1.8)
     Signal.FILTER_EVICTED: ("training/filter_groups/evicted_samples",),
+    # turns per trajectory of the agent loop (facts §1.3): 2 for single-turn, +2 per tool call
+    Signal.NUM_TURNS: ("num_turns/mean", "training/num_turns/mean"),
+    # tool calls per trajectory: only custom agent loops log it; else derived from num_turns (history.py)
+    Signal.TOOL_CALLS: ("tool_call_counts/mean",),
 }
 
 # Names used by non-verl runs in the calibration traces (AReaL, miles, TinyZero monitor, TRL-style).
@@ -138,12 +147,14 @@ CHECKED_KEYS: frozenset[str] = frozenset(k for aliases in ALIASES.values() for k
 # Names as they appear in the exposition: prefix guardian_, base units in the name (seconds; ratios
 # 0-1; entropy and log-prob in nats), counters end in _total, the metadata series in _info.
 # Labels: run_id and experiment on every series; check on the per-check status and incident series;
-# state on the intervention counter. Nothing else (attempt, mode, version go in guardian_run_info).
+# state on the intervention counter; component on the reward-component gauge. Nothing else
+# (attempt, mode, version go in guardian_run_info).
 # ==================================================================================================
 PROM_LABEL_RUN_ID = "run_id"
 PROM_LABEL_EXPERIMENT = "experiment"
 PROM_LABEL_CHECK = "check"
 PROM_LABEL_STATE = "state"
+PROM_LABEL_COMPONENT = "component"
 
 PROM_UP = "guardian_up"
 PROM_LAST_POLL_SUCCESS = "guardian_last_poll_success"
@@ -160,6 +171,8 @@ PROM_REWARD_MEAN = "guardian_reward_mean"
 PROM_RESPONSE_LENGTH = "guardian_response_length_tokens"
 PROM_GRAD_NORM = "guardian_grad_norm"
 PROM_LEARNING_RATE = "guardian_learning_rate"
+PROM_TOOL_CALLS = "guardian_tool_calls_per_trajectory"
+PROM_REWARD_COMPONENT = "guardian_reward_component_mean"
 PROM_CHECK_STATUS = "guardian_check_status"
 PROM_INCIDENTS = "guardian_incidents_total"
 PROM_INTERVENTIONS = "guardian_interventions_total"
@@ -176,6 +189,7 @@ PROM_SIGNAL_METRICS: dict[Signal, str] = {
     Signal.GRAD_NORM: PROM_GRAD_NORM,
     Signal.LR: PROM_LEARNING_RATE,
     Signal.STEP_TIME: PROM_STEP_TIME,
+    Signal.TOOL_CALLS: PROM_TOOL_CALLS,
 }
 
 # Every metric name the exporter can expose (dashboards and alert rules may use only these).
@@ -191,6 +205,7 @@ PROM_METRIC_NAMES: frozenset[str] = frozenset(
         PROM_INCIDENTS,
         PROM_INTERVENTIONS,
         PROM_INTERVENTION_IN_PROGRESS,
+        PROM_REWARD_COMPONENT,
         *PROM_SIGNAL_METRICS.values(),
     }
 )

@@ -268,3 +268,11 @@ def test_a_relaunched_trainer_gets_its_start_up_allowance_not_a_stall() -> None:
     # once the new attempt logs, the usual limit applies again
     h.add(StepRecord(11, {"timing_s/step": 5.0}), arrived_at=2150.0)
     assert stall(context(h, now=2150.0 + 61.0, started_at=relaunched_at), C.stall).severity == Severity.CRITICAL
+
+
+def test_tool_calls_are_derived_from_num_turns_unless_logged() -> None:
+    history = RunHistory()
+    history.add(StepRecord(1, {"num_turns/mean": 6.0}))  # prompt + answer + 2 calls x (assistant, tool)
+    history.add(StepRecord(2, {"num_turns/mean": 2.0, "tool_call_counts/mean": 1.25}))
+    history.add(StepRecord(3, {"training/num_turns/mean": 1.0}))
+    assert history.signal(Signal.TOOL_CALLS).values == [2.0, 1.25, 0.0]

@@ -172,7 +172,11 @@ def test_help_and_type_lines_and_no_timestamps() -> None:
 
 
 def test_every_exported_name_comes_from_keys_and_labels_are_bounded() -> None:
-    full = replace(RUN_A, signals={**RUN_A.signals, Signal.GRAD_NORM: 3.0})
+    full = replace(
+        RUN_A,
+        signals={**RUN_A.signals, Signal.GRAD_NORM: 3.0, Signal.TOOL_CALLS: 1.5},
+        reward_components={"correctness": 0.4, "format": 0.9},
+    )
     families = list(text_string_to_metric_families(exposition(FixedSource([full]))))
     names = {s.name for f in families for s in f.samples}
     assert names == keys.PROM_METRIC_NAMES
@@ -182,6 +186,7 @@ def test_every_exported_name_comes_from_keys_and_labels_are_bounded() -> None:
         keys.PROM_CHECK_STATUS: {keys.PROM_LABEL_CHECK},
         keys.PROM_INCIDENTS: {keys.PROM_LABEL_CHECK},
         keys.PROM_INTERVENTIONS: {keys.PROM_LABEL_STATE},
+        keys.PROM_REWARD_COMPONENT: {keys.PROM_LABEL_COMPONENT},
         keys.PROM_RUN_INFO: {"attempt", "mode", "version"},
     }
     for family in families:

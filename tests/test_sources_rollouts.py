@@ -10,7 +10,15 @@ from pathlib import Path
 
 import pytest
 
-from guardian.keys import ALL_ONE_KEY, ALL_ZERO_KEY, EGR_KEY, GROUP_STD_KEY, GROUPS_KEY, SAMPLES_KEY
+from guardian.keys import (
+    ALL_ONE_KEY,
+    ALL_ZERO_KEY,
+    EGR_KEY,
+    GROUP_STD_KEY,
+    GROUPS_KEY,
+    REWARD_COMPONENT_PREFIX,
+    SAMPLES_KEY,
+)
 from guardian.sources.rollouts import GroupStats, RolloutBatch, RolloutDir, group_stats
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"
@@ -65,6 +73,21 @@ def test_v0_groups_by_prompt_text() -> None:
     assert stats.effective_group_ratio == pytest.approx(1 / 3)
     assert stats.all_one_fraction == pytest.approx(1 / 3)
     assert stats.all_zero_fraction == pytest.approx(1 / 3)
+
+
+def test_v0_reward_extra_fields_become_component_means() -> None:
+    # verl's V0 trainer dumps every field of a dict-returning reward function next to the score
+    rows = [
+        {**v0("q1", 1.0), "correctness": 1.0, "format": 1.0, "acc": 1.0, "pred": "Paris"},
+        {**v0("q1", 0.2), "correctness": 0.0, "format": 1.0, "acc": 0.2, "pred": "Lyon"},
+        {**v0("q2", 0.0), "correctness": 0.0, "format": 0.0, "flag": True, "bad": float("nan")},
+    ]
+    stats = group_stats(rows)
+    assert stats.reward_components == pytest.approx({"correctness": 1 / 3, "format": 2 / 3})
+    metrics = stats.as_metrics()
+    assert metrics[REWARD_COMPONENT_PREFIX + "correctness"] == pytest.approx(1 / 3)
+    assert not any(k.endswith(("/acc", "/pred", "/flag", "/bad", "/score")) for k in metrics)
+    assert group_stats([v1("g", 0, 1.0), v1("g", 1, 0.0)]).reward_components == {}  # V1 dumps have none
 
 
 def test_rows_without_a_usable_score_or_group_are_skipped_and_counted() -> None:

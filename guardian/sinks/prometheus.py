@@ -7,8 +7,9 @@ snapshots into metric families. ``build_registry`` registers it in a *private* `
 and ``serve`` exposes that registry over HTTP on loopback (default ``127.0.0.1:9464``).
 
 Every name below comes from ``guardian.keys`` (``PROM_*``). Labels are ``run_id`` and ``experiment``
-on every series, plus ``check`` on the per-check series and ``state`` on the intervention counter
-(bounded sets: the configured checks, the four final intervention states). Attempt number, mode and
+on every series, plus ``check`` on the per-check series, ``state`` on the intervention counter and
+``component`` on the reward components (bounded sets: the configured checks, the final intervention
+states, the fields the run's reward function returns). Attempt number, mode and
 guardian version live in one ``guardian_run_info`` series; join with
 ``* on(run_id) group_left(attempt) guardian_run_info``.
 
@@ -30,6 +31,8 @@ guardian_reward_mean                   gauge    mean score/reward of the batch
 guardian_response_length_tokens        gauge    mean response length
 guardian_grad_norm                     gauge    actor gradient norm
 guardian_learning_rate                 gauge    actor learning rate
+guardian_tool_calls_per_trajectory     gauge    mean tool calls (searches) per trajectory
+guardian_reward_component_mean{component}  gauge  mean of each extra reward field (rollout dumps)
 guardian_check_status{check}           gauge    -1 unknown, 0 ok, 1 warn, 2 critical (``Severity`` values)
 guardian_incidents_total{check}        counter  incidents opened, per check (0 for checks without any)
 guardian_interventions_total{state}    counter  interventions finished, per final state: ``resolved``,
@@ -96,6 +99,7 @@ _SIGNAL_HELP: Final[Mapping[Signal, tuple[str, str]]] = {
     Signal.GRAD_NORM: ("Actor gradient norm (verl actor/grad_norm).", ""),
     Signal.LR: ("Actor learning rate (verl actor/lr).", ""),
     Signal.STEP_TIME: ("Time of the last training step as the trainer measured it (verl timing_s/step).", "seconds"),
+    Signal.TOOL_CALLS: ("Mean tool calls (searches) per trajectory (verl tool_call_counts/mean or num_turns).", ""),
 }
 
 
@@ -122,6 +126,7 @@ class RunSnapshot:
     last_step_age_seconds: float | None = None
     signals: Mapping[Signal, float] = field(default_factory=dict)
     checks: Mapping[str, Severity] = field(default_factory=dict)
+    reward_components: Mapping[str, float] = field(default_factory=dict)
     incidents_opened: Mapping[str, int] = field(default_factory=dict)
     interventions_finished: Mapping[str, int] = field(default_factory=dict)
     intervention_in_progress: bool = False
@@ -184,6 +189,12 @@ def snapshot_from(
     checks = {check.name: Severity.UNKNOWN for check in guardian.checks}
     checks.update({name: finding.severity for name, finding in dict(guardian.tracker.latest).items()})
     interventions = store.interventions(run_id)
+    latest = store.latest_step(run_id)
+    components = {
+        key.removeprefix(keys.REWARD_COMPONENT_PREFIX): value
+        for key, value in (latest[1].items() if latest is not None else ())
+        if key.startswith(keys.REWARD_COMPONENT_PREFIX) and value is not None
+    }
     return RunSnapshot(
         run_id=run_id,
         experiment=experiment or _experiment_of(run, run_id),
@@ -193,6 +204,7 @@ def snapshot_from(
         last_step_age_seconds=max(0.0, now - arrived) if arrived is not None else None,
         signals=signals,
         checks=checks,
+        reward_components=components,
         incidents_opened=dict(Counter(i.check for i in store.list_incidents(run_id, limit=_ALL_INCIDENTS))),
         interventions_finished=dict(Counter(i.state.lower() for i in interventions if i.finished)),
         intervention_in_progress=any(not i.finished for i in interventions),
@@ -328,6 +340,12 @@ class _Families:
         self.signals = {
             signal: _gauge(name, *_SIGNAL_HELP[signal]) for signal, name in keys.PROM_SIGNAL_METRICS.items()
         }
+        self.reward_components = _gauge(
+            keys.PROM_REWARD_COMPONENT,
+            "Mean of one reward component (a numeric field the reward function returns besides the score), "
+            "from the run's rollout dumps.",
+            extra=(keys.PROM_LABEL_COMPONENT,),
+        )
         self.check_status = _gauge(
             keys.PROM_CHECK_STATUS,
             "Latest verdict of each health check: -1 unknown, 0 ok, 1 warn, 2 critical.",
@@ -354,6 +372,7 @@ class _Families:
             self.step,
             self.step_age,
             *self.signals.values(),
+            self.reward_components,
             self.check_status,
             self.incidents,
             self.interventions,
@@ -379,6 +398,9 @@ class _Families:
             value = snap.signals.get(signal)
             if value is not None and math.isfinite(value):
                 family.add_metric(run, -value if signal in _NEGATED else float(value))
+        for component, value in sorted(snap.reward_components.items()):
+            if math.isfinite(value):
+                self.reward_components.add_metric([*run, component], float(value))
         for check, severity in sorted(snap.checks.items()):
             self.check_status.add_metric([*run, check], float(int(severity)))
         for check in sorted(set(snap.checks) | set(snap.incidents_opened)):

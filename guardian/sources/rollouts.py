@@ -14,14 +14,24 @@ import math
 import os
 import statistics
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
 
 import orjson
 
-from guardian.keys import ALL_ONE_KEY, ALL_ZERO_KEY, EGR_KEY, GROUP_STD_KEY, GROUPS_KEY, SAMPLES_KEY
+from guardian.keys import (
+    ALL_ONE_KEY,
+    ALL_ZERO_KEY,
+    EGR_KEY,
+    GROUP_STD_KEY,
+    GROUPS_KEY,
+    REWARD_COMPONENT_PREFIX,
+    SAMPLES_KEY,
+)
 
+# Dump fields that are not reward components (verl writes these itself; ``acc`` repeats a float score).
+DUMP_FIELDS = frozenset({"input", "output", "gts", "score", "step", "uid", "request_id", "acc"})
 # Scores within this distance count as equal (a group of equal scores has zero GRPO advantage).
 SCORE_TOLERANCE = 1e-9
 
@@ -33,7 +43,9 @@ class GroupStats:
     The fractions are over groups with at least two samples (NaN when there are none);
     ``mean_group_reward_std`` is the mean over those groups of the sample standard deviation of their
     scores (Bessel-corrected, as GRPO normalises advantages). ``skipped_rows`` counts rows without a
-    finite numeric score or without a way to group them.
+    finite numeric score or without a way to group them. ``reward_components`` is the mean of each
+    other numeric field (the extra fields a reward function returns, e.g. correctness and format),
+    over the rows that have it.
     """
 
     groups: int
@@ -43,10 +55,12 @@ class GroupStats:
     all_one_fraction: float
     mean_group_reward_std: float
     skipped_rows: int = 0
+    reward_components: Mapping[str, float] = field(default_factory=dict)
 
     def as_metrics(self) -> dict[str, float]:
         """The statistics under the guardian's own metric keys, ready to merge into a step."""
         return {
+            **{REWARD_COMPONENT_PREFIX + name: value for name, value in self.reward_components.items()},
             EGR_KEY: self.effective_group_ratio,
             ALL_ZERO_KEY: self.all_zero_fraction,
             ALL_ONE_KEY: self.all_one_fraction,
@@ -89,8 +103,10 @@ def group_stats(rows: Iterable[Mapping[str, object]]) -> GroupStats:
     """Group the rows of one dump and measure how many groups still have a reward spread."""
     # group -> session -> (index, score): one sample per session, the highest index wins
     groups: dict[str, dict[int, tuple[int, float]]] = {}
+    components: dict[str, list[float]] = {}
     skipped = 0
     for position, row in enumerate(rows):
+        _collect_components(row, components)
         score = _score(row)
         key = _sample_key(row, position)
         if score is None or key is None:
@@ -127,7 +143,17 @@ def group_stats(rows: Iterable[Mapping[str, object]]) -> GroupStats:
         all_one_fraction=fraction(all_one),
         mean_group_reward_std=statistics.fmean(stds) if stds else math.nan,
         skipped_rows=skipped,
+        reward_components={name: statistics.fmean(values) for name, values in sorted(components.items())},
     )
+
+
+def _collect_components(row: Mapping[str, object], into: dict[str, list[float]]) -> None:
+    for name, value in row.items():
+        if name in DUMP_FIELDS or isinstance(value, bool) or not isinstance(value, int | float):
+            continue
+        number = float(value)
+        if math.isfinite(number):
+            into.setdefault(name, []).append(number)
 
 
 @dataclass(frozen=True, slots=True)
