@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from guardian.actions.ladder import RemediationConfig
 
@@ -172,6 +172,65 @@ class ExporterConfig(_Section):
     allow_public: bool = Field(False, description="Allow 0.0.0.0 / :: as host.")
 
 
+Level = Literal["info", "warning", "critical"]
+
+
+class WebhookConfig(_Section):
+    name: str = Field("webhook", pattern=r"^[a-z0-9_-]{1,32}$", description="Name in logs and metrics.")
+    url_env: str | None = Field(
+        None, description="Environment variable holding the URL (a Slack webhook URL is a secret: never in this file)."
+    )
+    url_file: Path | None = Field(None, description="File holding the URL (alternative to url_env).")
+    min_level: Level = Field("warning", description="Send events at this level and above.")
+    timeout_s: float = Field(5.0, gt=0, description="HTTP timeout per request.")
+
+    @model_validator(mode="after")
+    def _one_url_source(self) -> WebhookConfig:
+        if (self.url_env is None) == (self.url_file is None):
+            raise ValueError("give exactly one of url_env and url_file (the URL itself stays out of guardian.yaml)")
+        return self
+
+
+class WandbConfig(_Section):
+    enabled: bool = Field(False, description="Mirror alerts with wandb.alert (needs verl-guardian[wandb]).")
+    project: str | None = Field(None, description="W&B project; default: the run's trainer.project_name.")
+    entity: str | None = Field(None, description="W&B entity (team); default: your default entity.")
+    mode: Literal["online", "offline", "disabled"] | None = Field(
+        None, description="wandb.init mode; default: wandb's."
+    )
+    min_level: Level = Field("warning", description="Send events at this level and above.")
+    wait_duration_s: float = Field(60.0, ge=0, description="wandb.alert wait_duration: gap between equal titles.")
+
+
+class NotifyConfig(_Section):
+    log_level: Level = Field("info", description="The log notifier (always on) logs events at this level and above.")
+    webhooks: tuple[WebhookConfig, ...] = Field((), description="Slack-compatible JSON webhooks.")
+    wandb: WandbConfig = WandbConfig()
+    cooldown_s: float = Field(
+        1800.0, ge=0, description="Per check: a new incident alert within this many seconds of the last is held back."
+    )
+    max_age_s: float = Field(3600.0, gt=0, description="Events older than this when first seen are not sent.")
+    retries: int = Field(5, ge=0, description="Retries of a failed delivery (backoff 1, 2, 4... s, at most 60 s).")
+    interval_s: float = Field(1.0, gt=0, description="How often the dispatcher looks for new events.")
+
+    @model_validator(mode="after")
+    def _unique_names(self) -> NotifyConfig:
+        names = [w.name for w in self.webhooks]
+        if len(set(names)) != len(names):
+            raise ValueError(f"webhook names must be unique, got {names}")
+        return self
+
+
+class GrafanaConfig(_Section):
+    url: str | None = Field(None, description="Grafana base URL; set it to post incident annotations while guarding.")
+    token_file: Path | None = Field(None, description="Service-account token file; default: env GRAFANA_TOKEN.")
+    folder: str = Field("verl-guardian", description="Folder for guardian dashboards push.")
+    dashboard_uid: str | None = Field(
+        None, description="Attach annotations to this dashboard; default: organisation-wide, tagged 'guardian'."
+    )
+    timeout_s: float = Field(5.0, gt=0, description="HTTP timeout per request.")
+
+
 class GuardianConfig(_Section):
     home: Path = Field(Path(".guardian"), description="Guardian home: database, run folders.")
     db_url: str | None = Field(
@@ -188,6 +247,8 @@ class GuardianConfig(_Section):
     intervention: InterventionConfig = InterventionConfig()
     remediation: RemediationConfig = RemediationConfig()
     exporter: ExporterConfig = ExporterConfig()
+    notify: NotifyConfig = NotifyConfig()
+    grafana: GrafanaConfig = GrafanaConfig()
 
     def database_url(self) -> str:
         return self.db_url or f"sqlite:///{self.home / 'guardian.db'}"

@@ -147,7 +147,8 @@ CHECKED_KEYS: frozenset[str] = frozenset(k for aliases in ALIASES.values() for k
 # Names as they appear in the exposition: prefix guardian_, base units in the name (seconds; ratios
 # 0-1; entropy and log-prob in nats), counters end in _total, the metadata series in _info.
 # Labels: run_id and experiment on every series; check on the per-check status and incident series;
-# state on the intervention counter; component on the reward-component gauge. Nothing else
+# state on the intervention counter; component on the reward-component gauge; sink and result on
+# the notification counter. Nothing else
 # (attempt, mode, version go in guardian_run_info).
 # ==================================================================================================
 PROM_LABEL_RUN_ID = "run_id"
@@ -155,6 +156,8 @@ PROM_LABEL_EXPERIMENT = "experiment"
 PROM_LABEL_CHECK = "check"
 PROM_LABEL_STATE = "state"
 PROM_LABEL_COMPONENT = "component"
+PROM_LABEL_SINK = "sink"
+PROM_LABEL_RESULT = "result"
 
 PROM_UP = "guardian_up"
 PROM_LAST_POLL_SUCCESS = "guardian_last_poll_success"
@@ -177,6 +180,7 @@ PROM_CHECK_STATUS = "guardian_check_status"
 PROM_INCIDENTS = "guardian_incidents_total"
 PROM_INTERVENTIONS = "guardian_interventions_total"
 PROM_INTERVENTION_IN_PROGRESS = "guardian_intervention_in_progress"
+PROM_NOTIFICATIONS = "guardian_notifications_total"
 
 # The training signals exported as gauges (latest value of each), one metric per signal.
 PROM_SIGNAL_METRICS: dict[Signal, str] = {
@@ -206,6 +210,7 @@ PROM_METRIC_NAMES: frozenset[str] = frozenset(
         PROM_INTERVENTIONS,
         PROM_INTERVENTION_IN_PROGRESS,
         PROM_REWARD_COMPONENT,
+        PROM_NOTIFICATIONS,
         *PROM_SIGNAL_METRICS.values(),
     }
 )

@@ -77,6 +77,7 @@ RUN_A = RunSnapshot(
     incidents_opened={"entropy_collapse": 2, "non_finite": 1},
     interventions_finished={"resolved": 1, "gave_up": 1},
     intervention_in_progress=True,
+    notifications={("webhook", "sent"): 3, ("webhook", "dropped"): 1, ("grafana", "sent"): 4},
     last_poll_success=True,
     last_poll_success_at=1_764_000_000.0,
 )
@@ -145,10 +146,12 @@ def test_values_and_labels_of_one_run() -> None:
         ("guardian_incidents_total", labels(RUN_A, check="non_finite")): 1.0,
         ("guardian_incidents_total", labels(RUN_A, check="stall")): 0.0,
         # every final state has a series from the start
-        ("guardian_interventions_total", labels(RUN_A, state="abandoned")): 0.0,
         ("guardian_interventions_total", labels(RUN_A, state="gave_up")): 1.0,
         ("guardian_interventions_total", labels(RUN_A, state="relapsed")): 0.0,
         ("guardian_interventions_total", labels(RUN_A, state="resolved")): 1.0,
+        ("guardian_notifications_total", labels(RUN_A, sink="grafana", result="sent")): 4.0,
+        ("guardian_notifications_total", labels(RUN_A, sink="webhook", result="dropped")): 1.0,
+        ("guardian_notifications_total", labels(RUN_A, sink="webhook", result="sent")): 3.0,
     }
     assert got.keys() == expected.keys()
     for key, value in expected.items():
@@ -161,7 +164,7 @@ def test_values_and_labels_of_one_run() -> None:
 def test_help_and_type_lines_and_no_timestamps() -> None:
     text = exposition(FixedSource([RUN_A, RUN_B]))
     kinds = {name: "gauge" for name in keys.PROM_METRIC_NAMES}
-    kinds[keys.PROM_INCIDENTS] = kinds[keys.PROM_INTERVENTIONS] = "counter"
+    kinds[keys.PROM_INCIDENTS] = kinds[keys.PROM_INTERVENTIONS] = kinds[keys.PROM_NOTIFICATIONS] = "counter"
     for name, kind in kinds.items():
         assert f"# TYPE {name} {kind}\n" in text
         help_line = next(line for line in text.splitlines() if line.startswith(f"# HELP {name} "))
@@ -187,12 +190,13 @@ def test_every_exported_name_comes_from_keys_and_labels_are_bounded() -> None:
         keys.PROM_INCIDENTS: {keys.PROM_LABEL_CHECK},
         keys.PROM_INTERVENTIONS: {keys.PROM_LABEL_STATE},
         keys.PROM_REWARD_COMPONENT: {keys.PROM_LABEL_COMPONENT},
+        keys.PROM_NOTIFICATIONS: {keys.PROM_LABEL_SINK, keys.PROM_LABEL_RESULT},
         keys.PROM_RUN_INFO: {"attempt", "mode", "version"},
     }
     for family in families:
         for sample in family.samples:
             assert set(sample.labels) == allowed | extra_by_name.get(sample.name, set()), sample
-    assert set(INTERVENTION_OUTCOMES) == {"resolved", "relapsed", "gave_up", "abandoned"}
+    assert set(INTERVENTION_OUTCOMES) == {"resolved", "relapsed", "gave_up"}
 
 
 def test_unknown_values_are_left_out_and_two_runs_do_not_mix() -> None:

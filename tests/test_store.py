@@ -75,7 +75,7 @@ def _finding(
 
 def test_open_creates_the_schema_at_head_with_wal(db_path: Path, store: Store) -> None:
     assert db_path.exists()
-    assert store.schema_version() == head_revision() == "0002"
+    assert store.schema_version() == head_revision() == "0003"
     engine = create_engine(_url(db_path))
     try:
         tables = set(inspect(engine).get_table_names())

@@ -36,8 +36,10 @@ guardian_reward_component_mean{component}  gauge  mean of each extra reward fiel
 guardian_check_status{check}           gauge    -1 unknown, 0 ok, 1 warn, 2 critical (``Severity`` values)
 guardian_incidents_total{check}        counter  incidents opened, per check (0 for checks without any)
 guardian_interventions_total{state}    counter  interventions finished, per final state: ``resolved``,
-                                                ``relapsed``, ``gave_up``, ``abandoned`` (0 until one does)
+                                                ``relapsed``, ``gave_up`` (0 until one does)
 guardian_intervention_in_progress      gauge    1 while an intervention is under way, else 0
+guardian_notifications_total{sink,result}  counter  events per notifier / Grafana sink and result:
+                                                ``sent``, ``suppressed``, ``failing``, ``dropped``
 =====================================  =======  ========================================================
 
 Signal gauges carry the latest value the run logged for that signal. A value that is unknown or not
@@ -113,7 +115,7 @@ class RunSnapshot:
     ``signals`` holds the latest value of each signal (NaN allowed: it is left out of the scrape).
     ``checks`` is each configured check's latest verdict. ``incidents_opened`` counts incidents by
     check; ``interventions_finished`` counts finished interventions by final state, as label values
-    (``resolved``, ``relapsed``, ``gave_up``, ``abandoned``). ``last_poll_success_at`` is the Unix time
+    (``resolved``, ``relapsed``, ``gave_up``). ``last_poll_success_at`` is the Unix time
     of the last successful poll; None (with ``last_poll_success``) when not known, and then the
     series are left out.
     """
@@ -130,6 +132,7 @@ class RunSnapshot:
     incidents_opened: Mapping[str, int] = field(default_factory=dict)
     interventions_finished: Mapping[str, int] = field(default_factory=dict)
     intervention_in_progress: bool = False
+    notifications: Mapping[tuple[str, str], int] = field(default_factory=dict)
     up: bool = True
     last_poll_success: bool | None = None
     last_poll_success_at: float | None = None
@@ -208,6 +211,7 @@ def snapshot_from(
         incidents_opened=dict(Counter(i.check for i in store.list_incidents(run_id, limit=_ALL_INCIDENTS))),
         interventions_finished=dict(Counter(i.state.lower() for i in interventions if i.finished)),
         intervention_in_progress=any(not i.finished for i in interventions),
+        notifications=store.delivery_counts(run_id),
         up=up,
         last_poll_success=last_poll_success,
         last_poll_success_at=last_poll_success_at,
@@ -358,10 +362,15 @@ class _Families:
         )
         self.interventions = CounterMetricFamily(
             keys.PROM_INTERVENTIONS,
-            "Interventions that finished, per final state (resolved, relapsed, gave_up, abandoned).",
+            "Interventions that finished, per final state (resolved, relapsed, gave_up).",
             labels=[*_RUN_LABELS, keys.PROM_LABEL_STATE],
         )
         self.in_progress = _gauge(keys.PROM_INTERVENTION_IN_PROGRESS, "1 while an intervention is under way, else 0.")
+        self.notifications = CounterMetricFamily(
+            keys.PROM_NOTIFICATIONS,
+            "Guardian events per notifier or Grafana sink and result (sent, suppressed, failing, dropped).",
+            labels=[*_RUN_LABELS, keys.PROM_LABEL_SINK, keys.PROM_LABEL_RESULT],
+        )
 
     def all(self) -> list[Metric]:
         return [
@@ -377,6 +386,7 @@ class _Families:
             self.incidents,
             self.interventions,
             self.in_progress,
+            self.notifications,
         ]
 
     def add(self, snap: RunSnapshot) -> None:
@@ -408,6 +418,8 @@ class _Families:
         for state in sorted(set(INTERVENTION_OUTCOMES) | set(snap.interventions_finished)):
             self.interventions.add_metric([*run, state], float(snap.interventions_finished.get(state, 0)))
         self.in_progress.add_metric(run, 1.0 if snap.intervention_in_progress else 0.0)
+        for (sink, result), count in sorted(snap.notifications.items()):
+            self.notifications.add_metric([*run, sink, result], float(count))
 
 
 def build_registry(source: ExportSource) -> CollectorRegistry:

@@ -21,11 +21,12 @@ from guardian.store.models import Intervention, InterventionEvent
 from guardian.store.views import as_utc, at_utc
 
 # states after which an intervention is over (a relapse ends it and starts the next one)
-FINISHED_STATES = frozenset({"RESOLVED", "RELAPSED", "GAVE_UP", "ABANDONED"})
+FINISHED_STATES = frozenset({"RESOLVED", "RELAPSED", "GAVE_UP"})
 
 
 @dataclass(frozen=True, slots=True)
 class InterventionEventView:
+    id: int
     state: str
     at: datetime
     detail: Mapping[str, object]
@@ -195,4 +196,4 @@ class InterventionRecords:
                 .where(InterventionEvent.intervention_id == intervention_id)
                 .order_by(InterventionEvent.id)
             )
-            return [InterventionEventView(r.state, as_utc(r.at), orjson.loads(r.detail_json)) for r in rows]
+            return [InterventionEventView(r.id, r.state, as_utc(r.at), orjson.loads(r.detail_json)) for r in rows]

@@ -193,3 +193,23 @@ class InterventionEvent(Base):
     state: Mapped[str] = mapped_column(String(32))
     at: Mapped[datetime] = mapped_column(_utc())
     detail_json: Mapped[str] = mapped_column(Text)
+
+
+class Delivery(Base):
+    """One event (``guardian.notify.events`` key) as one sink handled it: sent, suppressed, failing or
+    dropped. The dispatcher's outbox bookkeeping: what a sink has had survives a guardian restart."""
+
+    __tablename__ = "deliveries"
+    __table_args__ = (UniqueConstraint("run_id", "sink", "event_key"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id"))
+    sink: Mapped[str] = mapped_column(String(64))
+    event_key: Mapped[str] = mapped_column(String(128))
+    check: Mapped[str] = mapped_column(String(64))
+    level: Mapped[int] = mapped_column(Integer)
+    status: Mapped[str] = mapped_column(String(16))
+    attempts: Mapped[int] = mapped_column(Integer)
+    updated_at: Mapped[datetime] = mapped_column(_utc())
+    external_id: Mapped[str | None] = mapped_column(String(128))
+    last_error: Mapped[str | None] = mapped_column(Text)

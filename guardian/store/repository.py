@@ -26,6 +26,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from guardian.findings import Finding
 from guardian.history import StepRecord
+from guardian.store.deliveries import DeliveryRecords
 from guardian.store.engine import WRITE_OPTION, current_revision, mask_url, open_engine
 from guardian.store.errors import NotFoundError, StoreError
 from guardian.store.interventions import InterventionRecords
@@ -97,7 +98,7 @@ def _chunks(items: Sequence[int], size: int) -> Iterator[Sequence[int]]:
 # ------------------------------------------------------------------------------------------- store
 
 
-class Store(InterventionRecords):
+class Store(InterventionRecords, DeliveryRecords):
     """The guardian's history: runs, attempts, steps, checkpoints, findings, incidents.
 
     Build one with ``Store.open(url)``; use it as a context manager or call ``close()``.

@@ -1,0 +1,229 @@
+"""Deliver the store's events to sinks (notifiers, Grafana) from a background thread.
+
+The guard loop commits; the dispatcher reads (``events.load_events``) and delivers, so nothing a sink
+does (a slow webhook, an unreachable Grafana, a wandb hiccup) can delay a stop or a rollback. Per
+sink and event the store keeps one ``deliveries`` row: sent, suppressed, failing (retried with
+backoff) or dropped (retries used up, logged as an error and counted by the exporter).
+
+Rules, in ``decide`` (pure):
+
+* routing - a sink sees only the events it ``wants`` (notifiers: level at or above ``min_level``);
+* horizon - an event older than ``max_age_s`` when a sink first sees it is suppressed, so a sink
+  added to a long run, or a guardian re-attached after a day, does not replay old history;
+* cooldown (per check, per sink) - an incident alert within ``cooldown_s`` of an incident alert
+  already sent for the same check at the same or a higher level is suppressed. Intervention steps and
+  incident closings are never held back: they finish a story the reader has started.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Protocol
+
+from guardian.logs import event, get_logger
+from guardian.notify.events import EventKind, GuardianEvent, load_events
+from guardian.store import Store
+from guardian.store.deliveries import DROPPED, FAILING, SENT, SUPPRESSED, DeliveryView
+
+log = get_logger("notify")
+
+MAX_BACKOFF_S = 60.0
+
+
+class Sink(Protocol):
+    """Where events go. ``deliver`` raises on failure (any exception; the message must hold no
+    secret) and returns an id the sink may need later (a Grafana annotation id), or None."""
+
+    name: str
+    cooldown_s: float
+
+    def wants(self, event: GuardianEvent) -> bool: ...
+
+    def deliver(self, event: GuardianEvent, earlier: Mapping[str, DeliveryView]) -> str | None: ...
+
+    def close(self) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class DispatchPolicy:
+    max_age_s: float = 3600.0
+    retries: int = 5
+    interval_s: float = 1.0
+
+
+class Decision(StrEnum):
+    SEND = "send"
+    SKIP = "skip"  # not for this sink, already handled, or a retry not yet due
+    STALE = "stale"
+    COOLDOWN = "cooldown"
+
+
+def backoff_s(attempts: int) -> float:
+    """Seconds before retry number ``attempts`` (1, 2, 4 ... capped at ``MAX_BACKOFF_S``)."""
+    return min(MAX_BACKOFF_S, 2.0 ** max(attempts - 1, 0))
+
+
+def decide(
+    event: GuardianEvent,
+    sink: Sink,
+    earlier: Mapping[str, DeliveryView],
+    now: float,
+    policy: DispatchPolicy,
+) -> Decision:
+    """What to do with ``event`` for ``sink`` now, given the sink's ``earlier`` deliveries of the run."""
+    if not sink.wants(event):
+        return Decision.SKIP
+    past = earlier.get(event.key)
+    if past is not None:
+        if past.status != FAILING:
+            return Decision.SKIP
+        due = past.updated_at.timestamp() + backoff_s(past.attempts)
+        return Decision.SEND if now >= due else Decision.SKIP
+    if now - event.at.timestamp() > policy.max_age_s:
+        return Decision.STALE
+    if event.kind is EventKind.INCIDENT and sink.cooldown_s > 0:
+        for other in earlier.values():
+            if (
+                other.status == SENT
+                and other.check == event.check
+                and other.event_key.startswith("incident:")
+                and not other.event_key.endswith(":closed")
+                and other.level >= int(event.level)
+                and now - other.updated_at.timestamp() < sink.cooldown_s
+            ):
+                return Decision.COOLDOWN
+    return Decision.SEND
+
+
+class Dispatcher:
+    """Delivers one run's events to its sinks; ``pass_once`` is one sweep (tests call it directly)."""
+
+    def __init__(
+        self,
+        store: Store,
+        run_id: str,
+        sinks: Sequence[Sink],
+        policy: DispatchPolicy,
+        clock: Callable[[], float],
+    ) -> None:
+        self.store = store
+        self.run_id = run_id
+        self.sinks = list(sinks)
+        self.policy = policy
+        self.clock = clock
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def pass_once(self) -> int:
+        """Deliver every due event; returns how many delivery attempts were made. Never raises."""
+        try:
+            events = load_events(self.store, self.run_id)
+        except Exception as exc:  # the store is busy or gone: try again next sweep
+            log.warning(event("notify_read_failed", {"run": self.run_id, "detail": str(exc)}))
+            return 0
+        attempts = 0
+        for sink in self.sinks:
+            try:
+                attempts += self._sweep(sink, events)
+            except Exception as exc:  # a bookkeeping failure must not stop the other sinks
+                log.warning(event("notify_sweep_failed", {"run": self.run_id, "sink": sink.name, "detail": str(exc)}))
+        return attempts
+
+    def _sweep(self, sink: Sink, events: Sequence[GuardianEvent]) -> int:
+        earlier = self.store.deliveries(self.run_id, sink.name)
+        attempts = 0
+        for ev in events:
+            now = self.clock()
+            decision = decide(ev, sink, earlier, now, self.policy)
+            if decision is Decision.SKIP:
+                continue
+            if decision is not Decision.SEND:
+                self._record(sink, ev, SUPPRESSED, now, error=decision.value)
+                log.info(
+                    event("alert_suppressed", {"run": self.run_id, "sink": sink.name, "event": ev.key, "why": decision})
+                )
+            else:
+                attempts += 1
+                self._send(sink, ev, earlier, now)
+            earlier = self.store.deliveries(self.run_id, sink.name)
+        return attempts
+
+    def _send(self, sink: Sink, ev: GuardianEvent, earlier: Mapping[str, DeliveryView], now: float) -> None:
+        try:
+            external_id = sink.deliver(ev, earlier)
+        except Exception as exc:
+            past = earlier.get(ev.key)
+            tries = (past.attempts if past is not None else 0) + 1
+            status = DROPPED if tries > self.policy.retries else FAILING
+            self._record(sink, ev, status, now, error=f"{type(exc).__name__}: {exc}")
+            fields = {"run": self.run_id, "sink": sink.name, "event": ev.key, "attempt": tries, "detail": str(exc)}
+            if status == DROPPED:
+                log.error(event("alert_dropped", fields))
+            else:
+                log.warning(event("alert_failed", {**fields, "retry_in_s": backoff_s(tries)}))
+            return
+        self._record(sink, ev, SENT, now, external_id=external_id)
+
+    def _record(
+        self,
+        sink: Sink,
+        ev: GuardianEvent,
+        status: str,
+        now: float,
+        *,
+        external_id: str | None = None,
+        error: str | None = None,
+    ) -> None:
+        self.store.record_delivery(
+            self.run_id,
+            sink.name,
+            ev.key,
+            check=ev.check,
+            level=int(ev.level),
+            status=status,
+            now=now,
+            external_id=external_id,
+            error=error,
+        )
+
+    # ---------------------------------------------------------------------------------- thread
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name=f"guardian-notify-{self.run_id}", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.pass_once()
+            self._stop.wait(self.policy.interval_s)
+        self.pass_once()  # the last events (a gave-up, a resolution) still go out
+
+    def stop(self, timeout_s: float = 15.0) -> None:
+        """Stop after one last sweep; waits at most ``timeout_s`` (a hung sink is left behind, logged)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+            if self._thread.is_alive():
+                log.warning(event("notify_flush_timeout", {"run": self.run_id, "after_s": timeout_s}))
+        for sink in self.sinks:
+            try:
+                sink.close()
+            except Exception as exc:
+                log.warning(event("notify_close_failed", {"sink": sink.name, "detail": str(exc)}))
+
+
+@contextmanager
+def dispatching(dispatcher: Dispatcher | None) -> Iterator[None]:
+    """Run ``dispatcher`` in the background for the duration of the block (None: nothing to do)."""
+    if dispatcher is None:
+        yield
+        return
+    dispatcher.start()
+    try:
+        yield
+    finally:
+        dispatcher.stop()

@@ -1,0 +1,141 @@
+"""The events people are told about, derived from the store (the outbox the dispatcher delivers).
+
+The guard loop never calls a notifier. It commits incidents and intervention states to the store, as
+it must anyway; ``run_events`` turns what the store holds into a list of ``GuardianEvent`` with a
+stable ``key`` each, and the dispatcher delivers the keys a sink has not had yet. A restarted
+guardian therefore neither loses an event nor sends one twice, and a slow webhook cannot hold up a
+rollback.
+
+Keys, per run:
+
+* ``incident:<id>:<severity>`` - an incident was opened, or escalated to that severity;
+* ``incident:<id>:closed`` - it was resolved, dismissed or given up on;
+* ``intervention:<event id>`` - an intervention entered one of ``NOTIFIED_STATES``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from enum import IntEnum, StrEnum
+from typing import TYPE_CHECKING, Final
+
+from guardian.findings import Severity
+from guardian.policy import State
+
+if TYPE_CHECKING:
+    from guardian.store import IncidentView, Store
+    from guardian.store.interventions import InterventionEventView, InterventionView
+
+
+class Level(IntEnum):
+    """How loud an event is; notifiers route on it (``min_level``)."""
+
+    INFO = 0
+    WARNING = 1
+    CRITICAL = 2
+
+    @property
+    def label(self) -> str:
+        return self.name.lower()
+
+
+class EventKind(StrEnum):
+    INCIDENT = "incident"  # opened, or escalated to a higher severity
+    INCIDENT_CLOSED = "incident_closed"
+    INTERVENTION = "intervention"  # an intervention entered a notified state
+
+
+# DETECTED repeats the incident, STOPPING and PROBATION are transient: the rest is what people act on
+NOTIFIED_STATES: Final[Mapping[State, Level]] = {
+    State.STOPPED: Level.INFO,
+    State.ROLLED_BACK: Level.INFO,
+    State.PATCHED: Level.INFO,
+    State.RESUMING: Level.INFO,
+    State.RESOLVED: Level.INFO,
+    State.RELAPSED: Level.WARNING,
+    State.GAVE_UP: Level.CRITICAL,
+}
+_INCIDENT_LEVEL: Final[Mapping[Severity, Level]] = {Severity.WARN: Level.WARNING, Severity.CRITICAL: Level.CRITICAL}
+
+
+@dataclass(frozen=True, slots=True)
+class GuardianEvent:
+    """One thing that happened to a run, with the incident it belongs to (for context)."""
+
+    key: str
+    kind: EventKind
+    run_id: str
+    at: datetime
+    level: Level
+    incident: IncidentView
+    mode: str = "enforce"
+    state: State | None = None  # INTERVENTION: the state entered
+    intervention: InterventionView | None = None
+    detail: Mapping[str, object] = field(default_factory=dict)
+
+    @property
+    def check(self) -> str:
+        return self.incident.check
+
+
+def run_events(
+    run_id: str,
+    mode: str,
+    incidents: Sequence[IncidentView],
+    interventions: Sequence[tuple[InterventionView, Sequence[InterventionEventView]]],
+) -> list[GuardianEvent]:
+    """Every event of a run, oldest first (pure: the store's views in, events out)."""
+    by_id = {i.id: i for i in incidents}
+    events: list[GuardianEvent] = []
+    for incident in incidents:
+        level = _INCIDENT_LEVEL.get(incident.severity)
+        if level is not None:
+            key = f"incident:{incident.id}:{incident.severity.label}"
+            events.append(GuardianEvent(key, EventKind.INCIDENT, run_id, incident.opened_at, level, incident, mode))
+        if incident.closed_at is not None:
+            closed_level = Level.CRITICAL if incident.status == "gave_up" else Level.INFO
+            events.append(
+                GuardianEvent(
+                    f"incident:{incident.id}:closed",
+                    EventKind.INCIDENT_CLOSED,
+                    run_id,
+                    incident.closed_at,
+                    closed_level,
+                    incident,
+                    mode,
+                )
+            )
+    for intervention, timeline in interventions:
+        incident_of = by_id.get(intervention.incident_id)
+        if incident_of is None:
+            continue
+        for entry in timeline:
+            state = State(entry.state)
+            if state not in NOTIFIED_STATES:
+                continue
+            events.append(
+                GuardianEvent(
+                    f"intervention:{entry.id}",
+                    EventKind.INTERVENTION,
+                    run_id,
+                    entry.at,
+                    NOTIFIED_STATES[state],
+                    incident_of,
+                    mode,
+                    state=state,
+                    intervention=intervention,
+                    detail=entry.detail,
+                )
+            )
+    events.sort(key=lambda e: (e.at, e.key))
+    return events
+
+
+def load_events(store: Store, run_id: str) -> list[GuardianEvent]:
+    """``run_events`` over what ``store`` holds for ``run_id`` now."""
+    run = store.get_run(run_id)
+    incidents = store.list_incidents(run_id, limit=2**31 - 1)
+    interventions = [(iv, store.intervention_events(iv.id)) for iv in store.interventions(run_id)]
+    return run_events(run_id, run.mode if run is not None else "observe", incidents, interventions)

@@ -1,0 +1,206 @@
+"""The dispatcher over a real SQLite store: each event once per sink (across restarts), routing,
+horizon, per-check cooldown, retries with backoff, dropped deliveries, and a loop that never raises."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from guardian.findings import Finding, Severity
+from guardian.notify.dispatcher import Decision, Dispatcher, DispatchPolicy, backoff_s, decide
+from guardian.notify.events import EventKind, GuardianEvent, Level, load_events
+from guardian.store import Store
+from guardian.store.deliveries import DeliveryView
+
+RUN = "run-notify"
+T0 = 1_764_460_800.0  # 2025-11-30 00:00 UTC
+
+
+class Clock:
+    def __init__(self, now: float) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@dataclass
+class RecordingSink:
+    """A sink that records what it is given, and fails while ``failures`` is positive."""
+
+    name: str = "rec"
+    cooldown_s: float = 0.0
+    min_level: Level = Level.INFO
+    failures: int = 0
+    got: list[str] = field(default_factory=list)
+    closed: bool = False
+
+    def wants(self, event: GuardianEvent) -> bool:
+        return event.level >= self.min_level
+
+    def deliver(self, event: GuardianEvent, earlier: Mapping[str, DeliveryView]) -> str | None:
+        if self.failures > 0:
+            self.failures -= 1
+            raise ConnectionError("receiver at http://127.0.0.1:9/… refused the connection")
+        self.got.append(event.key)
+        return f"id-{len(self.got)}"
+
+    def close(self) -> None:
+        self.closed = True
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[Store]:
+    with Store.open(f"sqlite:///{tmp_path / 'g.db'}") as s:
+        s.ensure_run(
+            RUN, name="r", metrics_path="m.jsonl", rollouts_dir="", checkpoints_dir=None, mode="enforce", now=T0
+        )
+        yield s
+
+
+def incident(store: Store, check: str, severity: Severity, now: float) -> int:
+    finding = Finding(check, severity, 40, f"{check} fired", onset_step=35, evidence={"entropy": 0.01})
+    return store.open_incident(RUN, finding, now).id
+
+
+def dispatcher(store: Store, clock: Clock, *sinks: RecordingSink, **policy: float) -> Dispatcher:
+    return Dispatcher(store, RUN, sinks, DispatchPolicy(**policy), clock)  # type: ignore[arg-type]
+
+
+def test_every_event_goes_once_per_sink_even_after_a_restart(store: Store) -> None:
+    clock = Clock(T0 + 10)
+    first = incident(store, "entropy_collapse", Severity.CRITICAL, T0)
+    iv = store.create_intervention(RUN, first, kind="remediate", rung=0, from_attempt_id=None, now=T0 + 1)
+    store.advance(iv.id, "STOPPING", now=T0 + 2)
+    store.advance(iv.id, "STOPPED", now=T0 + 3, detail={"target": "/ckpt/global_step_30", "why": "healthy"})
+    sink = RecordingSink()
+    assert dispatcher(store, clock, sink).pass_once() == 2
+    assert sink.got == [f"incident:{first}:critical", sink.got[1]] and sink.got[1].startswith("intervention:")
+    assert dispatcher(store, clock, sink).pass_once() == 0  # a new dispatcher (a restarted guardian) sends nothing
+    store.close_incident(first, status="resolved", now=T0 + 20, note="fixed")
+    clock.now = T0 + 21
+    dispatcher(store, clock, sink).pass_once()
+    assert sink.got[-1] == f"incident:{first}:closed" and len(sink.got) == 3
+    assert store.delivery_counts(RUN) == {("rec", "sent"): 3}
+
+
+def test_warning_then_escalation_are_two_alerts_and_routing_follows_level(store: Store) -> None:
+    clock = Clock(T0 + 5)
+    number = incident(store, "kl_drift", Severity.WARN, T0)
+    loud, quiet = RecordingSink("all"), RecordingSink("critical-only", min_level=Level.CRITICAL)
+    d = dispatcher(store, clock, loud, quiet)
+    d.pass_once()
+    store.escalate_incident(number, Finding("kl_drift", Severity.CRITICAL, 45, "worse", onset_step=35), T0 + 6)
+    clock.now = T0 + 7
+    d.pass_once()
+    assert loud.got == [f"incident:{number}:warn", f"incident:{number}:critical"]
+    assert quiet.got == [f"incident:{number}:critical"]
+
+
+def test_old_events_are_not_replayed_to_a_new_sink(store: Store) -> None:
+    incident(store, "stall", Severity.CRITICAL, T0)
+    sink = RecordingSink()
+    dispatcher(store, Clock(T0 + 7200), sink, max_age_s=3600).pass_once()
+    assert sink.got == []
+    assert store.delivery_counts(RUN) == {("rec", "suppressed"): 1}
+
+
+def test_cooldown_holds_back_a_repeat_incident_of_the_same_check_only(store: Store) -> None:
+    clock = Clock(T0)
+    sink = RecordingSink(cooldown_s=600)
+    d = dispatcher(store, clock, sink)
+    first = incident(store, "entropy_collapse", Severity.CRITICAL, T0)
+    d.pass_once()
+    store.close_incident(first, status="resolved", now=T0 + 60, note="")
+    again = incident(store, "entropy_collapse", Severity.CRITICAL, T0 + 120)
+    other = incident(store, "kl_drift", Severity.CRITICAL, T0 + 121)
+    clock.now = T0 + 130
+    d.pass_once()
+    assert sink.got == [f"incident:{first}:critical", f"incident:{first}:closed", f"incident:{other}:critical"]
+    held = store.deliveries(RUN, "rec")[f"incident:{again}:critical"]
+    assert (held.status, held.last_error) == ("suppressed", "cooldown")
+    later = incident(store, "entropy_collapse", Severity.CRITICAL, T0 + 900)
+    clock.now = T0 + 901
+    d.pass_once()
+    assert sink.got[-1] == f"incident:{later}:critical"  # the cooldown is over
+
+
+def test_failures_are_retried_with_backoff_then_dropped_and_logged(
+    store: Store, caplog: pytest.LogCaptureFixture
+) -> None:
+    clock = Clock(T0 + 1)
+    number = incident(store, "non_finite", Severity.CRITICAL, T0)
+    key = f"incident:{number}:critical"
+    flaky = RecordingSink("flaky", failures=2)
+    d = dispatcher(store, clock, flaky, retries=5)
+    d.pass_once()
+    assert store.deliveries(RUN, "flaky")[key].status == "failing"
+    d.pass_once()  # the retry is not due yet (1 s backoff): no attempt
+    assert store.deliveries(RUN, "flaky")[key].attempts == 1
+    clock.now += backoff_s(1)
+    d.pass_once()
+    clock.now += backoff_s(2)
+    d.pass_once()
+    assert flaky.got == [key] and store.deliveries(RUN, "flaky")[key].attempts == 3
+
+    dead = RecordingSink("dead", failures=100)
+    d = dispatcher(store, clock, dead, retries=2)
+    with caplog.at_level(logging.WARNING, logger="guardian"):
+        for _ in range(4):
+            d.pass_once()
+            clock.now += 60
+    row = store.deliveries(RUN, "dead")[key]
+    assert (row.status, row.attempts) == ("dropped", 3)
+    assert "ConnectionError" in (row.last_error or "")
+    assert any("event=alert_dropped" in r.getMessage() and "sink=dead" in r.getMessage() for r in caplog.records)
+    assert store.delivery_counts(RUN)[("dead", "dropped")] == 1
+
+
+def test_a_broken_store_or_sink_never_raises_out_of_a_pass(store: Store) -> None:
+    class Exploding(RecordingSink):
+        def wants(self, event: GuardianEvent) -> bool:
+            raise RuntimeError("bug in a sink")
+
+    incident(store, "stall", Severity.CRITICAL, T0)
+    good = RecordingSink("good")
+    d = dispatcher(store, Clock(T0 + 1), Exploding("bad"), good)
+    d.pass_once()
+    assert len(good.got) == 1
+    store.close()
+    assert d.pass_once() == 0  # the store is gone: logged, not raised
+
+
+def test_the_thread_flushes_the_last_events_and_a_hung_sink_does_not_block_stop(store: Store) -> None:
+    release = threading.Event()
+
+    class Hung(RecordingSink):
+        def deliver(self, event: GuardianEvent, earlier: Mapping[str, DeliveryView]) -> str | None:
+            release.wait(10)
+            return None
+
+    sink = RecordingSink()
+    d = dispatcher(store, Clock(T0 + 1), sink, interval_s=30)
+    d.start()
+    incident(store, "stall", Severity.CRITICAL, T0)  # committed after the first sweep
+    d.stop(timeout_s=5)
+    assert len(sink.got) == 1 and sink.closed
+
+    incident(store, "kl_drift", Severity.CRITICAL, T0)
+    hung = dispatcher(store, Clock(T0 + 1), Hung("hung"), interval_s=30)
+    hung.start()
+    hung.stop(timeout_s=0.5)  # returns although the sink hangs
+    release.set()
+
+
+def test_decide_is_pure_and_events_come_from_the_store(store: Store) -> None:
+    number = incident(store, "egr_collapse", Severity.CRITICAL, T0)
+    (ev,) = load_events(store, RUN)
+    assert (ev.kind, ev.level, ev.check, ev.mode) == (EventKind.INCIDENT, Level.CRITICAL, "egr_collapse", "enforce")
+    assert ev.key == f"incident:{number}:critical"
+    assert decide(ev, RecordingSink(min_level=Level.CRITICAL), {}, T0 + 1, DispatchPolicy()) is Decision.SEND
+    assert decide(ev, RecordingSink(), {}, T0 + 99_999, DispatchPolicy()) is Decision.STALE
