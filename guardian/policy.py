@@ -36,6 +36,10 @@ class Kind(StrEnum):
     RESTART = "restart"  # a crash or a stall: same config from the latest healthy checkpoint
 
 
+# incidents of these checks are answered with a restart (Kind.RESTART), every other one with a remedy
+RESTART_CHECKS: frozenset[str] = frozenset({"stall", "crash"})
+
+
 FINISHED = frozenset({State.RESOLVED, State.RELAPSED, State.GAVE_UP})
 
 ALLOWED: dict[State, frozenset[State]] = {

@@ -22,14 +22,13 @@ from guardian.daemon import Clock, Guardian
 from guardian.findings import Finding, Severity
 from guardian.launcher import RunFolder, attach_attempt, launch_attempt
 from guardian.logs import event, get_logger
-from guardian.policy import EXIT_GAVE_UP, Kind, PastIntervention, State, plan_intervention
+from guardian.policy import EXIT_GAVE_UP, RESTART_CHECKS, Kind, PastIntervention, State, plan_intervention
 from guardian.rescue import CRASH, Rescue, stored_argv, stored_env
 from guardian.sources.jsonl import MetricsFile
 from guardian.sources.rollouts import RolloutDir
 from guardian.store import IncidentView, InterventionView, Store
 
 log = get_logger("supervisor")
-RESTART_CHECKS = frozenset({"stall", "crash"})
 EXIT_UNHEALTHY = 3
 
 

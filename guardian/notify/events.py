@@ -111,9 +111,11 @@ def run_events(
         incident_of = by_id.get(intervention.incident_id)
         if incident_of is None:
             continue
+        previous: State | None = None
         for entry in timeline:
-            state = State(entry.state)
-            if state not in NOTIFIED_STATES:
+            state, repeated = State(entry.state), State(entry.state) == previous
+            previous = state
+            if state not in NOTIFIED_STATES or repeated:  # STOPPED is committed again with the rollback target
                 continue
             events.append(
                 GuardianEvent(

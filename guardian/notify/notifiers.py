@@ -1,0 +1,300 @@
+"""Where alerts go: the log, a webhook (Slack-compatible), a W&B run's alerts.
+
+A notifier sends one ``Alert`` and raises ``NotifyError`` when it could not; routing, cooldowns and
+retries are the dispatcher's. ``send`` may block (a webhook waits up to ``timeout_s``), so the
+dispatcher calls notifiers from its own thread, never from the guard loop.
+
+The webhook POSTs JSON that a Slack incoming webhook accepts and any other receiver can parse::
+
+    {
+      "text": "<title>\\n<text>",                      # Slack: the message (and the notification fallback)
+      "blocks": [{"type": "header", ...}, {"type": "section", "text": {"type": "mrkdwn", ...}}],
+      "guardian": {"key": ..., "run_id": ..., "check": ..., "level": "critical", "title": ...,
+                   "text": ..., "fields": {...}}      # the alert as data, unescaped; Slack ignores it
+    }
+
+``text`` and ``blocks`` escape ``&``, ``<`` and ``>`` as Slack requires; ``guardian`` holds the raw
+strings. A webhook URL is a secret (a Slack URL embeds its token): errors and ``repr`` show
+``scheme://host/…`` only.
+"""
+
+from __future__ import annotations
+
+import http.client
+import logging
+import threading
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Final, Protocol
+from urllib.parse import urlsplit
+
+import orjson
+
+from guardian.logs import event, get_logger
+from guardian.notify.compose import Alert, truncate
+from guardian.notify.events import Level
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+log = get_logger("notify")
+
+_LOG_LEVELS: Final[Mapping[Level, int]] = {
+    Level.INFO: logging.INFO,
+    Level.WARNING: logging.WARNING,
+    Level.CRITICAL: logging.ERROR,
+}
+_WANDB_LEVELS: Final[Mapping[Level, str]] = {Level.INFO: "INFO", Level.WARNING: "WARN", Level.CRITICAL: "ERROR"}
+_WANDB_MODES: Final = frozenset({"online", "offline", "disabled", "shared"})
+_BODY_SHOWN: Final = 100  # characters of an error response shown in NotifyError
+
+
+class NotifyError(RuntimeError):
+    """A notifier could not deliver an alert (the message never holds a secret)."""
+
+
+class Notifier(Protocol):
+    """Delivers alerts to one destination."""
+
+    name: str
+
+    def send(self, alert: Alert) -> None:
+        """Deliver ``alert``, or raise ``NotifyError``."""
+
+    def close(self) -> None:
+        """Release what the notifier holds (idempotent)."""
+
+
+# ---------------------------------------------------------------------------------------------- log
+
+
+class LogNotifier:
+    """One ``event=alert ...`` line per alert, at INFO, WARNING or ERROR by the alert's level."""
+
+    def __init__(self, *, name: str = "log", logger: logging.Logger | None = None) -> None:
+        self.name = name
+        self._log = logger or log
+
+    def send(self, alert: Alert) -> None:
+        fields: dict[str, object] = {
+            "key": alert.key,
+            "run": alert.run_id,
+            "check": alert.check,
+            "level": alert.level.label,
+            "title": alert.title,
+        }
+        fields.update({k: v for k, v in alert.fields.items() if k not in ("run", "check")})
+        self._log.log(_LOG_LEVELS[alert.level], event("alert", fields))
+
+    def close(self) -> None:
+        return None
+
+    def __repr__(self) -> str:
+        return f"LogNotifier(name={self.name!r})"
+
+
+# ------------------------------------------------------------------------------------------ webhook
+
+
+def redact_url(url: str) -> str:
+    """``scheme://host[:port]/…``: a URL with its credentials, path and query left out."""
+    try:
+        parts = urlsplit(url)
+        host = parts.hostname or "?"
+        port = f":{parts.port}" if parts.port is not None else ""
+    except ValueError:
+        return "<invalid url>"
+    return f"{parts.scheme or '?'}://{host}{port}/…"
+
+
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    """A redirect is a failure: urllib would follow a 302 with a GET and drop the alert."""
+
+    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+
+class WebhookNotifier:
+    """POSTs each alert as Slack-compatible JSON to ``url`` (stdlib only; see the module docstring)."""
+
+    def __init__(self, url: str, *, timeout_s: float = 5.0, name: str = "webhook") -> None:
+        shown = redact_url(url)
+        parts = urlsplit(url) if shown != "<invalid url>" else None
+        if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"webhook {name}: need an http(s) URL with a host, got {shown}")
+        if timeout_s <= 0:
+            raise ValueError(f"webhook {name}: timeout_s must be positive, got {timeout_s}")
+        self.name = name
+        self.timeout_s = timeout_s
+        self._url = url
+        self._shown = shown
+        # path segments of the URL (tokens, for Slack), scrubbed from anything an error repeats
+        self._secrets = sorted({s for s in [parts.path, parts.query, *parts.path.split("/")] if len(s) >= 6}, key=len)
+        self._opener = urllib.request.build_opener(_NoRedirect())
+
+    @property
+    def url(self) -> str:
+        """The URL as shown in logs: ``scheme://host/…``."""
+        return self._shown
+
+    def __repr__(self) -> str:
+        return f"WebhookNotifier(name={self.name!r}, url={self._shown!r}, timeout_s={self.timeout_s})"
+
+    def payload(self, alert: Alert) -> dict[str, object]:
+        """The JSON document sent for ``alert``."""
+        return {
+            "text": _slack_escape(f"{alert.title}\n{alert.text}"),
+            "blocks": [
+                {"type": "header", "text": {"type": "plain_text", "text": truncate(alert.title, 150)}},
+                {"type": "section", "text": {"type": "mrkdwn", "text": _slack_escape(truncate(alert.text, 3000))}},
+            ],
+            "guardian": {
+                "key": alert.key,
+                "run_id": alert.run_id,
+                "check": alert.check,
+                "level": alert.level.label,
+                "title": alert.title,
+                "text": alert.text,
+                "fields": dict(alert.fields),
+            },
+        }
+
+    def send(self, alert: Alert) -> None:
+        request = urllib.request.Request(
+            self._url,
+            data=orjson.dumps(self.payload(alert)),
+            headers={"Content-Type": "application/json", "User-Agent": "verl-guardian"},
+            method="POST",
+        )
+        where = f"webhook {self.name} ({self._shown})"
+        try:
+            with self._opener.open(request, timeout=self.timeout_s) as response:
+                status = response.status
+                response.read(4096)
+        except urllib.error.HTTPError as exc:
+            body = self._scrub(_read_some(exc))
+            detail = f": {body}" if body else ""
+            raise NotifyError(f"{where} answered HTTP {exc.code} {self._scrub(str(exc.reason))}{detail}") from None
+        except urllib.error.URLError as exc:
+            if isinstance(exc.reason, TimeoutError):
+                raise NotifyError(f"{where}: no answer within {self.timeout_s:g}s") from None
+            raise NotifyError(f"{where}: cannot deliver: {self._scrub(str(exc.reason))}") from None
+        except TimeoutError:
+            raise NotifyError(f"{where}: no answer within {self.timeout_s:g}s") from None
+        except (OSError, http.client.HTTPException) as exc:
+            raise NotifyError(f"{where}: cannot deliver: {type(exc).__name__}: {self._scrub(str(exc))}") from None
+        if not 200 <= status < 300:
+            raise NotifyError(f"{where} answered HTTP {status}")
+
+    def close(self) -> None:
+        return None
+
+    def _scrub(self, text: str) -> str:
+        text = text.replace(self._url, self._shown)
+        for secret in reversed(self._secrets):
+            text = text.replace(secret, "…")
+        return truncate(" ".join(text.split()), _BODY_SHOWN)
+
+
+def _read_some(exc: urllib.error.HTTPError) -> str:
+    try:
+        return exc.read(1024).decode("utf-8", "replace")
+    except (OSError, http.client.HTTPException, ValueError):
+        return ""
+    finally:
+        exc.close()
+
+
+def _slack_escape(text: str) -> str:
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+# -------------------------------------------------------------------------------------------- wandb
+
+
+class WandbNotifier:
+    """``run.alert`` on a W&B run of its own (job_type ``guardian``), started on the first ``send``.
+
+    wandb is optional (``pip install verl-guardian[wandb]``) and imported only here. The run is created
+    with ``reinit="create_new"``, so it neither finishes nor replaces another run of the process and
+    does not become ``wandb.run``; console capture and system metrics are off. Offline, the alert goes
+    into the run's ``.wandb`` file (delivered, if ever, by ``wandb sync``); ``mode="disabled"`` drops it.
+    """
+
+    def __init__(
+        self,
+        project: str,
+        *,
+        entity: str | None,
+        run_name: str,
+        mode: str | None = None,
+        wait_duration_s: float = 60.0,
+        directory: Path | None = None,
+        name: str = "wandb",
+    ) -> None:
+        if mode is not None and mode not in _WANDB_MODES:
+            raise ValueError(f"wandb notifier: mode must be one of {sorted(_WANDB_MODES)}, got {mode!r}")
+        self.name = name
+        self.project = project
+        self.entity = entity
+        self.run_name = run_name
+        self.mode = mode
+        self.wait_duration_s = wait_duration_s
+        self.directory = directory
+        self._run: Any = None
+        self._lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"WandbNotifier(name={self.name!r}, project={self.project!r}, run_name={self.run_name!r})"
+
+    def send(self, alert: Alert) -> None:
+        with self._lock:
+            run = self._start()
+            try:
+                run.alert(
+                    title=truncate(alert.title, 63),
+                    text=alert.text,
+                    level=_WANDB_LEVELS[alert.level],
+                    wait_duration=self.wait_duration_s,
+                )
+            except Exception as exc:  # a third-party library: whatever it raises is a failed delivery
+                raise NotifyError(f"wandb {self.name}: alert failed: {type(exc).__name__}: {exc}") from exc
+
+    def close(self) -> None:
+        with self._lock:
+            run, self._run = self._run, None
+            if run is None:
+                return
+            try:
+                run.finish()
+            except Exception as exc:
+                raise NotifyError(f"wandb {self.name}: finishing the run failed: {type(exc).__name__}: {exc}") from exc
+
+    def _start(self) -> Any:
+        if self._run is not None:
+            return self._run
+        try:
+            import wandb
+        except ImportError:
+            raise NotifyError(
+                "wandb notifier: the wandb package is not installed; pip install 'verl-guardian[wandb]'"
+            ) from None
+        if self.directory is not None:
+            self.directory.mkdir(parents=True, exist_ok=True)
+        try:
+            self._run = wandb.init(
+                project=self.project,
+                entity=self.entity,
+                name=self.run_name,
+                job_type="guardian",
+                mode=self.mode,  # type: ignore[arg-type]  # checked against _WANDB_MODES
+                dir=self.directory,
+                reinit="create_new",
+                settings=wandb.Settings(
+                    console="off", x_disable_stats=True, disable_git=True, save_code=False, x_save_requirements=False
+                ),
+            )
+        except Exception as exc:
+            raise NotifyError(f"wandb {self.name}: wandb.init failed: {type(exc).__name__}: {exc}") from exc
+        return self._run
