@@ -322,6 +322,24 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return run_demo(_config(args), scenario=args.scenario, json_output=args.json)
 
 
+# -- dashboards -----------------------------------------------------------------------------------
+def cmd_dashboards_export(args: argparse.Namespace) -> int:
+    from guardian.dashboards import DEFAULT_DIR, check, export_all
+
+    directory = Path(args.output) if args.output else DEFAULT_DIR
+    if args.check:
+        stale = check(directory)
+        for path in stale:
+            sys.stdout.write(f"{path}\n")
+        if stale:
+            log.error(event("dashboards_stale", {"files": len(stale), "fix": "run: guardian dashboards export"}))
+            return EXIT_ERROR
+        return EXIT_OK
+    written = export_all(directory)
+    log.info(event("dashboards_exported", {"dir": directory, "written": len(written)}))
+    return EXIT_OK
+
+
 # -- parser ---------------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="guardian", description="Guard a verl RL training run.")
@@ -401,6 +419,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print the incident timeline as JSON")
     p.add_argument("--export", type=int, metavar="PORT", help="serve Prometheus metrics on 127.0.0.1:PORT")
     p.set_defaults(func=cmd_demo)
+
+    p = add("dashboards", "Grafana dashboards built by the guardian's code.")
+    dsub = p.add_subparsers(dest="action", required=True)
+    pe = dsub.add_parser("export", help="write DIR/<uid>.json for every dashboard")
+    pe.add_argument("-o", "--output", metavar="DIR", help="output folder (default: dashboards)")
+    pe.add_argument("--check", action="store_true", help="write nothing; exit 1 naming missing or stale files")
+    pe.set_defaults(func=cmd_dashboards_export)
+    # "push" (upload to Grafana, folder, overwrite) is the second action: dsub.add_parser("push", ...)
+    for q in (pe,):
+        q.add_argument("--config", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     return parser
 
 

@@ -13,6 +13,9 @@ from guardian.checks import CheckContext
 from guardian.config import BaselineConfig
 from guardian.history import RunHistory, StepRecord
 
+# loopback stand-ins shared by several test modules (fixtures: receiver, fake_grafana)
+pytest_plugins = ("webhook_receiver",)
+
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"
 
