@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import os
 import signal
 import sys
 import threading
@@ -19,6 +20,7 @@ import orjson
 from rich.console import Console
 
 from guardian import __version__
+from guardian.actions.verl_keys import PatchError
 from guardian.config import ConfigError, GuardianConfig, example_yaml, load_config
 from guardian.findings import Severity
 from guardian.logs import event, get_logger, init_logging
@@ -86,6 +88,7 @@ def derive_run_id(metrics: Path) -> str:
 
 def cmd_watch(args: argparse.Namespace) -> int:
     from guardian.daemon import Guardian
+    from guardian.notify.setup import notifying
     from guardian.sinks.export import exporting
     from guardian.sources.console import ConsoleFile
     from guardian.sources.jsonl import MetricsFile
@@ -118,7 +121,10 @@ def cmd_watch(args: argparse.Namespace) -> int:
         log.info(event("watch", {"run": run_id, "metrics": path, "db": store.url}))
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, lambda *_: stop.set())
-        with exporting(guardian, store, config.exporter, time.time) as polled:
+        with (
+            notifying(config, store, run_id, time.time, os.environ),
+            exporting(guardian, store, config.exporter, time.time) as polled,
+        ):
             _watch_loop(
                 guardian,
                 stop,
@@ -340,6 +346,35 @@ def cmd_dashboards_export(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_dashboards_push(args: argparse.Namespace) -> int:
+    from guardian import grafana
+    from guardian.dashboards import dashboards
+
+    config = _config(args).grafana
+    url = args.url or config.url
+    if not url:
+        log.error(event("usage", {"message": "give --url or set grafana.url in guardian.yaml"}))
+        return EXIT_USAGE
+    token_file = Path(args.token_file) if args.token_file else config.token_file
+    folder = args.folder or config.folder
+    try:
+        api = grafana.connect(url, grafana.load_token(token_file, os.environ), timeout_s=config.timeout_s)
+        try:
+            version = grafana.server_version(api)
+            results = grafana.push_dashboards(
+                api, dashboards(), folder_title=folder, message=f"verl-guardian {__version__}"
+            )
+        finally:
+            grafana.close(api)
+    except grafana.GrafanaError as exc:
+        log.error(event("dashboards_push_failed", {"message": str(exc)}))
+        return EXIT_ERROR
+    for result in results:
+        sys.stdout.write(f"{result.uid} v{result.version} {result.url}\n")
+    log.info(event("dashboards_pushed", {"grafana": version, "folder": folder, "dashboards": len(results)}))
+    return EXIT_OK
+
+
 # -- parser ---------------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="guardian", description="Guard a verl RL training run.")
@@ -426,8 +461,14 @@ def build_parser() -> argparse.ArgumentParser:
     pe.add_argument("-o", "--output", metavar="DIR", help="output folder (default: dashboards)")
     pe.add_argument("--check", action="store_true", help="write nothing; exit 1 naming missing or stale files")
     pe.set_defaults(func=cmd_dashboards_export)
-    # "push" (upload to Grafana, folder, overwrite) is the second action: dsub.add_parser("push", ...)
-    for q in (pe,):
+    pp = dsub.add_parser("push", help="upload every dashboard to Grafana (folder, overwrite: idempotent)")
+    pp.add_argument("--url", help="Grafana base URL (default: grafana.url)")
+    pp.add_argument(
+        "--token-file", help="service-account token file (default: grafana.token_file, else $GRAFANA_TOKEN)"
+    )
+    pp.add_argument("--folder", help="folder title (default: grafana.folder)")
+    pp.set_defaults(func=cmd_dashboards_push)
+    for q in (pe, pp):
         q.add_argument("--config", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     return parser
 
@@ -441,6 +482,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return code
     except ConfigError as exc:
         log.error(str(exc))
+        return EXIT_USAGE
+    except PatchError as exc:  # a training command the guardian cannot read or patch
+        log.error(event("bad_command", {"message": str(exc)}))
         return EXIT_USAGE
     except StoreError as exc:
         log.error(event("store_error", {"message": str(exc)}))

@@ -10,6 +10,7 @@ lives. ``--json`` prints the incident timeline instead.
 from __future__ import annotations
 
 import math
+import os
 import sys
 import threading
 import time
@@ -24,6 +25,7 @@ from guardian.config import GuardianConfig
 from guardian.demo.scenarios import SCENARIOS, RunFiles
 from guardian.findings import Severity
 from guardian.keys import Signal
+from guardian.notify.setup import notifying
 from guardian.run import local_supervisor, register_run
 from guardian.sinks.export import exporting
 from guardian.store import Store
@@ -155,10 +157,13 @@ def run_demo(config: GuardianConfig, *, scenario: str, json_output: bool) -> int
         supervisor = local_supervisor(config, store, run_id=run_id, command=command, cwd=files.root)
         register_run(store, supervisor, name=f"demo {scenario}")
         narrate = Narrator(console, store, run_id)
-        supervisor.start()
         stop = threading.Event()
         code: int | None = None
-        with exporting(supervisor.guardian, store, config.exporter, time.time) as polled:
+        with (
+            notifying(config, store, run_id, time.time, os.environ),
+            exporting(supervisor.guardian, store, config.exporter, time.time) as polled,
+        ):
+            supervisor.start()
             while code is None and not stop.is_set():
                 code = supervisor.tick()
                 polled()

@@ -24,6 +24,7 @@ from rich.text import Text
 from guardian.actions.process import LocalProcessControl
 from guardian.config import GuardianConfig
 from guardian.logs import event, get_logger
+from guardian.notify.setup import notifying
 from guardian.sinks.export import exporting
 from guardian.store import Store
 from guardian.supervisor import Supervisor
@@ -162,8 +163,12 @@ def run_guarded(config: GuardianConfig, request: RunRequest, *, stop: threading.
         )
         previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
         try:
-            supervisor.start()
-            with exporting(supervisor.guardian, store, config.exporter, time.time) as polled:
+            # sinks and the exporter first: a bad webhook setting or a busy port fails before the trainer starts
+            with (
+                notifying(config, store, request.run_id, time.time, os.environ),
+                exporting(supervisor.guardian, store, config.exporter, time.time) as polled,
+            ):
+                supervisor.start()
                 code = _loop(supervisor, stop, config.sources.poll_interval_s, live=request.live, after_tick=polled)
             if code is not None:
                 return code

@@ -14,7 +14,7 @@ from guardian.config import BaselineConfig
 from guardian.history import RunHistory, StepRecord
 
 # loopback stand-ins shared by several test modules (fixtures: receiver, fake_grafana)
-pytest_plugins = ("webhook_receiver",)
+pytest_plugins = ("webhook_receiver", "fake_grafana")
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"

@@ -38,8 +38,13 @@ class Sink(Protocol):
     """Where events go. ``deliver`` raises on failure (any exception; the message must hold no
     secret) and returns an id the sink may need later (a Grafana annotation id), or None."""
 
-    name: str
-    cooldown_s: float
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def cooldown_s(self) -> float:
+        """Per-check cooldown of incident alerts (0: none)."""
+        ...
 
     def wants(self, event: GuardianEvent) -> bool: ...
 

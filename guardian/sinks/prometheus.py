@@ -60,7 +60,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Final, Protocol
 from wsgiref.simple_server import WSGIServer
 
-import orjson
 from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
 from prometheus_client.registry import Collector
@@ -86,7 +85,6 @@ INTERVENTION_OUTCOMES: Final = tuple(sorted(state.lower() for state in FINISHED_
 _NEGATED: Final = frozenset({Signal.LOG_PPL})
 # store.list_incidents pages by default; the counter needs every incident of the run
 _ALL_INCIDENTS: Final = 2**31 - 1
-_EXPERIMENT_OVERRIDE: Final = "trainer.experiment_name="
 
 _RUN_LABELS: Final = (keys.PROM_LABEL_RUN_ID, keys.PROM_LABEL_EXPERIMENT)
 
@@ -229,18 +227,9 @@ def _last(values: list[float]) -> float | None:
 def _experiment_of(run: RunView | None, run_id: str) -> str:
     if run is None:
         return run_id
-    try:
-        saved = orjson.loads(run.config_json) if run.config_json else None
-    except orjson.JSONDecodeError:
-        saved = None
-    command = saved.get("command") if isinstance(saved, dict) else None
-    if not isinstance(command, list):
+    if run.command is None:
         return run.name or run_id
-    for arg in command:
-        text = str(arg).lstrip("+")
-        if text.startswith(_EXPERIMENT_OVERRIDE) and len(text) > len(_EXPERIMENT_OVERRIDE):
-            return text[len(_EXPERIMENT_OVERRIDE) :].strip("'\"")
-    return run_id
+    return run.override("trainer.experiment_name") or run_id
 
 
 @dataclass

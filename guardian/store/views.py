@@ -58,6 +58,22 @@ class RunView:
             "config": _loads_lenient(self.config_json),
         }
 
+    @property
+    def command(self) -> list[str] | None:
+        """The training command ``guardian run`` stored for the run (None for ``guardian watch``)."""
+        saved = _loads_lenient(self.config_json)
+        command = saved.get("command") if isinstance(saved, dict) else None
+        return [str(arg) for arg in command] if isinstance(command, list) else None
+
+    def override(self, key: str) -> str | None:
+        """The value the stored command gives the Hydra ``key`` (``key=v``, ``+key=v``, ``++key=v``)."""
+        prefix = key + "="
+        for arg in self.command or ():
+            text = arg.lstrip("+")
+            if text.startswith(prefix) and len(text) > len(prefix):
+                return text[len(prefix) :].strip("'\"")
+        return None
+
 
 @dataclass(frozen=True, slots=True)
 class AttemptView:

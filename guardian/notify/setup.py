@@ -1,0 +1,118 @@
+"""Build a run's dispatcher from guardian.yaml (``notify``, ``grafana``): the one place that reads
+secrets (webhook URLs, the Grafana token) from the environment or files, so nothing else sees them."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+
+from guardian import grafana
+from guardian.config import ConfigError, GrafanaConfig, GuardianConfig, WebhookConfig
+from guardian.notify.annotations import GrafanaAnnotations
+from guardian.notify.compose import compose
+from guardian.notify.dispatcher import Dispatcher, DispatchPolicy, Sink, dispatching
+from guardian.notify.events import GuardianEvent, Level
+from guardian.notify.notifiers import LogNotifier, Notifier, WandbNotifier, WebhookNotifier
+from guardian.store import Store
+from guardian.store.deliveries import DeliveryView
+
+DEFAULT_WANDB_PROJECT = "verl-guardian"
+
+
+@dataclass
+class NotifierSink:
+    """A notifier behind the dispatcher: routing by level, the per-check cooldown, the alert text."""
+
+    notifier: Notifier
+    min_level: Level
+    cooldown_s: float
+
+    @property
+    def name(self) -> str:
+        return self.notifier.name
+
+    def wants(self, event: GuardianEvent) -> bool:
+        return event.level >= self.min_level
+
+    def deliver(self, event: GuardianEvent, earlier: Mapping[str, DeliveryView]) -> str | None:
+        self.notifier.send(compose(event))
+        return None
+
+    def close(self) -> None:
+        self.notifier.close()
+
+
+def _level(name: str) -> Level:
+    return Level[name.upper()]
+
+
+def webhook_url(cfg: WebhookConfig, env: Mapping[str, str]) -> str:
+    """The webhook's URL from its environment variable or file; ConfigError names where it looked."""
+    if cfg.url_env is not None:
+        url = env.get(cfg.url_env, "").strip()
+        where = f"environment variable {cfg.url_env}"
+    else:
+        assert cfg.url_file is not None
+        try:
+            url = Path(cfg.url_file).read_text(encoding="utf-8").strip()
+        except OSError as exc:
+            raise ConfigError(
+                f"notify.webhooks[{cfg.name}]: cannot read url_file {cfg.url_file}: {exc.strerror}"
+            ) from None
+        where = f"file {cfg.url_file}"
+    if not url.startswith(("http://", "https://")):
+        raise ConfigError(f"notify.webhooks[{cfg.name}]: {where} must hold an http(s) URL")
+    return url
+
+
+def annotations_sink(cfg: GrafanaConfig, env: Mapping[str, str]) -> GrafanaAnnotations | None:
+    """The Grafana sink when ``grafana.url`` is set; the token is read now (a missing token fails at
+    start), the connection is made on the first annotation."""
+    if cfg.url is None:
+        return None
+    try:
+        token = grafana.load_token(cfg.token_file, env)
+    except grafana.GrafanaError as exc:
+        raise ConfigError(f"grafana: {exc}") from None
+    connect = partial(grafana.connect, cfg.url, token, timeout_s=cfg.timeout_s)
+    return GrafanaAnnotations(connect, dashboard_uid=cfg.dashboard_uid)
+
+
+def build_sinks(config: GuardianConfig, store: Store, run_id: str, env: Mapping[str, str]) -> list[Sink]:
+    notify = config.notify
+    sinks: list[Sink] = [NotifierSink(LogNotifier(), _level(notify.log_level), 0.0)]
+    for hook in notify.webhooks:
+        notifier = WebhookNotifier(webhook_url(hook, env), timeout_s=hook.timeout_s, name=hook.name)
+        sinks.append(NotifierSink(notifier, _level(hook.min_level), notify.cooldown_s))
+    if notify.wandb.enabled:
+        run = store.get_run(run_id)
+        project = notify.wandb.project or (run.override("trainer.project_name") if run else None)
+        wandb = WandbNotifier(
+            project or DEFAULT_WANDB_PROJECT,
+            entity=notify.wandb.entity,
+            run_name=f"guardian-{run_id}",
+            mode=notify.wandb.mode,
+            wait_duration_s=notify.wandb.wait_duration_s,
+            directory=config.home.resolve(),
+        )
+        sinks.append(NotifierSink(wandb, _level(notify.wandb.min_level), notify.cooldown_s))
+    grafana_sink = annotations_sink(config.grafana, env)
+    if grafana_sink is not None:
+        sinks.append(grafana_sink)
+    return sinks
+
+
+@contextmanager
+def notifying(
+    config: GuardianConfig, store: Store, run_id: str, clock: Callable[[], float], env: Mapping[str, str]
+) -> Iterator[Dispatcher]:
+    """Deliver the run's events in the background while the block runs (and flush them at its end)."""
+    policy = DispatchPolicy(
+        max_age_s=config.notify.max_age_s, retries=config.notify.retries, interval_s=config.notify.interval_s
+    )
+    dispatcher = Dispatcher(store, run_id, build_sinks(config, store, run_id, env), policy, clock)
+    with dispatching(dispatcher):
+        yield dispatcher
