@@ -203,9 +203,7 @@ class WandbConfig(_Section):
 
 
 class NotifyConfig(_Section):
-    log_level: Level = Field(
-        "warning", description="The log notifier (always on) logs events at this level and above."
-    )
+    log_level: Level = Field("warning", description="The log notifier (always on) logs events at this level and above.")
     webhooks: tuple[WebhookConfig, ...] = Field((), description="Slack-compatible JSON webhooks.")
     wandb: WandbConfig = WandbConfig()
     cooldown_s: float = Field(
