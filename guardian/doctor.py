@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import importlib.metadata
+import os
 import platform
 import shutil
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from guardian.config import ConfigError, load_config
+from guardian.config import ConfigError, GuardianConfig, load_config
 from guardian.store import Store, StoreError, head_revision
 
 OPTIONAL_PACKAGES = {
@@ -19,7 +21,11 @@ OPTIONAL_PACKAGES = {
     "wandb": "wandb.alert notifier",
     "ray": "guard Ray Jobs",
 }
-OPTIONAL_TOOLS = {"promtool": "check alert rules", "nvidia-smi": "confirm GPUs are free after a stop"}
+OPTIONAL_TOOLS = {
+    "promtool": "check alert rules",
+    "amtool": "check the Alertmanager example",
+    "nvidia-smi": "confirm GPUs are free after a stop",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +52,7 @@ def diagnose(config_path: str | None) -> list[Check]:
             report.append(Check("store", status, f"{store.url} schema {version} (head {head_revision()})"))
     except StoreError as exc:
         report.append(Check("store", "error", str(exc)))
+    report.extend(_notify_checks(config, os.environ))
     for package, purpose in OPTIONAL_PACKAGES.items():
         try:
             report.append(Check(package, "ok", importlib.metadata.version(package)))
@@ -55,3 +62,29 @@ def diagnose(config_path: str | None) -> list[Check]:
         found = shutil.which(tool)
         report.append(Check(tool, "ok" if found else "missing", found or f"optional: {purpose}"))
     return report
+
+
+def _notify_checks(config: GuardianConfig, env: Mapping[str, str]) -> list[Check]:
+    """Each configured webhook has its URL (nothing is sent), and Grafana answers with the token."""
+    from guardian import grafana
+    from guardian.notify.setup import webhook_url
+
+    checks: list[Check] = []
+    for hook in config.notify.webhooks:
+        source = f"env {hook.url_env}" if hook.url_env else f"file {hook.url_file}"
+        try:
+            webhook_url(hook, env)
+            checks.append(Check(f"webhook {hook.name}", "ok", f"URL from {source} (not sent to)"))
+        except ConfigError as exc:
+            checks.append(Check(f"webhook {hook.name}", "error", str(exc)))
+    cfg = config.grafana
+    if cfg.url is not None:
+        try:
+            api = grafana.connect(cfg.url, grafana.load_token(cfg.token_file, env), timeout_s=cfg.timeout_s)
+            try:
+                checks.append(Check("grafana", "ok", f"Grafana {grafana.server_version(api)}"))
+            finally:
+                grafana.close(api)
+        except grafana.GrafanaError as exc:
+            checks.append(Check("grafana", "error", str(exc)))
+    return checks

@@ -3,6 +3,7 @@ the notify set-up's refusals (a missing secret fails before anything starts)."""
 
 from __future__ import annotations
 
+import json
 import logging
 import sys
 from collections.abc import Iterator
@@ -156,3 +157,29 @@ def test_a_command_the_guardian_cannot_patch_is_a_usage_error(
     err = capsys.readouterr().err
     assert "event=bad_command" in err and "python -m verl.trainer.main_ppo" in err and "Traceback" not in err
     assert not (tmp_path / "x").exists()
+
+
+def test_doctor_checks_webhook_urls_and_the_grafana_token(
+    tmp_path: Path, fake_grafana: FakeGrafana, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    token = tmp_path / "token"
+    token.write_text(TOKEN)
+    config = tmp_path / "guardian.yaml"
+    config.write_text(
+        f"home: {tmp_path / 'home'}\n"
+        "notify: {webhooks: [{name: oncall, url_env: GUARDIAN_TEST_DOCTOR_HOOK}]}\n"
+        f"grafana: {{url: '{fake_grafana.url}', token_file: '{token}'}}\n"
+    )
+    monkeypatch.setenv("GUARDIAN_TEST_DOCTOR_HOOK", "https://hooks.example.invalid/T/B/secret")
+    assert main(["doctor", "--json", "--config", str(config)]) == 0
+    report = {r["name"]: r for r in json.loads(capsys.readouterr().out)}
+    assert report["grafana"] == {"name": "grafana", "status": "ok", "detail": "Grafana 11.6.0"}
+    assert report["webhook oncall"]["status"] == "ok" and "secret" not in report["webhook oncall"]["detail"]
+    assert not fake_grafana.calls("POST")  # the doctor reads, never writes
+
+    monkeypatch.delenv("GUARDIAN_TEST_DOCTOR_HOOK")
+    token.write_text("glsa_wrong")
+    assert main(["doctor", "--json", "--config", str(config)]) == 1
+    report = {r["name"]: r for r in json.loads(capsys.readouterr().out)}
+    assert report["grafana"]["status"] == "error" and "token" in report["grafana"]["detail"]
+    assert "GUARDIAN_TEST_DOCTOR_HOOK" in report["webhook oncall"]["detail"]
