@@ -224,7 +224,7 @@ class NotifyConfig(_Section):
 class GrafanaConfig(_Section):
     url: str | None = Field(None, description="Grafana base URL; set it to post incident annotations while guarding.")
     token_file: Path | None = Field(None, description="Service-account token file; default: env GRAFANA_TOKEN.")
-    folder: str = Field("verl-guardian", description="Folder for guardian dashboards push.")
+    folder: str = Field("verl guardian", description="Folder title for guardian dashboards push (uid verl-guardian).")
     dashboard_uid: str | None = Field(
         None, description="Attach annotations to this dashboard; default: organisation-wide, tagged 'guardian'."
     )
