@@ -93,6 +93,7 @@ def load_token(token_file: Path | None, env: Mapping[str, str]) -> Secret:
     """The service-account token from ``token_file`` if given (an explicit file never falls back to the
     environment, so a typo in its path is reported), else from ``$GRAFANA_TOKEN``."""
     if token_file is not None:
+        token_file = token_file.expanduser()
         try:
             value = token_file.read_text(encoding="utf-8").strip()
         except FileNotFoundError:

@@ -57,7 +57,7 @@ def webhook_url(cfg: WebhookConfig, env: Mapping[str, str]) -> str:
     else:
         assert cfg.url_file is not None
         try:
-            url = Path(cfg.url_file).read_text(encoding="utf-8").strip()
+            url = Path(cfg.url_file).expanduser().read_text(encoding="utf-8").strip()
         except OSError as exc:
             raise ConfigError(
                 f"notify.webhooks[{cfg.name}]: cannot read url_file {cfg.url_file}: {exc.strerror}"
