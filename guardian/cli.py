@@ -123,7 +123,7 @@ def cmd_watch(args: argparse.Namespace) -> int:
             signal.signal(sig, lambda *_: stop.set())
         with (
             notifying(config, store, run_id, time.time, os.environ),
-            exporting(guardian, store, config.exporter, time.time) as polled,
+            exporting(guardian, store, config.exporter, time.time, stop) as polled,
         ):
             _watch_loop(
                 guardian,

@@ -170,6 +170,12 @@ class ExporterConfig(_Section):
     host: str = Field("127.0.0.1", description="Address to listen on (never all interfaces unless allow_public).")
     port: int = Field(9464, ge=0, le=65535, description="Port (0 = any free port).")
     allow_public: bool = Field(False, description="Allow 0.0.0.0 / :: as host.")
+    linger_s: float = Field(
+        30.0,
+        ge=0,
+        description="After the guard loop ends (not when interrupted), keep serving guardian_up=0 and the final "
+        "counters this long, so Prometheus scrapes them (a gave-up, a clean stop).",
+    )
 
 
 Level = Literal["info", "warning", "critical"]

@@ -161,7 +161,7 @@ def run_demo(config: GuardianConfig, *, scenario: str, json_output: bool) -> int
         code: int | None = None
         with (
             notifying(config, store, run_id, time.time, os.environ),
-            exporting(supervisor.guardian, store, config.exporter, time.time) as polled,
+            exporting(supervisor.guardian, store, config.exporter, time.time, stop) as polled,
         ):
             supervisor.start()
             while code is None and not stop.is_set():

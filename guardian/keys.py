@@ -177,6 +177,7 @@ PROM_LEARNING_RATE = "guardian_learning_rate"
 PROM_TOOL_CALLS = "guardian_tool_calls_per_trajectory"
 PROM_REWARD_COMPONENT = "guardian_reward_component_mean"
 PROM_CHECK_STATUS = "guardian_check_status"
+PROM_OPEN_INCIDENT_SEVERITY = "guardian_open_incident_severity"
 PROM_INCIDENTS = "guardian_incidents_total"
 PROM_INTERVENTIONS = "guardian_interventions_total"
 PROM_INTERVENTION_IN_PROGRESS = "guardian_intervention_in_progress"
@@ -206,6 +207,7 @@ PROM_METRIC_NAMES: frozenset[str] = frozenset(
         PROM_STEP,
         PROM_LAST_STEP_AGE,
         PROM_CHECK_STATUS,
+        PROM_OPEN_INCIDENT_SEVERITY,
         PROM_INCIDENTS,
         PROM_INTERVENTIONS,
         PROM_INTERVENTION_IN_PROGRESS,

@@ -166,7 +166,7 @@ def run_guarded(config: GuardianConfig, request: RunRequest, *, stop: threading.
             # sinks and the exporter first: a bad webhook setting or a busy port fails before the trainer starts
             with (
                 notifying(config, store, request.run_id, time.time, os.environ),
-                exporting(supervisor.guardian, store, config.exporter, time.time) as polled,
+                exporting(supervisor.guardian, store, config.exporter, time.time, stop) as polled,
             ):
                 supervisor.start()
                 code = _loop(supervisor, stop, config.sources.poll_interval_s, live=request.live, after_tick=polled)

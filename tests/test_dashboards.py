@@ -228,10 +228,16 @@ def test_variables_and_annotations(dashboard: dict[str, Any]) -> None:
     assert tags["target"] == {"type": "tags", "tags": [ANNOTATION_TAG], "matchAny": True, "limit": 100}
 
 
-def test_check_status_words_are_the_severities() -> None:
-    [timeline] = [p for d in BUILT for p in data_panels(d) if p["type"] == "state-timeline"]
-    [mapping] = timeline["fieldConfig"]["defaults"]["mappings"]
-    assert {k: v["text"] for k, v in mapping["options"].items()} == {str(s.value): s.label for s in Severity}
+def test_status_timelines_speak_in_severities() -> None:
+    timelines = {p["title"]: p for d in BUILT for p in data_panels(d) if p["type"] == "state-timeline"}
+    assert set(timelines) == {"Health checks", "Open incidents"}
+
+    def words(title: str) -> dict[str, str]:
+        [mapping] = timelines[title]["fieldConfig"]["defaults"]["mappings"]
+        return {k: v["text"] for k, v in mapping["options"].items()}
+
+    assert words("Health checks") == {str(s.value): s.label for s in Severity}
+    assert words("Open incidents") == {"0": "none", "1": "warn", "2": "critical"}
 
 
 def test_panel_queries_walks_collapsed_rows() -> None:

@@ -8,11 +8,17 @@ import json
 import math
 import os
 import shutil
+import signal
+import socket
 import subprocess
+import sys
+import threading
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
+from importlib.resources import files
 from pathlib import Path
 
 import pytest
@@ -22,10 +28,11 @@ from prometheus_client.openmetrics.parser import text_string_to_metric_families 
 from prometheus_client.parser import text_string_to_metric_families
 
 from guardian import __version__, keys
-from guardian.config import GuardianConfig
+from guardian.config import ExporterConfig, GuardianConfig
 from guardian.daemon import Guardian
 from guardian.findings import Severity
 from guardian.keys import Signal
+from guardian.sinks.export import exporting
 from guardian.sinks.prometheus import (
     INTERVENTION_OUTCOMES,
     GuardianSource,
@@ -75,6 +82,7 @@ RUN_A = RunSnapshot(
     },
     checks={"entropy_collapse": Severity.CRITICAL, "kl_drift": Severity.WARN, "stall": Severity.OK},
     incidents_opened={"entropy_collapse": 2, "non_finite": 1},
+    open_incidents={"entropy_collapse": Severity.CRITICAL, "non_finite": Severity.WARN},
     interventions_finished={"resolved": 1, "gave_up": 1},
     intervention_in_progress=True,
     notifications={("webhook", "sent"): 3, ("webhook", "dropped"): 1, ("grafana", "sent"): 4},
@@ -140,6 +148,11 @@ def test_values_and_labels_of_one_run() -> None:
         ("guardian_check_status", labels(RUN_A, check="entropy_collapse")): 2.0,
         ("guardian_check_status", labels(RUN_A, check="kl_drift")): 1.0,
         ("guardian_check_status", labels(RUN_A, check="stall")): 0.0,
+        # the worst open incident per check (0: none open), every check plus checks with an open one
+        ("guardian_open_incident_severity", labels(RUN_A, check="entropy_collapse")): 2.0,
+        ("guardian_open_incident_severity", labels(RUN_A, check="kl_drift")): 0.0,
+        ("guardian_open_incident_severity", labels(RUN_A, check="non_finite")): 1.0,
+        ("guardian_open_incident_severity", labels(RUN_A, check="stall")): 0.0,
         # every check has an incident series (0 until one opens), plus checks that opened one
         ("guardian_incidents_total", labels(RUN_A, check="entropy_collapse")): 2.0,
         ("guardian_incidents_total", labels(RUN_A, check="kl_drift")): 0.0,
@@ -187,6 +200,7 @@ def test_every_exported_name_comes_from_keys_and_labels_are_bounded() -> None:
     allowed = {keys.PROM_LABEL_RUN_ID, keys.PROM_LABEL_EXPERIMENT}
     extra_by_name = {
         keys.PROM_CHECK_STATUS: {keys.PROM_LABEL_CHECK},
+        keys.PROM_OPEN_INCIDENT_SEVERITY: {keys.PROM_LABEL_CHECK},
         keys.PROM_INCIDENTS: {keys.PROM_LABEL_CHECK},
         keys.PROM_INTERVENTIONS: {keys.PROM_LABEL_STATE},
         keys.PROM_REWARD_COMPONENT: {keys.PROM_LABEL_COMPONENT},
@@ -208,6 +222,7 @@ def test_unknown_values_are_left_out_and_two_runs_do_not_mix() -> None:
         "guardian_up": 1.0,
         "guardian_run_info": 1.0,
         "guardian_check_status": -1.0,
+        "guardian_open_incident_severity": 0.0,
         "guardian_incidents_total": 0.0,
         "guardian_interventions_total": 0.0,
         "guardian_intervention_in_progress": 0.0,
@@ -422,18 +437,7 @@ def test_experiment_falls_back_to_the_run_name_or_id(tmp_path: Path) -> None:
 
 def test_watch_serves_metrics_while_it_guards(tmp_path: Path) -> None:
     """`guardian watch --export PORT` end to end: a real watch process, scraped over loopback."""
-    import os
-    import signal
-    import socket
-    import subprocess
-    import sys
-    import time
-    import urllib.request
-    from importlib.resources import files
-
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = _free_port()
     trace = tmp_path / "metrics.jsonl"
     trace.write_bytes(files("guardian.data").joinpath("aopd-2.jsonl").read_bytes())
     env = {**os.environ, "GUARDIAN_HOME": str(tmp_path / "home")}
@@ -458,3 +462,44 @@ def test_watch_serves_metrics_while_it_guards(tmp_path: Path) -> None:
     finally:
         proc.send_signal(signal.SIGINT)
         proc.communicate(timeout=20)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_after_the_loop_the_exporter_lingers_with_up_zero_unless_interrupted(tmp_path: Path) -> None:
+    metrics = tmp_path / "m.jsonl"
+    metrics.write_text("")
+    with Store.open(f"sqlite:///{tmp_path / 'g.db'}") as store:
+        store.ensure_run(
+            "r1", name="r1", metrics_path=str(metrics), rollouts_dir="", checkpoints_dir=None, mode="enforce", now=0.0
+        )
+        guardian = Guardian(
+            config=GuardianConfig(), store=store, run_id="r1", metrics=MetricsFile(metrics), clock=time.time
+        )
+        port = _free_port()
+        cfg = ExporterConfig(enabled=True, port=port, linger_s=5.0)
+        stop = threading.Event()
+        seen: list[float] = []
+
+        def scrape_then_stop() -> None:
+            time.sleep(0.3)
+            got = series_of(scrape(f"http://127.0.0.1:{port}/metrics")[0])
+            seen.append(got[("guardian_up", frozenset({"run_id": "r1", "experiment": "r1"}.items()))])
+            stop.set()  # Ctrl-C during the linger ends it
+
+        started = time.monotonic()
+        with exporting(guardian, store, cfg, time.time, stop) as polled:
+            polled()
+            threading.Thread(target=scrape_then_stop, daemon=True).start()
+        assert seen == [0.0] and time.monotonic() - started < 4.0
+
+        started = time.monotonic()  # interrupted (stop already set): no linger at all
+        with exporting(guardian, store, cfg, time.time, stop):
+            pass
+        with pytest.raises(KeyboardInterrupt), exporting(guardian, store, cfg, time.time, threading.Event()):
+            raise KeyboardInterrupt  # an exception ends it at once too
+        assert time.monotonic() - started < 2.0

@@ -75,4 +75,3 @@ def receiver() -> Iterator[Receiver]:
 def bodies(receiver: Receiver) -> list[dict[str, object]]:
     """The JSON bodies the receiver got, in order."""
     return [json.loads(bytes(r["body"])) for r in receiver.requests]  # type: ignore[arg-type]
-

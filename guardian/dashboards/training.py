@@ -54,6 +54,21 @@ def _overview() -> list[Json]:
             value_mappings({s.value: (s.label, color) for s, color in SEVERITY_COLORS.items()}),
             height=9,
         ),
+        state_timeline(
+            "Open incidents",
+            "Per check, the worst severity of its open incidents, from detection until the incident closes "
+            "(resolved, dismissed or given up): none, warn or critical. This is what the health alerts "
+            "read; unlike the check status it does not ease while the guardian is still rescuing the run.",
+            [target(f"max by (run_id, check) ({selector(keys.PROM_OPEN_INCIDENT_SEVERITY)})", run_check)],
+            value_mappings(
+                {
+                    Severity.OK.value: ("none", SEVERITY_COLORS[Severity.OK]),
+                    Severity.WARN.value: ("warn", SEVERITY_COLORS[Severity.WARN]),
+                    Severity.CRITICAL.value: ("critical", SEVERITY_COLORS[Severity.CRITICAL]),
+                }
+            ),
+            height=9,
+        ),
         stat(
             "Current step",
             "Last training step of the run's active timeline (it goes back after a rollback).",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
@@ -15,17 +16,37 @@ log = get_logger("export")
 
 
 @contextmanager
-def exporting(guardian: Guardian, store: Store, cfg: ExporterConfig, clock: Clock) -> Iterator[Callable[[], None]]:
+def exporting(
+    guardian: Guardian,
+    store: Store,
+    cfg: ExporterConfig,
+    clock: Clock,
+    stop: threading.Event | None = None,
+) -> Iterator[Callable[[], None]]:
     """Serve ``/metrics`` while the block runs; yields the callback to call after every successful tick.
-    Disabled: serves nothing and yields a no-op."""
+    Disabled: serves nothing and yields a no-op.
+
+    When the block ends the exporter says ``guardian_up 0`` and keeps serving for ``cfg.linger_s``, so
+    the last state (a gave-up, the final counters) is scraped and a clean stop reads differently from
+    a crash (whose series just vanish). An interrupted guardian (``stop`` set, or an exception) does
+    not linger, and setting ``stop`` during the linger ends it.
+    """
     if not cfg.enabled:
         yield lambda: None
         return
     source = GuardianSource(guardian, store, clock)
     server, thread = serve(build_registry(source), cfg.host, cfg.port, allow_public=cfg.allow_public)
     log.info(event("exporter", {"url": f"http://{cfg.host}:{server.server_port}/metrics", "run": guardian.run_id}))
+    ended = False
     try:
         yield lambda: source.record_poll(True)
+        ended = True
     finally:
         source.up = False
-        shutdown(server, thread)
+        stop = stop or threading.Event()
+        try:
+            if ended and cfg.linger_s > 0 and not stop.is_set():  # not after an exception (Ctrl-C in the demo)
+                log.info(event("exporter_linger", {"seconds": cfg.linger_s, "skip": "Ctrl-C"}))
+                stop.wait(cfg.linger_s)
+        finally:
+            shutdown(server, thread)

@@ -34,6 +34,7 @@ guardian_learning_rate                 gauge    actor learning rate
 guardian_tool_calls_per_trajectory     gauge    mean tool calls (searches) per trajectory
 guardian_reward_component_mean{component}  gauge  mean of each extra reward field (rollout dumps)
 guardian_check_status{check}           gauge    -1 unknown, 0 ok, 1 warn, 2 critical (``Severity`` values)
+guardian_open_incident_severity{check}  gauge   worst severity of the check's open incidents (0: none open)
 guardian_incidents_total{check}        counter  incidents opened, per check (0 for checks without any)
 guardian_interventions_total{state}    counter  interventions finished, per final state: ``resolved``,
                                                 ``relapsed``, ``gave_up`` (0 until one does)
@@ -128,6 +129,7 @@ class RunSnapshot:
     checks: Mapping[str, Severity] = field(default_factory=dict)
     reward_components: Mapping[str, float] = field(default_factory=dict)
     incidents_opened: Mapping[str, int] = field(default_factory=dict)
+    open_incidents: Mapping[str, Severity] = field(default_factory=dict)
     interventions_finished: Mapping[str, int] = field(default_factory=dict)
     intervention_in_progress: bool = False
     notifications: Mapping[tuple[str, str], int] = field(default_factory=dict)
@@ -190,6 +192,11 @@ def snapshot_from(
     checks = {check.name: Severity.UNKNOWN for check in guardian.checks}
     checks.update({name: finding.severity for name, finding in dict(guardian.tracker.latest).items()})
     interventions = store.interventions(run_id)
+    incidents = store.list_incidents(run_id, limit=_ALL_INCIDENTS)
+    open_worst: dict[str, Severity] = {}
+    for incident in incidents:
+        if incident.is_open:
+            open_worst[incident.check] = max(incident.severity, open_worst.get(incident.check, Severity.OK))
     latest = store.latest_step(run_id)
     components = {
         key.removeprefix(keys.REWARD_COMPONENT_PREFIX): value
@@ -206,7 +213,8 @@ def snapshot_from(
         signals=signals,
         checks=checks,
         reward_components=components,
-        incidents_opened=dict(Counter(i.check for i in store.list_incidents(run_id, limit=_ALL_INCIDENTS))),
+        incidents_opened=dict(Counter(i.check for i in incidents)),
+        open_incidents=open_worst,
         interventions_finished=dict(Counter(i.state.lower() for i in interventions if i.finished)),
         intervention_in_progress=any(not i.finished for i in interventions),
         notifications=store.delivery_counts(run_id),
@@ -344,6 +352,12 @@ class _Families:
             "Latest verdict of each health check: -1 unknown, 0 ok, 1 warn, 2 critical.",
             extra=(keys.PROM_LABEL_CHECK,),
         )
+        self.open_incidents = _gauge(
+            keys.PROM_OPEN_INCIDENT_SEVERITY,
+            "Worst severity of the check's open incidents: 0 none open, 1 warn, 2 critical. Unlike the check "
+            "status (the latest step's verdict), it holds from detection until the incident closes.",
+            extra=(keys.PROM_LABEL_CHECK,),
+        )
         self.incidents = CounterMetricFamily(
             keys.PROM_INCIDENTS,
             "Incidents the guardian opened on the run, per check.",
@@ -372,6 +386,7 @@ class _Families:
             *self.signals.values(),
             self.reward_components,
             self.check_status,
+            self.open_incidents,
             self.incidents,
             self.interventions,
             self.in_progress,
@@ -402,6 +417,8 @@ class _Families:
                 self.reward_components.add_metric([*run, component], float(value))
         for check, severity in sorted(snap.checks.items()):
             self.check_status.add_metric([*run, check], float(int(severity)))
+        for check in sorted(set(snap.checks) | set(snap.open_incidents)):
+            self.open_incidents.add_metric([*run, check], float(int(snap.open_incidents.get(check, Severity.OK))))
         for check in sorted(set(snap.checks) | set(snap.incidents_opened)):
             self.incidents.add_metric([*run, check], float(snap.incidents_opened.get(check, 0)))
         for state in sorted(set(INTERVENTION_OUTCOMES) | set(snap.interventions_finished)):
