@@ -22,10 +22,10 @@ from guardian.notify.notifiers import (
     LogNotifier,
     Notifier,
     NotifyError,
-    WandbNotifier,
     WebhookNotifier,
     redact_url,
 )
+from guardian.notify.wandb_alert import WandbNotifier
 from guardian.policy import State
 from guardian.store.interventions import InterventionEventView, InterventionView
 from guardian.store.views import IncidentView

@@ -33,16 +33,8 @@ from guardian.daemon import Guardian
 from guardian.findings import Severity
 from guardian.keys import Signal
 from guardian.sinks.export import exporting
-from guardian.sinks.prometheus import (
-    INTERVENTION_OUTCOMES,
-    GuardianSource,
-    RunSnapshot,
-    build_registry,
-    is_public_host,
-    serve,
-    shutdown,
-    snapshot_from,
-)
+from guardian.sinks.prometheus import INTERVENTION_OUTCOMES, build_registry, is_public_host, serve, shutdown
+from guardian.sinks.snapshot import GuardianSource, RunSnapshot, snapshot_from
 from guardian.sources.jsonl import MetricsFile
 from guardian.store import Store
 

@@ -15,7 +15,8 @@ from guardian.notify.annotations import GrafanaAnnotations
 from guardian.notify.compose import compose
 from guardian.notify.dispatcher import Dispatcher, DispatchPolicy, Sink, dispatching
 from guardian.notify.events import GuardianEvent, Level
-from guardian.notify.notifiers import LogNotifier, Notifier, WandbNotifier, WebhookNotifier
+from guardian.notify.notifiers import LogNotifier, Notifier, WebhookNotifier
+from guardian.notify.wandb_alert import WandbNotifier
 from guardian.store import Store
 from guardian.store.deliveries import DeliveryView
 

@@ -9,7 +9,8 @@ from contextlib import contextmanager
 from guardian.config import ExporterConfig
 from guardian.daemon import Clock, Guardian
 from guardian.logs import event, get_logger
-from guardian.sinks.prometheus import GuardianSource, build_registry, serve, shutdown
+from guardian.sinks.prometheus import build_registry, serve, shutdown
+from guardian.sinks.snapshot import GuardianSource
 from guardian.store import Store
 
 log = get_logger("export")

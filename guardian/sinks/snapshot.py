@@ -1,0 +1,201 @@
+"""What the exporter shows about a run, read at scrape time: ``RunSnapshot`` and its sources.
+
+``snapshot_from`` copies the guard loop's memory (step, latest signals, per-check verdicts) and reads
+the store (attempt, incidents, interventions, deliveries) for one run; ``GuardianSource`` is the
+``ExportSource`` a guard loop hands the collector (guardian/sinks/prometheus.py).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Final, Protocol
+
+from guardian import keys
+from guardian.findings import Severity
+from guardian.keys import Signal
+
+if TYPE_CHECKING:
+    from guardian.daemon import Guardian
+    from guardian.store import RunView, Store
+
+# store.list_incidents pages by default; the counter needs every incident of the run
+_ALL_INCIDENTS: Final = 2**31 - 1
+
+
+@dataclass(frozen=True, slots=True)
+class RunSnapshot:
+    """Everything the exporter shows about one run, read at scrape time.
+
+    ``signals`` holds the latest value of each signal (NaN allowed: it is left out of the scrape).
+    ``checks`` is each configured check's latest verdict. ``incidents_opened`` counts incidents by
+    check; ``interventions_finished`` counts finished interventions by final state, as label values
+    (``resolved``, ``relapsed``, ``gave_up``). ``last_poll_success_at`` is the Unix time
+    of the last successful poll; None (with ``last_poll_success``) when not known, and then the
+    series are left out.
+    """
+
+    run_id: str
+    experiment: str
+    attempt: int | None = None
+    mode: str = ""
+    step: int | None = None
+    last_step_age_seconds: float | None = None
+    signals: Mapping[Signal, float] = field(default_factory=dict)
+    checks: Mapping[str, Severity] = field(default_factory=dict)
+    reward_components: Mapping[str, float] = field(default_factory=dict)
+    incidents_opened: Mapping[str, int] = field(default_factory=dict)
+    open_incidents: Mapping[str, Severity] = field(default_factory=dict)
+    interventions_finished: Mapping[str, int] = field(default_factory=dict)
+    intervention_in_progress: bool = False
+    notifications: Mapping[tuple[str, str], int] = field(default_factory=dict)
+    up: bool = True
+    last_poll_success: bool | None = None
+    last_poll_success_at: float | None = None
+
+    @property
+    def step_time_seconds(self) -> float | None:
+        """The trainer's time per step, when logged."""
+        return self.signals.get(Signal.STEP_TIME)
+
+    @property
+    def incidents_total(self) -> int:
+        """Incidents opened on the run, all checks."""
+        return sum(self.incidents_opened.values())
+
+    @property
+    def interventions_total(self) -> int:
+        """Interventions started on the run: the finished ones and the one under way, if any."""
+        return sum(self.interventions_finished.values()) + int(self.intervention_in_progress)
+
+
+class ExportSource(Protocol):
+    """What the exporter reads at each scrape: one snapshot per run (called from the HTTP thread)."""
+
+    def snapshot(self) -> Sequence[RunSnapshot]: ...
+
+
+def snapshot_from(
+    guardian: Guardian,
+    store: Store,
+    now: float,
+    *,
+    experiment: str | None = None,
+    up: bool = True,
+    last_poll_success: bool | None = None,
+    last_poll_success_at: float | None = None,
+) -> RunSnapshot:
+    """The snapshot of ``guardian``'s run at ``now``: step, step age, latest signals and per-check
+    verdicts from the guardian's memory; attempt, mode, incidents and interventions from ``store``.
+
+    ``Guardian`` does not record whether its polls succeed, so the caller passes that in (see
+    ``GuardianSource.record_poll``). ``experiment`` defaults to the run's ``trainer.experiment_name=``
+    override when its stored command has one, else the run's name for runs without a stored command
+    (``guardian watch``), else the run id. Safe to call from another thread while the guard loop
+    ticks: it copies what it reads from memory, and the store opens its own session per call.
+    """
+    run_id = guardian.run_id
+    run = store.get_run(run_id)
+    attempt = store.latest_attempt(run_id)
+    history = guardian.history
+    step = history.last_step
+    arrived = history.arrivals.get(step) if step is not None else None
+    signals: dict[Signal, float] = {}
+    for signal, series in history.series.items():
+        value = _last(series.values)
+        if value is not None:
+            signals[signal] = value
+    checks = {check.name: Severity.UNKNOWN for check in guardian.checks}
+    checks.update({name: finding.severity for name, finding in dict(guardian.tracker.latest).items()})
+    interventions = store.interventions(run_id)
+    incidents = store.list_incidents(run_id, limit=_ALL_INCIDENTS)
+    open_worst: dict[str, Severity] = {}
+    for incident in incidents:
+        if incident.is_open:
+            open_worst[incident.check] = max(incident.severity, open_worst.get(incident.check, Severity.OK))
+    latest = store.latest_step(run_id)
+    components = {
+        key.removeprefix(keys.REWARD_COMPONENT_PREFIX): value
+        for key, value in (latest[1].items() if latest is not None else ())
+        if key.startswith(keys.REWARD_COMPONENT_PREFIX) and value is not None
+    }
+    return RunSnapshot(
+        run_id=run_id,
+        experiment=experiment or _experiment_of(run, run_id),
+        attempt=attempt.number if attempt is not None else None,
+        mode=run.mode if run is not None else "",
+        step=step,
+        last_step_age_seconds=max(0.0, now - arrived) if arrived is not None else None,
+        signals=signals,
+        checks=checks,
+        reward_components=components,
+        incidents_opened=dict(Counter(i.check for i in incidents)),
+        open_incidents=open_worst,
+        interventions_finished=dict(Counter(i.state.lower() for i in interventions if i.finished)),
+        intervention_in_progress=any(not i.finished for i in interventions),
+        notifications=store.delivery_counts(run_id),
+        up=up,
+        last_poll_success=last_poll_success,
+        last_poll_success_at=last_poll_success_at,
+    )
+
+
+def _last(values: list[float]) -> float | None:
+    """The last element, or None; tolerant of the guard loop truncating the list meanwhile."""
+    try:
+        return values[-1]
+    except IndexError:
+        return None
+
+
+def _experiment_of(run: RunView | None, run_id: str) -> str:
+    if run is None:
+        return run_id
+    if run.command is None:
+        return run.name or run_id
+    return run.override("trainer.experiment_name") or run_id
+
+
+@dataclass
+class GuardianSource:
+    """An ``ExportSource`` over one ``Guardian``: the glue a guard loop needs.
+
+    Call ``record_poll`` after each tick (``ok=False`` when it raised); every scrape then builds a
+    fresh snapshot with ``snapshot_from``. Set ``up`` to False once the guardian stops guarding the
+    run while the exporter keeps serving.
+    """
+
+    guardian: Guardian
+    store: Store
+    clock: Callable[[], float]
+    experiment: str | None = None
+    up: bool = True
+    _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
+    _poll_ok: bool | None = field(default=None, init=False)
+    _poll_ok_at: float | None = field(default=None, init=False)
+
+    def record_poll(self, ok: bool, at: float | None = None) -> None:
+        """Note the outcome of one poll (a guard-loop tick) at ``at`` (default: now)."""
+        when = self.clock() if at is None else at
+        with self._lock:
+            self._poll_ok = ok
+            if ok:
+                self._poll_ok_at = when
+
+    def snapshot(self) -> list[RunSnapshot]:
+        """The guardian's run, as of now."""
+        with self._lock:
+            ok, ok_at = self._poll_ok, self._poll_ok_at
+        return [
+            snapshot_from(
+                self.guardian,
+                self.store,
+                self.clock(),
+                experiment=self.experiment,
+                up=self.up,
+                last_poll_success=ok,
+                last_poll_success_at=ok_at,
+            )
+        ]
