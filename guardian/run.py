@@ -12,7 +12,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
-from contextlib import nullcontext
+from contextlib import ExitStack, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,6 +21,7 @@ from rich.console import Group
 from rich.live import Live
 from rich.text import Text
 
+from guardian.actions.dirlock import DirLockedError, holding
 from guardian.actions.process import LocalProcessControl
 from guardian.config import GuardianConfig
 from guardian.logs import event, get_logger
@@ -147,42 +148,48 @@ def run_guarded(config: GuardianConfig, request: RunRequest, *, stop: threading.
                 + "\n"
             )
             return 0
-        if known is None:
-            register_run(store, supervisor, name=" ".join(command)[:200])
-        log.info(
-            event(
-                "run",
-                {
-                    "run": request.run_id,
-                    "mode": config.mode,
-                    "folder": supervisor.folder.root,
-                    "checkpoints": supervisor.checkpoint_dir,
-                    "db": store.url,
-                },
+        with ExitStack() as held:
+            try:  # one guardian per checkpoint dir, taken before the run is registered or anything starts
+                held.enter_context(holding(Path(supervisor.checkpoint_dir), request.run_id))
+            except DirLockedError as exc:
+                log.error(event("checkpoint_dir_locked", {"run": request.run_id, "message": str(exc)}))
+                return 1
+            if known is None:
+                register_run(store, supervisor, name=" ".join(command)[:200])
+            log.info(
+                event(
+                    "run",
+                    {
+                        "run": request.run_id,
+                        "mode": config.mode,
+                        "folder": supervisor.folder.root,
+                        "checkpoints": supervisor.checkpoint_dir,
+                        "db": store.url,
+                    },
+                )
             )
-        )
-        previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
-        try:
-            # sinks and the exporter first: a bad webhook setting or a busy port fails before the trainer starts
-            with (
-                notifying(config, store, request.run_id, time.time, os.environ),
-                exporting(supervisor.guardian, store, config.exporter, time.time, stop) as polled,
-            ):
-                supervisor.start()
-                code = _loop(supervisor, stop, config.sources.poll_interval_s, live=request.live, after_tick=polled)
-            if code is not None:
-                return code
-        finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
-        log.warning(
-            event(
-                "guardian_stopped",
-                {
-                    "run": request.run_id,
-                    "trainer": "left running",
-                    "reattach": f"guardian run --attach {request.run_id}",
-                },
+            previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
+            try:
+                # sinks and the exporter first: a bad webhook setting or a busy port fails before the trainer starts
+                with (
+                    notifying(config, store, request.run_id, time.time, os.environ),
+                    exporting(supervisor.guardian, store, config.exporter, time.time, stop) as polled,
+                ):
+                    supervisor.start()
+                    code = _loop(supervisor, stop, config.sources.poll_interval_s, live=request.live, after_tick=polled)
+                if code is not None:
+                    return code
+            finally:
+                for sig, handler in previous.items():
+                    signal.signal(sig, handler)
+            log.warning(
+                event(
+                    "guardian_stopped",
+                    {
+                        "run": request.run_id,
+                        "trainer": "left running",
+                        "reattach": f"guardian run --attach {request.run_id}",
+                    },
+                )
             )
-        )
-        return EXIT_INTERRUPTED
+            return EXIT_INTERRUPTED

@@ -1,0 +1,49 @@
+"""One guardian per checkpoint dir: an advisory lock held while ``guardian run`` guards a run.
+
+Two guardians pointed at one ``trainer.default_local_dir`` would each roll back, quarantine and rewrite
+the tracker under the other's trainer. ``holding`` takes an exclusive ``flock`` on
+``<dir>/.guardian.lock`` (the file names the holder) and refuses at start when another guardian
+holds it. The lock belongs to the open file, which is not inherited by the trainer, so it goes away
+with the guardian's process (a ``kill -9`` included) and ``guardian run --attach`` can take it again.
+flock is reliable on local disks; on NFS it depends on the server, so it is a safety net there, not a
+guarantee.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import socket
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Final
+
+LOCK_NAME: Final = ".guardian.lock"
+
+
+class DirLockedError(RuntimeError):
+    """Another guardian guards this checkpoint dir."""
+
+
+@contextmanager
+def holding(directory: Path, run_id: str) -> Iterator[Path]:
+    """Hold the guardian lock of ``directory`` (created if missing) for the block; yields the lock file."""
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / LOCK_NAME
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 512, 0).decode(errors="replace").strip() or "unknown"
+            raise DirLockedError(
+                f"checkpoint dir {directory} is guarded by another guardian ({holder}); two guardians on one "
+                "checkpoint dir would roll back and quarantine under each other's trainers. Stop that guardian, "
+                "or give this run its own trainer.default_local_dir"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"run={run_id} pid={os.getpid()} host={socket.gethostname()}\n".encode(), 0)
+        yield path
+    finally:
+        os.close(fd)  # releases the lock; the file stays (removing it would race a new holder)
