@@ -88,7 +88,7 @@ def derive_run_id(metrics: Path) -> str:
 
 def cmd_watch(args: argparse.Namespace) -> int:
     from guardian.daemon import Guardian
-    from guardian.notify.setup import notifying
+    from guardian.notify.setup import notifying, sink_names
     from guardian.sinks.export import exporting
     from guardian.sources.console import ConsoleFile
     from guardian.sources.jsonl import MetricsFile
@@ -123,7 +123,7 @@ def cmd_watch(args: argparse.Namespace) -> int:
             signal.signal(sig, lambda *_: stop.set())
         with (
             notifying(config, store, run_id, time.time, os.environ),
-            exporting(guardian, store, config.exporter, time.time, stop) as polled,
+            exporting(guardian, store, config.exporter, time.time, stop, sink_names(config)) as polled,
         ):
             _watch_loop(
                 guardian,

@@ -171,14 +171,15 @@ class ExporterConfig(_Section):
     port: int = Field(9464, ge=0, le=65535, description="Port (0 = any free port).")
     allow_public: bool = Field(False, description="Allow 0.0.0.0 / :: as host.")
     linger_s: float = Field(
-        30.0,
+        75.0,
         ge=0,
-        description="After the guard loop ends (not when interrupted), keep serving guardian_up=0 and the final "
-        "counters this long, so Prometheus scrapes them (a gave-up, a clean stop).",
+        description="When the guardian stops (run ended, or a first Ctrl-C / SIGTERM), keep serving guardian_up=0 "
+        "and the final counters this long so Prometheus scrapes them; more than your scrape interval.",
     )
 
 
-Level = Literal["info", "warning", "critical"]
+LevelName = Literal["info", "warning", "critical"]
+RESERVED_SINK_NAMES = frozenset({"log", "wandb", "grafana"})  # the built-in sinks' names in the deliveries table
 
 
 class WebhookConfig(_Section):
@@ -187,7 +188,7 @@ class WebhookConfig(_Section):
         None, description="Environment variable holding the URL (a Slack webhook URL is a secret: never in this file)."
     )
     url_file: Path | None = Field(None, description="File holding the URL (alternative to url_env).")
-    min_level: Level = Field("warning", description="Send events at this level and above.")
+    min_level: LevelName = Field("warning", description="Send events at this level and above.")
     timeout_s: float = Field(5.0, gt=0, description="HTTP timeout per request.")
 
     @model_validator(mode="after")
@@ -204,19 +205,26 @@ class WandbConfig(_Section):
     mode: Literal["online", "offline", "disabled"] | None = Field(
         None, description="wandb.init mode; default: wandb's."
     )
-    min_level: Level = Field("warning", description="Send events at this level and above.")
+    min_level: LevelName = Field("warning", description="Send events at this level and above.")
     wait_duration_s: float = Field(60.0, ge=0, description="wandb.alert wait_duration: gap between equal titles.")
 
 
 class NotifyConfig(_Section):
-    log_level: Level = Field("warning", description="The log notifier (always on) logs events at this level and above.")
+    log_level: LevelName = Field(
+        "info", description="The log notifier (always on) logs events at this level and above."
+    )
     webhooks: tuple[WebhookConfig, ...] = Field((), description="Slack-compatible JSON webhooks.")
     wandb: WandbConfig = WandbConfig()
     cooldown_s: float = Field(
         1800.0, ge=0, description="Per check: a new incident alert within this many seconds of the last is held back."
     )
     max_age_s: float = Field(3600.0, gt=0, description="Events older than this when first seen are not sent.")
-    retries: int = Field(5, ge=0, description="Retries of a failed delivery (backoff 1, 2, 4... s, at most 60 s).")
+    retries: int = Field(
+        60,
+        ge=0,
+        description="Retries of a failed delivery, backoff 1, 2, 4... s up to 60 s (60 retries: about an hour); "
+        "a refusal no retry can change (bad token, 4xx) is dropped at once.",
+    )
     interval_s: float = Field(1.0, gt=0, description="How often the dispatcher looks for new events.")
 
     @model_validator(mode="after")
@@ -224,6 +232,9 @@ class NotifyConfig(_Section):
         names = [w.name for w in self.webhooks]
         if len(set(names)) != len(names):
             raise ValueError(f"webhook names must be unique, got {names}")
+        taken = sorted(set(names) & RESERVED_SINK_NAMES)
+        if taken:
+            raise ValueError(f"webhook names {taken} are taken by the built-in sinks {sorted(RESERVED_SINK_NAMES)}")
         return self
 
 

@@ -25,7 +25,8 @@ from guardian.config import GuardianConfig
 from guardian.demo.scenarios import SCENARIOS, RunFiles
 from guardian.findings import Severity
 from guardian.keys import Signal
-from guardian.notify.setup import notifying
+from guardian.notify.setup import notifying, sink_names
+from guardian.policy import CRASH_OUTPUT_EVIDENCE
 from guardian.run import local_supervisor, register_run
 from guardian.sinks.export import exporting
 from guardian.store import Store
@@ -92,7 +93,7 @@ class Narrator:
             evidence = ", ".join(
                 f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
                 for k, v in incident.evidence.items()
-                if v is not None and k != "stdout_tail"
+                if v is not None and k != CRASH_OUTPUT_EVIDENCE
             )
             if evidence:
                 self.console.print(f"         evidence: {escape(evidence)}")
@@ -161,7 +162,7 @@ def run_demo(config: GuardianConfig, *, scenario: str, json_output: bool) -> int
         code: int | None = None
         with (
             notifying(config, store, run_id, time.time, os.environ),
-            exporting(supervisor.guardian, store, config.exporter, time.time, stop) as polled,
+            exporting(supervisor.guardian, store, config.exporter, time.time, stop, sink_names(config)) as polled,
         ):
             supervisor.start()
             while code is None and not stop.is_set():

@@ -31,7 +31,7 @@ from guardian.logs import event, get_logger
 TOKEN_ENV = "GRAFANA_TOKEN"
 _UID_MAX = 40  # Grafana's limit for dashboard and folder uids
 _TAG_MAX = 100
-_TAG_BAD = re.compile(r"[^a-z0-9:_-]+")
+_TAG_BAD = re.compile(r"[^A-Za-z0-9:._-]+")
 _MIN_EPOCH_MS = 10**11  # 1973 in ms; anything smaller is almost surely epoch *seconds*
 
 log = get_logger("grafana")
@@ -216,9 +216,11 @@ def push_dashboards(
 
 
 def tag(text: str) -> str:
-    """``text`` as an annotation tag of ``[a-z0-9:_-]`` (accents folded, other runs become ``_``):
-    grafana-client puts tags into the query string unencoded, and Grafana splits ``key:value``."""
-    folded = unicodedata.normalize("NFKD", text).encode("ascii", "ignore").decode().lower()
+    """``text`` as an annotation tag of ``[A-Za-z0-9:._-]`` (accents folded, other runs become ``_``):
+    grafana-client puts tags into the query string unencoded, and Grafana splits ``key:value``. Case
+    and dots are kept, so ``run:<id>`` equals the dashboard's ``run:$run_id`` filter for run ids the
+    guardian makes (``guardian run``, ``watch``, ``demo``)."""
+    folded = unicodedata.normalize("NFKD", text).encode("ascii", "ignore").decode()
     cleaned = _TAG_BAD.sub("_", folded).strip("_")[:_TAG_MAX]
     if not cleaned:
         raise ValueError(f"tag {text!r} has no usable characters")

@@ -38,6 +38,9 @@ class Kind(StrEnum):
 
 # incidents of these checks are answered with a restart (Kind.RESTART), every other one with a remedy
 RESTART_CHECKS: frozenset[str] = frozenset({"stall", "crash"})
+# evidence key of a crash incident holding the trainer's last output: kept in the store, never sent out
+# (a trainer may print a token), so alerts point at `guardian incidents show` instead
+CRASH_OUTPUT_EVIDENCE = "stdout_tail"
 
 
 FINISHED = frozenset({State.RESOLVED, State.RELAPSED, State.GAVE_UP})

@@ -25,7 +25,7 @@ from guardian.actions.dirlock import DirLockedError, holding
 from guardian.actions.process import LocalProcessControl
 from guardian.config import GuardianConfig
 from guardian.logs import event, get_logger
-from guardian.notify.setup import notifying
+from guardian.notify.setup import notifying, sink_names
 from guardian.sinks.export import exporting
 from guardian.store import Store
 from guardian.supervisor import Supervisor
@@ -173,7 +173,9 @@ def run_guarded(config: GuardianConfig, request: RunRequest, *, stop: threading.
                 # sinks and the exporter first: a bad webhook setting or a busy port fails before the trainer starts
                 with (
                     notifying(config, store, request.run_id, time.time, os.environ),
-                    exporting(supervisor.guardian, store, config.exporter, time.time, stop) as polled,
+                    exporting(
+                        supervisor.guardian, store, config.exporter, time.time, stop, sink_names(config)
+                    ) as polled,
                 ):
                     supervisor.start()
                     code = _loop(supervisor, stop, config.sources.poll_interval_s, live=request.live, after_tick=polled)

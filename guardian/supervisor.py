@@ -22,7 +22,15 @@ from guardian.daemon import Clock, Guardian
 from guardian.findings import Finding, Severity
 from guardian.launcher import RunFolder, attach_attempt, launch_attempt
 from guardian.logs import event, get_logger
-from guardian.policy import EXIT_GAVE_UP, RESTART_CHECKS, Kind, PastIntervention, State, plan_intervention
+from guardian.policy import (
+    CRASH_OUTPUT_EVIDENCE,
+    EXIT_GAVE_UP,
+    RESTART_CHECKS,
+    Kind,
+    PastIntervention,
+    State,
+    plan_intervention,
+)
 from guardian.rescue import CRASH, Rescue, stored_argv, stored_env
 from guardian.sources.jsonl import MetricsFile
 from guardian.sources.rollouts import RolloutDir
@@ -150,7 +158,7 @@ class Supervisor(Rescue):
                 step,
                 f"trainer ended: {exit_status.describe()}" + (f": {tail.splitlines()[-1]}" if tail else ""),
                 step,
-                {"exit_code": exit_status.exit_code, "signal": exit_status.signal, "stdout_tail": tail},
+                {"exit_code": exit_status.exit_code, "signal": exit_status.signal, CRASH_OUTPUT_EVIDENCE: tail},
             )
             crash = self.store.open_incident(self.run_id, finding, self.clock())
             self.store.add_finding(

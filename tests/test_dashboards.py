@@ -30,6 +30,7 @@ from guardian.dashboards import (
     render,
 )
 from guardian.dashboards import export as export_module  # the module (the function is export_all)
+from guardian.dashboards.dashboard import RUN_TAG
 from guardian.findings import Severity
 
 REPO = Path(__file__).resolve().parents[1]
@@ -166,7 +167,7 @@ def test_grafana_schema_models_read_every_field(dashboard: dict[str, Any]) -> No
             (t["expr"], t["legendFormat"], t["refId"]) for t in sent["targets"]
         ]
     tag_query = parsed.annotations.list_val[1].target.to_json()
-    assert tag_query == {"type": "tags", "tags": [ANNOTATION_TAG], "matchAny": True, "limit": 100}
+    assert tag_query == {"type": "tags", "tags": [RUN_TAG], "matchAny": True, "limit": 100}
     assert [(v.name, v.type_val) for v in parsed.templating.list_val] == [
         ("datasource", "datasource"),
         ("run_id", "query"),
@@ -225,7 +226,7 @@ def test_variables_and_annotations(dashboard: dict[str, Any]) -> None:
     built_in, tags = dashboard["annotations"]["list"]
     assert built_in["builtIn"] == 1 and built_in["name"] == "Annotations & Alerts"
     assert tags["datasource"] == {"type": "grafana", "uid": "-- Grafana --"} and tags["enable"]
-    assert tags["target"] == {"type": "tags", "tags": [ANNOTATION_TAG], "matchAny": True, "limit": 100}
+    assert tags["target"] == {"type": "tags", "tags": [RUN_TAG], "matchAny": True, "limit": 100}
 
 
 def test_status_timelines_speak_in_severities() -> None:

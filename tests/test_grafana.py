@@ -302,7 +302,7 @@ def test_annotation_region_open_then_closed(api: GrafanaApi, fake_grafana: FakeG
         api, time_ms=T0, time_end_ms=None, tags=tags, text="entropy collapse", dashboard_uid="rlguard-overview"
     )
     (post,) = fake_grafana.calls("POST", "/api/annotations")
-    assert post.body["tags"] == ["rlguard", "run:my_run_7", "sev:critical"]
+    assert post.body["tags"] == ["rlguard", "Run:My_Run_7", "sev:critical"]
     assert post.body["time"] == T0 and post.body["timeEnd"] is None
     assert post.body["dashboardUID"] == "rlguard-overview"
 
@@ -310,10 +310,10 @@ def test_annotation_region_open_then_closed(api: GrafanaApi, fake_grafana: FakeG
     (patch,) = fake_grafana.calls("PATCH")
     assert patch.path == f"/api/annotations/{ann_id}" and patch.body == {"timeEnd": T0 + 60_000}
 
-    (found,) = api.annotations.find_annotations(tags=["rlguard", "run:my_run_7"])
+    (found,) = api.annotations.find_annotations(tags=["rlguard", "Run:My_Run_7"])
     assert found["id"] == ann_id and found["dashboardUID"] == "rlguard-overview"
     assert (found["time"], found["timeEnd"]) == (T0, T0 + 60_000)
-    assert found["tags"] == ["rlguard", "run:my_run_7", "sev:critical"]  # closing kept the tags
+    assert found["tags"] == ["rlguard", "Run:My_Run_7", "sev:critical"]  # closing kept the tags
 
 
 def test_client_partial_update_would_strip_tags(api: GrafanaApi, fake_grafana: FakeGrafana) -> None:
@@ -349,9 +349,10 @@ def test_add_annotation_rejects_bad_input(api: GrafanaApi, kwargs: dict[str, Any
     ("raw", "clean"),
     [
         ("rlguard", "rlguard"),
-        ("Sev:CRITICAL", "sev:critical"),
+        ("Sev:CRITICAL", "Sev:CRITICAL"),
+        ("run:Qwen2.5-7B-grpo-1a2b", "run:Qwen2.5-7B-grpo-1a2b"),
         ("run:exp 1/seed=2", "run:exp_1_seed_2"),
-        ("Entropía", "entropia"),
+        ("Entropía", "Entropia"),
         ("  padded  ", "padded"),
         ("a&b?c#d", "a_b_c_d"),
         ("x" * 300, "x" * 100),

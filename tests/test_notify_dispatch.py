@@ -10,10 +10,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from sqlalchemy.exc import OperationalError
 
+from guardian.config import NotifyConfig, WebhookConfig
 from guardian.findings import Finding, Severity
 from guardian.notify.dispatcher import Decision, Dispatcher, DispatchPolicy, backoff_s, decide
 from guardian.notify.events import EventKind, GuardianEvent, Level, load_events
+from guardian.notify.notifiers import NotifyError
 from guardian.store import Store
 from guardian.store.deliveries import DeliveryView
 
@@ -204,3 +207,64 @@ def test_decide_is_pure_and_events_come_from_the_store(store: Store) -> None:
     assert ev.key == f"incident:{number}:critical"
     assert decide(ev, RecordingSink(min_level=Level.CRITICAL), {}, T0 + 1, DispatchPolicy()) is Decision.SEND
     assert decide(ev, RecordingSink(), {}, T0 + 99_999, DispatchPolicy()) is Decision.STALE
+
+
+def test_an_escalation_long_after_the_opening_is_still_news(store: Store) -> None:
+    number = incident(store, "kl_drift", Severity.WARN, T0)
+    store.escalate_incident(number, Finding("kl_drift", Severity.CRITICAL, 900, "worse"), T0 + 7200)
+    sink = RecordingSink()
+    dispatcher(store, Clock(T0 + 7201), sink, max_age_s=3600).pass_once()
+    assert sink.got == [f"incident:{number}:critical"]
+
+
+def test_a_closing_waits_for_its_failing_opening(store: Store) -> None:
+    clock = Clock(T0 + 1)
+    number = incident(store, "stall", Severity.CRITICAL, T0)
+    sink = RecordingSink(failures=1)
+    d = dispatcher(store, clock, sink)
+    d.pass_once()  # the opening fails
+    store.close_incident(number, status="resolved", now=T0 + 1.5, note="")
+    clock.now = T0 + 1.6
+    d.pass_once()  # its retry is not due; the closing must not overtake it
+    assert sink.got == []
+    clock.now = T0 + 3
+    d.pass_once()
+    assert sink.got == [f"incident:{number}:critical", f"incident:{number}:closed"]
+
+
+def test_a_refusal_no_retry_can_change_is_dropped_at_once(store: Store) -> None:
+    class Refused(RecordingSink):
+        def deliver(self, event: GuardianEvent, earlier: Mapping[str, DeliveryView]) -> str | None:
+            raise NotifyError("webhook answered HTTP 404", retryable=False)
+
+    number = incident(store, "stall", Severity.CRITICAL, T0)
+    dispatcher(store, Clock(T0 + 1), Refused("refused"), retries=60).pass_once()
+    row = store.deliveries(RUN, "refused")[f"incident:{number}:critical"]
+    assert (row.status, row.attempts) == ("dropped", 1)
+
+
+def test_a_send_the_store_could_not_record_is_recorded_not_resent(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    number = incident(store, "stall", Severity.CRITICAL, T0)
+    sink = RecordingSink()
+    d = dispatcher(store, Clock(T0 + 1), sink)
+    real = store.record_delivery
+    calls = {"n": 0}
+
+    def busy_once(*args: object, **kwargs: object) -> None:
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise OperationalError("UPDATE deliveries", {}, Exception("database is locked"))
+        real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(store, "record_delivery", busy_once)
+    d.pass_once()  # sent, then the bookkeeping failed
+    d.pass_once()
+    assert sink.got == [f"incident:{number}:critical"]  # once
+    assert store.deliveries(RUN, "rec")[f"incident:{number}:critical"].external_id == "id-1"
+
+
+def test_webhook_names_cannot_take_a_built_in_sink_name() -> None:
+    with pytest.raises(ValueError, match="taken by the built-in sinks"):
+        NotifyConfig(webhooks=(WebhookConfig(name="grafana", url_env="X"),))

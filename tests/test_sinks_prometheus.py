@@ -451,8 +451,19 @@ def test_watch_serves_metrics_while_it_guards(tmp_path: Path) -> None:
                 continue
         assert 'guardian_check_status{check="length_collapse"' in text
         assert "guardian_up{" in text and "guardian_incidents_total{" in text
+        proc.send_signal(signal.SIGINT)  # stop watching: the exporter says so before it goes
+        deadline = time.monotonic() + 15
+
+        def up() -> list[float]:
+            text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+            return [value for (name, _), value in series_of(text).items() if name == "guardian_up"]
+
+        while up() != [0.0]:
+            assert time.monotonic() < deadline, "guardian_up never turned 0 after SIGINT"
+            time.sleep(0.1)
+        assert proc.poll() is None  # still lingering
     finally:
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(signal.SIGINT)  # a second signal ends the linger
         proc.communicate(timeout=20)
 
 
@@ -462,7 +473,7 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def test_after_the_loop_the_exporter_lingers_with_up_zero_unless_interrupted(tmp_path: Path) -> None:
+def test_a_stopped_guardian_lingers_with_up_zero_until_a_second_signal(tmp_path: Path) -> None:
     metrics = tmp_path / "m.jsonl"
     metrics.write_text("")
     with Store.open(f"sqlite:///{tmp_path / 'g.db'}") as store:
@@ -481,17 +492,40 @@ def test_after_the_loop_the_exporter_lingers_with_up_zero_unless_interrupted(tmp
             time.sleep(0.3)
             got = series_of(scrape(f"http://127.0.0.1:{port}/metrics")[0])
             seen.append(got[("guardian_up", frozenset({"run_id": "r1", "experiment": "r1"}.items()))])
-            stop.set()  # Ctrl-C during the linger ends it
+            stop.set()  # a second Ctrl-C during the linger ends it
 
         started = time.monotonic()
         with exporting(guardian, store, cfg, time.time, stop) as polled:
             polled()
+            stop.set()  # the first Ctrl-C / SIGTERM ended the guard loop: the exporter still lingers
             threading.Thread(target=scrape_then_stop, daemon=True).start()
-        assert seen == [0.0] and time.monotonic() - started < 4.0
+        assert seen == [0.0] and 0.3 <= time.monotonic() - started < 4.0
+        assert stop.is_set()  # the caller still sees the stop
 
-        started = time.monotonic()  # interrupted (stop already set): no linger at all
-        with exporting(guardian, store, cfg, time.time, stop):
-            pass
+        started = time.monotonic()
         with pytest.raises(KeyboardInterrupt), exporting(guardian, store, cfg, time.time, threading.Event()):
-            raise KeyboardInterrupt  # an exception ends it at once too
+            raise KeyboardInterrupt  # an exception ends it at once
         assert time.monotonic() - started < 2.0
+
+
+def test_notification_counters_start_at_zero_and_only_count_final_results(tmp_path: Path) -> None:
+    metrics = tmp_path / "m.jsonl"
+    metrics.write_text("")
+    with Store.open(f"sqlite:///{tmp_path / 'g.db'}") as store:
+        store.ensure_run(
+            "r1", name="r1", metrics_path=str(metrics), rollouts_dir="", checkpoints_dir=None, mode="enforce", now=0.0
+        )
+        for key, status in (("incident:1:critical", "sent"), ("incident:2:critical", "failing")):
+            store.record_delivery("r1", "oncall", key, check="stall", level=2, status=status, now=1.0)
+        guardian = Guardian(
+            config=GuardianConfig(), store=store, run_id="r1", metrics=MetricsFile(metrics), clock=lambda: 0.0
+        )
+        snap = snapshot_from(guardian, store, 2.0, sinks=["log", "oncall"])
+    assert snap.notifications == {
+        ("log", "sent"): 0,
+        ("log", "suppressed"): 0,
+        ("log", "dropped"): 0,
+        ("oncall", "sent"): 1,
+        ("oncall", "suppressed"): 0,
+        ("oncall", "dropped"): 0,  # present before the first drop, so increase() sees it
+    }  # the failing row is not counted: it will turn sent or dropped, and a counter never goes down

@@ -6,10 +6,11 @@ dashboard SDK: they are exactly what Grafana stores, need no dependency at run t
 with SDK releases; the tests parse them with the pinned grafana-foundation-sdk models instead
 (docs/observability-notes.md §2).
 
-``ANNOTATION_TAG`` is the tag of the annotations the guardian posts; every dashboard shows them.
+``ANNOTATION_TAG`` is the tag of every annotation the guardian posts; ``run_tag(run_id)`` ties one to its
+run, and the dashboards show the annotations of the runs selected in ``$run_id``.
 """
 
-from guardian.dashboards.dashboard import ANNOTATION_TAG, SCHEMA_VERSION, metric_names, panel_queries
+from guardian.dashboards.dashboard import ANNOTATION_TAG, SCHEMA_VERSION, metric_names, panel_queries, run_tag
 from guardian.dashboards.export import DEFAULT_DIR, check, dashboards, export_all, render
 from guardian.dashboards.training import training_dashboard
 
@@ -23,5 +24,6 @@ __all__ = [
     "metric_names",
     "panel_queries",
     "render",
+    "run_tag",
     "training_dashboard",
 ]

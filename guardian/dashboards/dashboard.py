@@ -18,6 +18,14 @@ from guardian.dashboards.panels import DATASOURCE_VARIABLE, PROMETHEUS, RUN_VARI
 # Tag on every annotation the guardian posts (incident regions; stop, rollback, patch, resume points).
 # Every guardian dashboard shows the annotations carrying it, on every panel.
 ANNOTATION_TAG: Final = "guardian"
+
+
+def run_tag(run_id: str) -> str:
+    """The tag that ties an annotation to its run (the annotator posts it; the dashboard filters on it)."""
+    return f"run:{run_id}"
+
+
+RUN_TAG: Final = run_tag("$run_id")
 # Grafana's own annotation store (the built-in "-- Grafana --" data source)
 GRAFANA: Final[Json] = {"type": "grafana", "uid": "-- Grafana --"}
 # schemaVersion 41 is what Grafana 11.6 writes. Grafana migrates older schema versions upward when it
@@ -106,7 +114,8 @@ def annotation_list() -> Json:
         "hide": False,
         "iconColor": "red",
         "name": "Guardian events",
-        "target": {"type": "tags", "tags": [ANNOTATION_TAG], "matchAny": True, "limit": 100},
+        # the selected runs only: Grafana expands a multi-value $run_id into one tag per run, matched by any
+        "target": {"type": "tags", "tags": [RUN_TAG], "matchAny": True, "limit": 100},
     }
     return {"list": [built_in, guardian_events]}
 

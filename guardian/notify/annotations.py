@@ -2,8 +2,8 @@
 
 An incident becomes a *region*: posted as a point when it opens, its end set when it closes (an open
 incident has no end yet). Stop, rollback, patch and resume, and an intervention's outcome, become
-*points*. Every annotation carries the tag ``guardian`` - the dashboards' annotation query shows
-exactly that tag on every panel - plus ``run:<id>``, ``check:<name>``, ``incident:<n>`` and what
+*points*. Every annotation carries the tags ``guardian`` and ``run:<id>`` - the dashboards' annotation
+query shows the selected runs' tags on every panel - plus ``check:<name>``, ``incident:<n>`` and what
 happened, so a user can filter one run. The dispatcher retries failures with backoff; nothing here
 runs on the guard loop's thread.
 """
@@ -15,9 +15,9 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Final
 
 from guardian import grafana
-from guardian.dashboards import ANNOTATION_TAG
+from guardian.dashboards import ANNOTATION_TAG, run_tag
 from guardian.notify.compose import compose
-from guardian.notify.events import EventKind, GuardianEvent
+from guardian.notify.events import EventKind, GuardianEvent, opening_keys
 from guardian.policy import State
 from guardian.store.deliveries import SENT, DeliveryView
 
@@ -72,7 +72,7 @@ class GrafanaAnnotations:
             api,
             time_ms=epoch_ms(start),
             time_end_ms=end,
-            tags=[ANNOTATION_TAG, f"run:{event.run_id}", f"check:{event.check}", f"incident:{incident.id}", what],
+            tags=[ANNOTATION_TAG, run_tag(event.run_id), f"check:{event.check}", f"incident:{incident.id}", what],
             text=f"{alert.title}\n{alert.text}",
             dashboard_uid=self.dashboard_uid,
         )
@@ -85,8 +85,8 @@ class GrafanaAnnotations:
 
 def _opening_annotation(incident_id: int, earlier: Mapping[str, DeliveryView]) -> str | None:
     """The annotation id posted when the incident opened (None: not posted, or it failed for good)."""
-    prefix = f"incident:{incident_id}:"
-    for key, row in earlier.items():
-        if key.startswith(prefix) and not key.endswith(":closed") and row.status == SENT and row.external_id:
+    for key in opening_keys(incident_id, earlier):
+        row = earlier[key]
+        if row.status == SENT and row.external_id:
             return row.external_id
     return None

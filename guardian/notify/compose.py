@@ -19,7 +19,7 @@ from typing import Final
 
 from guardian.findings import Severity
 from guardian.notify.events import EventKind, GuardianEvent, Level
-from guardian.policy import EXIT_GAVE_UP, RESTART_CHECKS, State
+from guardian.policy import CRASH_OUTPUT_EVIDENCE, EXIT_GAVE_UP, RESTART_CHECKS, State
 
 TITLE_MAX: Final = 63  # W&B: a title must be under 64 characters
 TEXT_MAX: Final = 3000  # Slack: a section block's text holds at most 3000 characters
@@ -119,7 +119,9 @@ def format_value(value: object) -> str:
 
 
 def format_evidence(evidence: Mapping[str, object]) -> str:
-    """``key=value, ...`` in the incident's order, at most ``EVIDENCE_MAX_ITEMS`` of them."""
+    """``key=value, ...`` in the incident's order, at most ``EVIDENCE_MAX_ITEMS`` of them; a crash's
+    output is left out (it stays in the store: ``guardian incidents show``)."""
+    evidence = {k: v for k, v in evidence.items() if k != CRASH_OUTPUT_EVIDENCE}
     items = [f"{_one_line(str(k))}={format_value(v)}" for k, v in list(evidence.items())[:EVIDENCE_MAX_ITEMS]]
     if len(evidence) > EVIDENCE_MAX_ITEMS:
         items.append(f"(+{len(evidence) - EVIDENCE_MAX_ITEMS} more)")

@@ -25,7 +25,7 @@ from enum import StrEnum
 from typing import Protocol
 
 from guardian.logs import event, get_logger
-from guardian.notify.events import EventKind, GuardianEvent, load_events
+from guardian.notify.events import EventKind, GuardianEvent, is_incident_alert, load_events, opening_keys
 from guardian.store import Store
 from guardian.store.deliveries import DROPPED, FAILING, SENT, SUPPRESSED, DeliveryView
 
@@ -56,7 +56,7 @@ class Sink(Protocol):
 @dataclass(frozen=True, slots=True)
 class DispatchPolicy:
     max_age_s: float = 3600.0
-    retries: int = 5
+    retries: int = 60
     interval_s: float = 1.0
 
 
@@ -88,15 +88,18 @@ def decide(
             return Decision.SKIP
         due = past.updated_at.timestamp() + backoff_s(past.attempts)
         return Decision.SEND if now >= due else Decision.SKIP
-    if now - event.at.timestamp() > policy.max_age_s:
+    if now - event.last_change.timestamp() > policy.max_age_s:
         return Decision.STALE
+    if event.kind is EventKind.INCIDENT_CLOSED and any(
+        earlier[k].status == FAILING for k in opening_keys(event.incident.id, earlier)
+    ):
+        return Decision.SKIP  # the closing waits for its opening (a Grafana region needs the opening's id)
     if event.kind is EventKind.INCIDENT and sink.cooldown_s > 0:
         for other in earlier.values():
             if (
                 other.status == SENT
                 and other.check == event.check
-                and other.event_key.startswith("incident:")
-                and not other.event_key.endswith(":closed")
+                and is_incident_alert(other.event_key)
                 and other.level >= int(event.level)
                 and now - other.updated_at.timestamp() < sink.cooldown_s
             ):
@@ -122,6 +125,9 @@ class Dispatcher:
         self.clock = clock
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        # sent, but the store refused the bookkeeping (busy): recorded before anything else is sent,
+        # so a busy store never makes an event go out twice
+        self._unrecorded: dict[tuple[str, str], tuple[GuardianEvent, float, str | None]] = {}
 
     def pass_once(self) -> int:
         """Deliver every due event; returns how many delivery attempts were made. Never raises."""
@@ -139,6 +145,10 @@ class Dispatcher:
         return attempts
 
     def _sweep(self, sink: Sink, events: Sequence[GuardianEvent]) -> int:
+        for (name, key), (ev, sent_at, external_id) in list(self._unrecorded.items()):
+            if name == sink.name:
+                self._record(sink, ev, SENT, sent_at, external_id=external_id)
+                del self._unrecorded[name, key]
         earlier = self.store.deliveries(self.run_id, sink.name)
         attempts = 0
         for ev in events:
@@ -163,7 +173,9 @@ class Dispatcher:
         except Exception as exc:
             past = earlier.get(ev.key)
             tries = (past.attempts if past is not None else 0) + 1
-            status = DROPPED if tries > self.policy.retries else FAILING
+            # a refusal that a retry cannot change (bad token, no permission, bad request) is final
+            final = tries > self.policy.retries or getattr(exc, "retryable", True) is False
+            status = DROPPED if final else FAILING
             self._record(sink, ev, status, now, error=f"{type(exc).__name__}: {exc}")
             fields = {"run": self.run_id, "sink": sink.name, "event": ev.key, "attempt": tries, "detail": str(exc)}
             if status == DROPPED:
@@ -171,7 +183,11 @@ class Dispatcher:
             else:
                 log.warning(event("alert_failed", {**fields, "retry_in_s": backoff_s(tries)}))
             return
-        self._record(sink, ev, SENT, now, external_id=external_id)
+        try:
+            self._record(sink, ev, SENT, now, external_id=external_id)
+        except Exception:
+            self._unrecorded[sink.name, ev.key] = (ev, now, external_id)
+            raise
 
     def _record(
         self,
@@ -212,8 +228,9 @@ class Dispatcher:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout_s)
-            if self._thread.is_alive():
+            if self._thread.is_alive():  # a sink hangs: closing it could block on the same call
                 log.warning(event("notify_flush_timeout", {"run": self.run_id, "after_s": timeout_s}))
+                return
         for sink in self.sinks:
             try:
                 sink.close()

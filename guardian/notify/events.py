@@ -15,7 +15,7 @@ Keys, per run:
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import IntEnum, StrEnum
@@ -79,6 +79,28 @@ class GuardianEvent:
     def check(self) -> str:
         return self.incident.check
 
+    @property
+    def last_change(self) -> datetime:
+        """When the store last changed what this event announces: an escalation is news when it happens,
+        even if the incident opened long before (the horizon is judged against this)."""
+        return max(self.at, self.incident.updated_at) if self.kind is EventKind.INCIDENT else self.at
+
+
+def incident_key(incident_id: int, suffix: str) -> str:
+    """``incident:<id>:<suffix>``: suffix a severity label (opened or escalated) or ``closed``."""
+    return f"incident:{incident_id}:{suffix}"
+
+
+def is_incident_alert(key: str) -> bool:
+    """Whether ``key`` announces an incident (its opening or an escalation), not its closing."""
+    return key.startswith("incident:") and not key.endswith(":closed")
+
+
+def opening_keys(incident_id: int, keys: Iterable[str]) -> list[str]:
+    """The keys among ``keys`` that announced incident ``incident_id`` (opening, escalations)."""
+    prefix = incident_key(incident_id, "")
+    return [k for k in keys if k.startswith(prefix) and is_incident_alert(k)]
+
 
 def run_events(
     run_id: str,
@@ -92,13 +114,13 @@ def run_events(
     for incident in incidents:
         level = _INCIDENT_LEVEL.get(incident.severity)
         if level is not None:
-            key = f"incident:{incident.id}:{incident.severity.label}"
+            key = incident_key(incident.id, incident.severity.label)
             events.append(GuardianEvent(key, EventKind.INCIDENT, run_id, incident.opened_at, level, incident, mode))
         if incident.closed_at is not None:
             closed_level = Level.CRITICAL if incident.status == "gave_up" else Level.INFO
             events.append(
                 GuardianEvent(
-                    f"incident:{incident.id}:closed",
+                    incident_key(incident.id, "closed"),
                     EventKind.INCIDENT_CLOSED,
                     run_id,
                     incident.closed_at,

@@ -47,7 +47,12 @@ _BODY_SHOWN: Final = 100  # characters of an error response shown in NotifyError
 
 
 class NotifyError(RuntimeError):
-    """A notifier could not deliver an alert (the message never holds a secret)."""
+    """A notifier could not deliver an alert (the message never holds a secret). ``retryable`` is False
+    when trying again cannot help (the receiver refused the request itself: 4xx, a redirect)."""
+
+    def __init__(self, message: str, *, retryable: bool = True) -> None:
+        super().__init__(message)
+        self.retryable = retryable
 
 
 class Notifier(Protocol):
@@ -119,6 +124,8 @@ class WebhookNotifier:
         parts = urlsplit(url) if shown != "<invalid url>" else None
         if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(f"webhook {name}: need an http(s) URL with a host, got {shown}")
+        if "@" in parts.netloc:  # urllib would not send them as basic auth, and errors would echo them
+            raise ValueError(f"webhook {name}: credentials in the URL are not supported ({shown})")
         if timeout_s <= 0:
             raise ValueError(f"webhook {name}: timeout_s must be positive, got {timeout_s}")
         self.name = name
@@ -171,7 +178,10 @@ class WebhookNotifier:
         except urllib.error.HTTPError as exc:
             body = self._scrub(_read_some(exc))
             detail = f": {body}" if body else ""
-            raise NotifyError(f"{where} answered HTTP {exc.code} {self._scrub(str(exc.reason))}{detail}") from None
+            raise NotifyError(
+                f"{where} answered HTTP {exc.code} {self._scrub(str(exc.reason))}{detail}",
+                retryable=exc.code >= 500 or exc.code in (408, 429),
+            ) from None
         except urllib.error.URLError as exc:
             if isinstance(exc.reason, TimeoutError):
                 raise NotifyError(f"{where}: no answer within {self.timeout_s:g}s") from None
@@ -180,8 +190,8 @@ class WebhookNotifier:
             raise NotifyError(f"{where}: no answer within {self.timeout_s:g}s") from None
         except (OSError, http.client.HTTPException) as exc:
             raise NotifyError(f"{where}: cannot deliver: {type(exc).__name__}: {self._scrub(str(exc))}") from None
-        if not 200 <= status < 300:
-            raise NotifyError(f"{where} answered HTTP {status}")
+        if not 200 <= status < 300:  # a redirect (not followed) or another non-success answer
+            raise NotifyError(f"{where} answered HTTP {status}", retryable=status >= 500)
 
     def close(self) -> None:
         return None

@@ -1,5 +1,7 @@
-"""Build a run's dispatcher from guardian.yaml (``notify``, ``grafana``): the one place that reads
-secrets (webhook URLs, the Grafana token) from the environment or files, so nothing else sees them."""
+"""Build a run's dispatcher from guardian.yaml (``notify``, ``grafana``). Secrets (webhook URLs, the
+Grafana token) are read from the environment or files by ``webhook_url`` and ``grafana.load_token``
+only (``guardian doctor`` and ``dashboards push`` call them too) and go straight into the notifier or
+client, which never print them."""
 
 from __future__ import annotations
 
@@ -80,6 +82,13 @@ def annotations_sink(cfg: GrafanaConfig, env: Mapping[str, str]) -> GrafanaAnnot
         raise ConfigError(f"grafana: {exc}") from None
     connect = partial(grafana.connect, cfg.url, token, timeout_s=cfg.timeout_s)
     return GrafanaAnnotations(connect, dashboard_uid=cfg.dashboard_uid)
+
+
+def sink_names(config: GuardianConfig) -> list[str]:
+    """The names the configured sinks deliver under (and the exporter counts)."""
+    names = ["log", *(hook.name for hook in config.notify.webhooks)]
+    names += ["wandb"] if config.notify.wandb.enabled else []
+    return names + (["grafana"] if config.grafana.url is not None else [])
 
 
 def build_sinks(config: GuardianConfig, store: Store, run_id: str, env: Mapping[str, str]) -> list[Sink]:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 
 from guardian.config import ExporterConfig
@@ -23,19 +23,21 @@ def exporting(
     cfg: ExporterConfig,
     clock: Clock,
     stop: threading.Event | None = None,
+    sinks: Sequence[str] = (),
 ) -> Iterator[Callable[[], None]]:
     """Serve ``/metrics`` while the block runs; yields the callback to call after every successful tick.
     Disabled: serves nothing and yields a no-op.
 
     When the block ends the exporter says ``guardian_up 0`` and keeps serving for ``cfg.linger_s``, so
-    the last state (a gave-up, the final counters) is scraped and a clean stop reads differently from
-    a crash (whose series just vanish). An interrupted guardian (``stop`` set, or an exception) does
-    not linger, and setting ``stop`` during the linger ends it.
+    the last state (a gave-up, the final counters) is scraped and a stop reads differently from a
+    crash (whose series just vanish). That holds for a stop by signal too (``stop`` set: the first
+    Ctrl-C or SIGTERM); a second one, setting ``stop`` again, ends the linger. An exception (Ctrl-C as
+    KeyboardInterrupt in ``guardian demo``) ends it at once.
     """
     if not cfg.enabled:
         yield lambda: None
         return
-    source = GuardianSource(guardian, store, clock)
+    source = GuardianSource(guardian, store, clock, sinks=sinks)
     server, thread = serve(build_registry(source), cfg.host, cfg.port, allow_public=cfg.allow_public)
     log.info(event("exporter", {"url": f"http://{cfg.host}:{server.server_port}/metrics", "run": guardian.run_id}))
     ended = False
@@ -46,8 +48,10 @@ def exporting(
         source.up = False
         stop = stop or threading.Event()
         try:
-            if ended and cfg.linger_s > 0 and not stop.is_set():  # not after an exception (Ctrl-C in the demo)
+            if ended and cfg.linger_s > 0:  # not after an exception
+                stop.clear()
                 log.info(event("exporter_linger", {"seconds": cfg.linger_s, "skip": "Ctrl-C"}))
                 stop.wait(cfg.linger_s)
+                stop.set()
         finally:
             shutdown(server, thread)

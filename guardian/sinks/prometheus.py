@@ -39,8 +39,8 @@ guardian_incidents_total{check}        counter  incidents opened, per check (0 f
 guardian_interventions_total{state}    counter  interventions finished, per final state: ``resolved``,
                                                 ``relapsed``, ``gave_up`` (0 until one does)
 guardian_intervention_in_progress      gauge    1 while an intervention is under way, else 0
-guardian_notifications_total{sink,result}  counter  events per notifier / Grafana sink and result:
-                                                ``sent``, ``suppressed``, ``failing``, ``dropped``
+guardian_notifications_total{sink,result}  counter  events per notifier / Grafana sink and final result:
+                                                ``sent``, ``suppressed``, ``dropped`` (0 from the start)
 =====================================  =======  ========================================================
 
 Signal gauges carry the latest value the run logged for that signal. A value that is unknown or not
@@ -185,7 +185,7 @@ class _Families:
         self.in_progress = _gauge(keys.PROM_INTERVENTION_IN_PROGRESS, "1 while an intervention is under way, else 0.")
         self.notifications = CounterMetricFamily(
             keys.PROM_NOTIFICATIONS,
-            "Guardian events per notifier or Grafana sink and result (sent, suppressed, failing, dropped).",
+            "Guardian events per notifier or Grafana sink and final result (sent, suppressed, dropped).",
             labels=[*_RUN_LABELS, keys.PROM_LABEL_SINK, keys.PROM_LABEL_RESULT],
         )
 

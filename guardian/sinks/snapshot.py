@@ -16,11 +16,13 @@ from typing import TYPE_CHECKING, Final, Protocol
 from guardian import keys
 from guardian.findings import Severity
 from guardian.keys import Signal
+from guardian.store.deliveries import DROPPED, SENT, SUPPRESSED
 
 if TYPE_CHECKING:
     from guardian.daemon import Guardian
     from guardian.store import RunView, Store
 
+FINAL_RESULTS: Final = (SENT, SUPPRESSED, DROPPED)
 # store.list_incidents pages by default; the counter needs every incident of the run
 _ALL_INCIDENTS: Final = 2**31 - 1
 
@@ -86,6 +88,7 @@ def snapshot_from(
     up: bool = True,
     last_poll_success: bool | None = None,
     last_poll_success_at: float | None = None,
+    sinks: Sequence[str] = (),
 ) -> RunSnapshot:
     """The snapshot of ``guardian``'s run at ``now``: step, step age, latest signals and per-check
     verdicts from the guardian's memory; attempt, mode, incidents and interventions from ``store``.
@@ -135,11 +138,19 @@ def snapshot_from(
         open_incidents=open_worst,
         interventions_finished=dict(Counter(i.state.lower() for i in interventions if i.finished)),
         intervention_in_progress=any(not i.finished for i in interventions),
-        notifications=store.delivery_counts(run_id),
+        notifications=_final_deliveries(store.delivery_counts(run_id), sinks),
         up=up,
         last_poll_success=last_poll_success,
         last_poll_success_at=last_poll_success_at,
     )
+
+
+def _final_deliveries(counts: Mapping[tuple[str, str], int], sinks: Sequence[str]) -> dict[tuple[str, str], int]:
+    """Events per (sink, final result), every configured or seen sink from 0: a counter must only grow,
+    so the transient ``failing`` is left out (a row leaves it for sent or dropped), and a series that
+    starts at 0 lets ``increase()`` see the first drop."""
+    names = set(sinks) | {sink for sink, _ in counts}
+    return {(sink, result): counts.get((sink, result), 0) for sink in names for result in FINAL_RESULTS}
 
 
 def _last(values: list[float]) -> float | None:
@@ -172,6 +183,7 @@ class GuardianSource:
     clock: Callable[[], float]
     experiment: str | None = None
     up: bool = True
+    sinks: Sequence[str] = ()  # the configured notifier / Grafana sinks (their counters start at 0)
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
     _poll_ok: bool | None = field(default=None, init=False)
     _poll_ok_at: float | None = field(default=None, init=False)
@@ -197,5 +209,6 @@ class GuardianSource:
                 up=self.up,
                 last_poll_success=ok,
                 last_poll_success_at=ok_at,
+                sinks=self.sinks,
             )
         ]
