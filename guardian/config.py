@@ -200,7 +200,10 @@ class WebhookConfig(_Section):
 
 class WandbConfig(_Section):
     enabled: bool = Field(False, description="Mirror alerts with wandb.alert (needs verl-guardian[wandb]).")
-    project: str | None = Field(None, description="W&B project; default: the run's trainer.project_name.")
+    project: str | None = Field(
+        None,
+        description="W&B project; default: the command's trainer.project_name (guardian run), else verl-guardian.",
+    )
     entity: str | None = Field(None, description="W&B entity (team); default: your default entity.")
     mode: Literal["online", "offline", "disabled"] | None = Field(
         None, description="wandb.init mode; default: wandb's."
