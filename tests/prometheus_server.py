@@ -1,8 +1,9 @@
-"""A real Prometheus server (Debian's ``prometheus`` 2.42) on loopback for end-to-end tests.
+"""Real Prometheus (Debian's ``prometheus`` 2.42) and Alertmanager (``prometheus-alertmanager`` 0.25) servers
+on loopback for end-to-end tests.
 
-``running_prometheus`` writes a config into a scratch folder, starts ``prometheus`` with its TSDB there,
-waits for ``/-/ready`` and stops it afterwards; ``Prometheus`` wraps the few HTTP API calls the tests make.
-``prometheus_binary`` skips a test locally when the binary is missing and fails it under CI (env ``CI``).
+``running_prometheus`` / ``running_alertmanager`` write a config into a scratch folder, start the server with
+its storage there, wait for ``/-/ready`` and stop it afterwards; ``Prometheus`` wraps the few HTTP API calls the
+tests make. ``binary`` skips a test locally when a server is missing and fails it under CI (env ``CI``).
 """
 
 from __future__ import annotations
@@ -27,11 +28,11 @@ import pytest
 import yaml
 
 
-def prometheus_binary() -> str:
-    """The ``prometheus`` binary; skips the test when absent (fails it under CI, where .ci/run installs it)."""
-    found = shutil.which("prometheus")
+def binary(name: str, package: str) -> str:
+    """The ``name`` binary; skips the test when absent (fails it under CI, where .ci/run installs ``package``)."""
+    found = shutil.which(name)
     if found is None:
-        message = "prometheus not on PATH (Debian package prometheus; .ci/run installs it)"
+        message = f"{name} not on PATH (Debian package {package}; .ci/run installs it)"
         if os.environ.get("CI"):
             pytest.fail(message)
         pytest.skip(message)
@@ -97,29 +98,51 @@ class Prometheus:
 def running_prometheus(folder: Path, config: Mapping[str, Any], *, ready_timeout: float = 30.0) -> Iterator[Prometheus]:
     """Run ``prometheus`` with ``config`` (written to ``folder/prometheus.yml``) on a free loopback port, its TSDB
     under ``folder/data``; yields once ``/-/ready`` answers 200 and stops the server on exit."""
-    binary = prometheus_binary()
-    folder.mkdir(parents=True, exist_ok=True)
-    config_file = folder / "prometheus.yml"
-    config_file.write_text(yaml.safe_dump(dict(config), sort_keys=False))
     port = free_port()
-    log = folder / "prometheus.log"
+    config_file = _write_config(folder, "prometheus.yml", config)
+    command = [
+        binary("prometheus", "prometheus"),
+        f"--config.file={config_file}",
+        f"--storage.tsdb.path={folder / 'data'}",
+        f"--web.listen-address=127.0.0.1:{port}",
+        "--log.level=warn",
+    ]
+    with _serving(command, folder / "prometheus.log", f"http://127.0.0.1:{port}", ready_timeout) as process:
+        yield Prometheus(f"http://127.0.0.1:{port}", process, folder / "prometheus.log")
+
+
+@contextmanager
+def running_alertmanager(folder: Path, config: Mapping[str, Any], *, ready_timeout: float = 30.0) -> Iterator[str]:
+    """Run Debian's ``prometheus-alertmanager`` with ``config`` on a free loopback port (no clustering); yields
+    its ``host:port`` once ready."""
+    port = free_port()
+    config_file = _write_config(folder, "alertmanager.yml", config)
+    command = [
+        binary("prometheus-alertmanager", "prometheus-alertmanager"),
+        f"--config.file={config_file}",
+        f"--storage.path={folder / 'data'}",
+        f"--web.listen-address=127.0.0.1:{port}",
+        "--cluster.listen-address=",
+        "--log.level=warn",
+    ]
+    with _serving(command, folder / "alertmanager.log", f"http://127.0.0.1:{port}", ready_timeout):
+        yield f"127.0.0.1:{port}"
+
+
+def _write_config(folder: Path, name: str, config: Mapping[str, Any]) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / name
+    path.write_text(yaml.safe_dump(dict(config), sort_keys=False))
+    return path
+
+
+@contextmanager
+def _serving(command: list[str], log: Path, url: str, ready_timeout: float) -> Iterator[subprocess.Popen[bytes]]:
     with log.open("wb") as sink:
-        process = subprocess.Popen(
-            [
-                binary,
-                f"--config.file={config_file}",
-                f"--storage.tsdb.path={folder / 'data'}",
-                f"--web.listen-address=127.0.0.1:{port}",
-                "--log.level=warn",
-            ],
-            stdout=sink,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    server = Prometheus(f"http://127.0.0.1:{port}", process, log)
+        process = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        _wait_ready(server, ready_timeout)
-        yield server
+        _wait_ready(process, url, log, ready_timeout)
+        yield process
     finally:
         if process.poll() is None:
             process.send_signal(signal.SIGTERM)
@@ -130,16 +153,17 @@ def running_prometheus(folder: Path, config: Mapping[str, Any], *, ready_timeout
                 process.wait(5)
 
 
-def _wait_ready(server: Prometheus, timeout: float) -> None:
+def _wait_ready(process: subprocess.Popen[bytes], url: str, log: Path, timeout: float) -> None:
+    name = Path(str(process.args[0] if isinstance(process.args, list) else process.args)).name
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if server.process.poll() is not None:
-            pytest.fail(f"prometheus exited with {server.process.returncode}:\n{server.log_tail()}")
+        if process.poll() is not None:
+            pytest.fail(f"{name} exited with {process.returncode}:\n{log.read_text(errors='replace')[-4000:]}")
         try:
-            with urllib.request.urlopen(f"{server.url}/-/ready", timeout=2) as response:
+            with urllib.request.urlopen(f"{url}/-/ready", timeout=2) as response:
                 if response.status == 200:
                     return
         except (urllib.error.URLError, ConnectionError, TimeoutError):
             pass
         time.sleep(0.1)
-    pytest.fail(f"prometheus not ready after {timeout:.0f} s:\n{server.log_tail()}")
+    pytest.fail(f"{name} not ready after {timeout:.0f} s:\n{log.read_text(errors='replace')[-4000:]}")

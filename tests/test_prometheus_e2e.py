@@ -1,10 +1,13 @@
-"""End to end against a real Prometheus (Debian's 2.42): it scrapes ``guardian demo --export PORT`` while the demo
-runs its entropy_collapse story, evaluates a copy of alerts/guardian.rules.yml, and then answers through its HTTP
-API: every panel query of dashboards/guardian-training.json has data for the demo's run, the KL-drift alert fired
-during the demo's first incident with the run's labels, and GuardianGaveUp never fired.
+"""End to end against a real Prometheus (Debian's 2.42) and Alertmanager (0.25): Prometheus scrapes
+``guardian demo --export PORT`` while the demo runs its entropy_collapse story, evaluates a copy of
+alerts/guardian.rules.yml and sends its alerts to an Alertmanager running alerts/alertmanager.example.yml (its
+receivers pointed at a loopback receiver). The tests then ask Prometheus's HTTP API: every panel query of
+dashboards/guardian-training.json has data for the demo's run, the KL-drift and entropy-collapse alerts fired
+during their incidents with the run's labels, GuardianGaveUp never fired, a clean end does not page; and the
+receiver: critical alerts reached the pager route, the rest the webhook.
 
-One Prometheus and one demo (~35 s) serve every test in the module. Skips locally without ``prometheus`` on PATH,
-fails under CI (.ci/run installs it).
+One Prometheus, one Alertmanager and one demo (~40 s) serve every test in the module. Skips locally without the
+servers on PATH, fails under CI (.ci/run installs them).
 """
 
 from __future__ import annotations
@@ -23,7 +26,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from prometheus_server import Prometheus, free_port, rules_with_hold, running_prometheus
+import yaml
+from prometheus_server import Prometheus, free_port, rules_with_hold, running_alertmanager, running_prometheus
+from webhook_receiver import Receiver, bodies, receiving
 
 from guardian.dashboards import panel_queries
 
@@ -31,6 +36,7 @@ pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[1]
 RULES = REPO / "alerts" / "guardian.rules.yml"
+ALERTMANAGER = REPO / "alerts" / "alertmanager.example.yml"
 DASHBOARD = REPO / "dashboards" / "guardian-training.json"
 
 # The demo squeezes a run of hours into ~30 s: the guardian acts on a critical verdict within a tick (0.1 s) and
@@ -70,6 +76,7 @@ MAY_FIRE = {
 @dataclass
 class DemoInPrometheus:
     prometheus: Prometheus
+    receiver: Receiver  # the Alertmanager's receivers: /ok/slack (critical), /ok/webhook (the rest)
     run_id: str
     start: float
     end: float
@@ -105,6 +112,28 @@ def demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DemoInPrometheus]
         "rule_files": [str(folder / "guardian.rules.yml")],
         "scrape_configs": [{"job_name": "guardian", "static_configs": [{"targets": [f"127.0.0.1:{port}"]}]}],
     }
+    with (
+        receiving() as receiver,
+        running_alertmanager(folder / "alertmanager", alertmanager_config(receiver)) as alertmanager,
+    ):
+        config["alerting"] = {"alertmanagers": [{"static_configs": [{"targets": [alertmanager]}]}]}
+        yield from _demo_scraped(folder, port, config, receiver)
+
+
+def alertmanager_config(receiver: Receiver) -> dict[str, Any]:
+    """alerts/alertmanager.example.yml as it stands - routes, grouping, inhibition - with its receivers pointed
+    at the loopback receiver (no Slack here: the Slack receiver becomes a webhook to /ok/slack) and the group
+    timers shortened to the demo's pace."""
+    config: dict[str, Any] = yaml.safe_load(ALERTMANAGER.read_text())
+    for entry in config["receivers"]:
+        path = "/ok/slack" if "slack_configs" in entry else "/ok/webhook"
+        entry.pop("slack_configs", None)
+        entry["webhook_configs"] = [{"url": receiver.url(path), "send_resolved": True}]
+    config["route"].update(group_wait="1s", group_interval="1s", repeat_interval="1h")
+    return config
+
+
+def _demo_scraped(folder: Path, port: int, config: dict[str, Any], receiver: Receiver) -> Iterator[DemoInPrometheus]:
     with running_prometheus(folder / "prometheus", config) as prometheus:
         _wait_first_scrape(prometheus)  # target discovery takes up to 5 s; the first incident comes ~3 s into the demo
         env = {k: v for k, v in os.environ.items() if not k.startswith("GUARDIAN_")}
@@ -137,7 +166,7 @@ def demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DemoInPrometheus]
         assert done.returncode == 0, f"guardian demo exited {done.returncode}; stderr (tail):\n{done.stderr[-3000:]}"
         time.sleep(1.0)  # the target is gone now: GuardianDown gets several evaluations to (not) fire
         report = json.loads(done.stdout)
-        observed = DemoInPrometheus(prometheus, str(report["run"]), start, time.time(), report, done.stderr)
+        observed = DemoInPrometheus(prometheus, receiver, str(report["run"]), start, time.time(), report, done.stderr)
         sys.stdout.write(_timeline(observed))  # shown with -s or on failure
         yield observed
 
@@ -279,3 +308,25 @@ def test_a_clean_end_reads_guardian_up_zero_and_does_not_page(demo: DemoInPromet
         float(t) for s in demo.raw('ALERTS{alertname="GuardianDown"}') for t, _ in s["values"] if float(t) > came_up
     ]
     assert not late, f"GuardianDown fired after the guardian came up (its clean end must not page): {late}"
+
+
+def test_alertmanager_routes_the_collapse_to_the_pager_and_the_rest_to_the_webhook(demo: DemoInPrometheus) -> None:
+    """Prometheus -> Alertmanager (alerts/alertmanager.example.yml's routes) -> receivers, all real but Slack."""
+    deadline = time.monotonic() + 15  # group_wait 1 s, then the notification
+
+    def alerts(path: str) -> list[dict[str, Any]]:
+        sent = [b for r, b in zip(demo.receiver.requests, bodies(demo.receiver), strict=True) if r["path"] == path]
+        return [alert for body in sent for alert in body["alerts"]]  # type: ignore[attr-defined]
+
+    while not (alerts("/ok/slack") and alerts("/ok/webhook")) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    paged, other = alerts("/ok/slack"), alerts("/ok/webhook")
+    assert paged, f"no critical alert reached the Slack receiver\n{demo.context()}"
+    assert {a["labels"]["severity"] for a in paged} == {"critical"}
+    assert {a["labels"]["alertname"] for a in paged} >= {"GuardianKlDrift", "GuardianEntropyCollapse"}
+    collapse = next(a for a in paged if a["labels"]["alertname"] == "GuardianEntropyCollapse")
+    assert collapse["labels"]["run_id"] == demo.run_id and collapse["status"] in ("firing", "resolved")
+    assert collapse["annotations"]["runbook_url"] == "docs/runbooks.md#entropy-collapse"
+    assert collapse["annotations"]["summary"] == f"Entropy collapse in run {demo.run_id}"
+    assert "GuardianInterventionInProgress" in {a["labels"]["alertname"] for a in other}
+    assert "critical" not in {a["labels"]["severity"] for a in other}

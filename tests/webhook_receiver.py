@@ -10,6 +10,7 @@ import http.server
 import json
 import threading
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import pytest
@@ -28,6 +29,13 @@ class Receiver:
 @pytest.fixture
 def receiver() -> Iterator[Receiver]:
     """A loopback HTTP server: /ok… answers 200, /fail… 500 echoing its path, /slow… waits, /moved… 302."""
+    with receiving() as state:
+        yield state
+
+
+@contextmanager
+def receiving() -> Iterator[Receiver]:
+    """The ``receiver`` fixture's server, for any scope."""
     state = Receiver(port=0)
 
     class Handler(http.server.BaseHTTPRequestHandler):
