@@ -31,3 +31,4 @@ bench: install
 	$(BIN)/python bench/ingest.py
 	$(BIN)/python bench/trainer.py
 	$(BIN)/python bench/remediation.py
+	$(BIN)/python bench/observability.py

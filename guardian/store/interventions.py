@@ -189,6 +189,21 @@ class InterventionRecords:
         with self._read() as session:
             return [_view(row) for row in session.scalars(query)]
 
+    def run_timelines(self, run_id: str) -> dict[int, list[InterventionEventView]]:
+        """Every intervention event of a run in one query, by intervention id, oldest first."""
+        timelines: dict[int, list[InterventionEventView]] = {}
+        with self._read() as session:
+            rows = session.execute(
+                select(InterventionEvent)
+                .join(Intervention, Intervention.id == InterventionEvent.intervention_id)
+                .where(Intervention.run_id == run_id)
+                .order_by(InterventionEvent.id)
+            ).scalars()
+            for r in rows:
+                view = InterventionEventView(r.id, r.state, as_utc(r.at), orjson.loads(r.detail_json))
+                timelines.setdefault(r.intervention_id, []).append(view)
+        return timelines
+
     def intervention_events(self, intervention_id: int) -> list[InterventionEventView]:
         with self._read() as session:
             rows = session.scalars(
