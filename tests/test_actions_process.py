@@ -45,10 +45,16 @@ TRAINER = textwrap.dedent(
         signal.signal(signal.SIGINT, signal.SIG_IGN)
     if mode == "no_sigint_no_sigterm":
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    if mode == "grandchild":
-        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    if mode in ("grandchild", "escapee", "escapee_then_exit"):
+        # escapee: a helper that leaves the process group (setsid), as a daemon or a Ray instance may
+        child = subprocess.Popen(
+            [sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=mode != "grandchild"
+        )
         with open(ready + ".grandchild", "w") as f:
             f.write(str(child.pid))
+    if mode == "escapee_then_exit":
+        open(ready, "w").close()
+        sys.exit(0)
     with open(ready + ".tmp", "w") as f:
         f.write(str(os.getpid()))
     os.replace(ready + ".tmp", ready)
@@ -368,3 +374,19 @@ def test_exit_status_reading_and_describing(tmp_path: Path) -> None:
     assert read_exit_file(path) == ExitStatus(None, None)
     path.write_text('{"exit_code": "1", "signal": null}')
     assert read_exit_file(path) == ExitStatus(None, None)
+
+
+@pytest.mark.parametrize("mode", ["escapee", "escapee_then_exit"])
+def test_stop_also_stops_what_left_the_group(
+    control: LocalProcessControl, attempt: Attempt, mode: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    handle = attempt.launch(control, mode)
+    escapee = int(Path(str(attempt.ready) + ".grandchild").read_text())
+    assert os.getpgid(escapee) != handle.pgid  # outside the group: killpg cannot reach it
+    if mode == "escapee_then_exit":
+        final_status(control, handle)  # the trainer is gone; its helper lives on
+    with caplog.at_level("WARNING", logger="guardian"):
+        result = control.stop(handle, FAST)
+    assert result.gone and result.strays == (escapee,)
+    wait_for(lambda: not pid_alive(escapee), what="the escapee to be gone")
+    assert any("event=trainer_strays" in r.getMessage() and str(escapee) in r.getMessage() for r in caplog.records)

@@ -22,10 +22,14 @@ What is covered:
   - refusal to signal pid/pgid <= 1 or the guardian's own process group, and refusal to attach to a pid that now
     belongs to an unrelated process (Linux: the command line must be our wrapper's, with the same exit file).
 
+  - processes that left the group (``setsid``, daemonised) on this machine: every trainer gets
+    ``GUARDIAN_TRAINER=<exit file>`` in its environment, and once the group is gone ``stop`` finds the processes
+    still carrying it and stops them too (strays.py; Linux ``/proc``).
+
 What is not covered (the caller must check or clean up):
   - GPU memory being released: a stopped group does not prove that the driver freed it (check ``nvidia-smi``);
-  - processes that left the group (``setsid``/daemonised), Ray actors on other nodes, a pre-existing Ray cluster
-    (``ray start``) the trainer connected to: use ``ray stop`` / ``ray stop --force`` or ``ray job stop``;
+  - Ray actors on other nodes, a pre-existing Ray cluster (``ray start``) the trainer connected to (its workers
+    do not inherit the trainer's environment): use ``ray stop`` / ``ray stop --force`` or ``ray job stop``;
   - processes in uninterruptible sleep (D state) that survive SIGKILL: ``stop`` then reports ``gone=False``;
   - the exit status when the wrapper was SIGKILLed and is not our child: it is reported as lost.
 """
@@ -43,6 +47,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from guardian.actions import strays
 from guardian.actions.runner import pid_file_for
 from guardian.logs import event, get_logger
 
@@ -121,6 +126,7 @@ class StopResult:
     exit: ExitStatus | None
     gone: bool
     seconds: float
+    strays: tuple[int, ...] = ()  # trainer processes found outside the group after it was gone (stopped too)
 
 
 @dataclass(frozen=True)
@@ -252,6 +258,18 @@ def _live(state: str | None) -> bool:
     return state not in ("Z", "X")
 
 
+def _pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` exists and is not a zombie."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    state = _proc_state(pid)
+    return state is None or _live(state)
+
+
 def _group_alive(pgid: int) -> bool:
     """Whether any live (non-zombie) process of the group remains. Zombies count as members for ``killpg``, and
     an orphaned wrapper's zombie may never be reaped where PID 1 is not a real init (containers), hence /proc."""
@@ -349,7 +367,7 @@ class LocalProcessControl:
                 stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=subprocess.STDOUT,
-                env=dict(env),
+                env={**env, strays.MARKER: str(exit_file)},  # finds what leaves the group (strays.py)
                 cwd=cwd,
             )
         self._children[child.pid] = child
@@ -414,7 +432,8 @@ class LocalProcessControl:
         start = self._clock()
         if not self.is_running(handle):
             log.info(event("trainer_stop", {"pgid": handle.pgid, "result": "already_gone"}))
-            return StopResult((), self.exit_status(handle), True, self._clock() - start)
+            found, survivors = self._stop_strays(handle, policy)
+            return StopResult((), self.exit_status(handle), not survivors, self._clock() - start, found)
         steps = (
             (signal.SIGINT, policy.sigint_wait_s),
             (signal.SIGTERM, policy.sigterm_wait_s),
@@ -440,8 +459,12 @@ class LocalProcessControl:
             if self._wait_gone(handle, wait_s):
                 gone = True
                 break
+        left: tuple[int, ...] = ()
+        if gone:
+            left, survivors = self._stop_strays(handle, policy)
+            gone = not survivors
         seconds = self._clock() - start
-        result = StopResult(tuple(sent), self.exit_status(handle), gone, seconds)
+        result = StopResult(tuple(sent), self.exit_status(handle), gone, seconds, left)
         fields = {"pgid": handle.pgid, "signals": ",".join(sent), "seconds": round(seconds, 3)}
         if gone:
             exit_text = result.exit.describe() if result.exit is not None else "unknown"
@@ -450,10 +473,24 @@ class LocalProcessControl:
             log.error(
                 event(
                     "trainer_stop",
-                    {**fields, "result": "still_alive", "hint": f"processes of group {handle.pgid} survived SIGKILL"},
+                    {**fields, "result": "still_alive", "hint": f"processes of trainer {handle.pgid} survived SIGKILL"},
                 )
             )
         return result
+
+    def _stop_strays(self, handle: TrainerHandle, policy: StopPolicy) -> tuple[tuple[int, ...], list[int]]:
+        """Stop the trainer's processes that left its group; returns (those found, those that survived)."""
+        found = strays.find(str(handle.exit_file))
+        if not found:
+            return (), []
+        commands = "; ".join(f"{pid}: {strays.command_of(pid)}" for pid in found)
+        log.warning(
+            event("trainer_strays", {"pgid": handle.pgid, "pids": ",".join(map(str, found)), "commands": commands})
+        )
+        survivors = strays.terminate(
+            found, wait_s=policy.sigterm_wait_s, alive=_pid_alive, clock=self._clock, sleep=self._sleep
+        )
+        return tuple(found), survivors
 
     def _wait_gone(self, handle: TrainerHandle, wait_s: float) -> bool:
         """Poll until the group has no live member (True) or ``wait_s`` has passed (False); reaps our child."""
