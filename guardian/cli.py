@@ -13,7 +13,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 import orjson
@@ -24,8 +24,10 @@ from guardian.actions.verl_keys import PatchError
 from guardian.config import ConfigError, GuardianConfig, example_yaml, load_config
 from guardian.findings import Severity
 from guardian.logs import event, get_logger, init_logging
+from guardian.notify.events import incident_key, intervention_key
 from guardian.replay import ReplayResult, replay_file
-from guardian.store import Store, StoreError, mask_url
+from guardian.store import InterventionEventView, InterventionView, Store, StoreError, mask_url
+from guardian.store.deliveries import DeliveryView
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_UNHEALTHY = 0, 1, 2, 3
 log = get_logger("cli")
@@ -199,8 +201,15 @@ def cmd_incidents(args: argparse.Namespace) -> int:
         if detail is None:
             log.error(event("error", {"message": f"no incident #{args.id} in {store.url}"}))
             return EXIT_ERROR
+        interventions = [(iv, store.intervention_events(iv.id)) for iv in store.interventions(incident_id=args.id)]
+        told = incident_deliveries(args.id, interventions, store.deliveries(detail.incident.run_id).values())
         if args.json:
-            _print_json(detail.to_json())
+            document = detail.to_json()
+            document["interventions"] = [
+                {**iv.to_json(), "events": [e.to_json() for e in timeline]} for iv, timeline in interventions
+            ]
+            document["notifications"] = [d.to_json() for d in told]
+            _print_json(document)
             return EXIT_OK
         console = Console()
         i = detail.incident
@@ -213,7 +222,25 @@ def cmd_incidents(args: argparse.Namespace) -> int:
             console.print(f"    {key} = {value:.4g}" if isinstance(value, float) else f"    {key} = {value}")
         for f in detail.findings:
             console.print(f"  step {f.step!s:>6} {f.severity.label:8} {f.check:18} {f.message}")
+        for iv, timeline in interventions:
+            console.print(f"  intervention {iv.number} ({iv.kind}, rung {iv.rung}): {iv.state}")
+            for e in timeline:
+                console.print(f"    {e.at:%Y-%m-%d %H:%M:%S} {e.state}")
+        for d in told:
+            error = f" - {d.last_error}" if d.last_error else ""
+            console.print(f"  told {d.sink}: {d.event_key} {d.status} ({d.attempts} attempt(s)){error}")
         return EXIT_OK
+
+
+def incident_deliveries(
+    incident_id: int,
+    interventions: Sequence[tuple[InterventionView, Sequence[InterventionEventView]]],
+    deliveries: Iterable[DeliveryView],
+) -> list[DeliveryView]:
+    """What each notifier and Grafana were told about one incident (its own events and its interventions')."""
+    keys = {intervention_key(e.id) for _, timeline in interventions for e in timeline}
+    prefix = incident_key(incident_id, "")
+    return [d for d in deliveries if d.event_key in keys or d.event_key.startswith(prefix)]
 
 
 # -- checkpoints ----------------------------------------------------------------------------------

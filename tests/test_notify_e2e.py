@@ -13,6 +13,7 @@ import pytest
 from fake_grafana import TOKEN, FakeGrafana
 from webhook_receiver import Receiver, bodies
 
+from guardian.cli import main
 from guardian.dashboards import ANNOTATION_TAG
 from guardian.store import Store
 
@@ -20,7 +21,7 @@ pytestmark = pytest.mark.slow
 
 
 def test_demo_alerts_the_webhook_and_annotates_grafana(
-    tmp_path: Path, receiver: Receiver, fake_grafana: FakeGrafana
+    tmp_path: Path, receiver: Receiver, fake_grafana: FakeGrafana, capsys: pytest.CaptureFixture[str]
 ) -> None:
     token = tmp_path / "grafana-token"
     token.write_text(TOKEN)
@@ -63,3 +64,11 @@ def test_demo_alerts_the_webhook_and_annotates_grafana(
     assert counts.get(("oncall", "sent"), 0) == len(bodies(receiver))
     assert counts.get(("grafana", "sent"), 0) >= len(annotations)
     assert not any(result in ("failing", "dropped") for _, result in counts)
+
+    # the incident's record says who was told what
+    incident = next(i for i in json.loads(done.stdout)["incidents"] if i["check"] == "entropy_collapse")
+    assert main(["incidents", "show", str(incident["id"]), "--json", "--config", str(config)]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    told = {(n["sink"], n["status"]) for n in shown["notifications"]}
+    assert {("oncall", "sent"), ("grafana", "sent"), ("log", "sent")} <= told
+    assert [iv["state"] for iv in shown["interventions"]][-1] == "RESOLVED" and shown["interventions"][-1]["events"]

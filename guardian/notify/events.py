@@ -91,6 +91,11 @@ def incident_key(incident_id: int, suffix: str) -> str:
     return f"incident:{incident_id}:{suffix}"
 
 
+def intervention_key(event_id: int) -> str:
+    """``intervention:<event id>``: an intervention entered a notified state."""
+    return f"intervention:{event_id}"
+
+
 def is_incident_alert(key: str) -> bool:
     """Whether ``key`` announces an incident (its opening or an escalation), not its closing."""
     return key.startswith("incident:") and not key.endswith(":closed")
@@ -141,7 +146,7 @@ def run_events(
                 continue
             events.append(
                 GuardianEvent(
-                    f"intervention:{entry.id}",
+                    intervention_key(entry.id),
                     EventKind.INTERVENTION,
                     run_id,
                     entry.at,

@@ -37,6 +37,22 @@ class DeliveryView:
     external_id: str | None
     last_error: str | None
 
+    def to_json(self) -> dict[str, object]:
+        return {
+            "sink": self.sink,
+            "event": self.event_key,
+            "status": self.status,
+            "attempts": self.attempts,
+            "at": self.updated_at.isoformat(),
+            "error": self.last_error,
+        }
+
+
+def _view(r: Delivery) -> DeliveryView:
+    return DeliveryView(
+        r.sink, r.event_key, r.check, r.level, r.status, r.attempts, as_utc(r.updated_at), r.external_id, r.last_error
+    )
+
 
 class DeliveryRecords:
     """Delivery methods of ``Store`` (needs the store's read and write session factories)."""
@@ -44,24 +60,14 @@ class DeliveryRecords:
     _read: sessionmaker[Session]
     _write: sessionmaker[Session]
 
-    def deliveries(self, run_id: str, sink: str) -> dict[str, DeliveryView]:
-        """Every delivery row of ``sink`` for ``run_id``, by event key."""
+    def deliveries(self, run_id: str, sink: str | None = None) -> dict[str, DeliveryView]:
+        """The delivery rows of ``run_id`` (of one ``sink``: by event key; of every sink: by ``sink/key``)."""
+        query = select(Delivery).where(Delivery.run_id == run_id).order_by(Delivery.id)
+        if sink is not None:
+            query = query.where(Delivery.sink == sink)
         with self._read() as session:
-            rows = session.scalars(select(Delivery).where(Delivery.run_id == run_id, Delivery.sink == sink))
-            return {
-                r.event_key: DeliveryView(
-                    r.sink,
-                    r.event_key,
-                    r.check,
-                    r.level,
-                    r.status,
-                    r.attempts,
-                    as_utc(r.updated_at),
-                    r.external_id,
-                    r.last_error,
-                )
-                for r in rows
-            }
+            views = [_view(r) for r in session.scalars(query)]
+        return {(v.event_key if sink is not None else f"{v.sink}/{v.event_key}"): v for v in views}
 
     def record_delivery(
         self,
