@@ -246,6 +246,7 @@ def incident_deliveries(
 # -- checkpoints ----------------------------------------------------------------------------------
 def cmd_checkpoints(args: argparse.Namespace) -> int:
     from guardian.actions.checkpoints import CheckpointError, list_quarantine, restore_quarantine
+    from guardian.actions.dirlock import DirLockedError, holding
 
     config = _config(args)
     restoring = args.target == "restore"
@@ -262,9 +263,10 @@ def cmd_checkpoints(args: argparse.Namespace) -> int:
             return EXIT_ERROR
         ckpt_dir = Path(run.checkpoints_dir)
         if restoring:
-            try:
-                result = restore_quarantine(ckpt_dir, args.incident)
-            except CheckpointError as exc:
+            try:  # never under a guardian that may be rolling back this dir right now
+                with holding(ckpt_dir, f"restore of {run_id}"):
+                    result = restore_quarantine(ckpt_dir, args.incident)
+            except (CheckpointError, DirLockedError) as exc:
                 log.error(event("restore_refused", {"message": str(exc)}))
                 return EXIT_ERROR
             log.info(

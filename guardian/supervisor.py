@@ -277,9 +277,11 @@ class Supervisor(Rescue):
             )
         )
         if not result.gone:
+            who = f"pids {', '.join(map(str, result.survivors))}" if result.survivors else "its process group"
             raise RuntimeError(
-                f"trainer process group {self.attempt.handle.pgid} survived SIGKILL; refusing to relaunch "
-                "(never two trainers at once) - check for processes in D state"
+                f"trainer {self.attempt.handle.pgid}: {who} survived SIGKILL; refusing to relaunch (never two "
+                "trainers at once). They are likely stuck in the kernel (D state: GPU driver, NFS): kill -9 them "
+                f"or reboot the node, then guardian run --attach {self.run_id}"
             )
         self._finish_attempt(self.control.exit_status(self.attempt.handle))
 

@@ -10,8 +10,11 @@ from pathlib import Path
 import pytest
 from test_run_e2e import collapse_command, config_for
 
+from guardian.actions.checkpoints import quarantine_after
 from guardian.actions.dirlock import LOCK_NAME, DirLockedError, holding
+from guardian.cli import main
 from guardian.run import RunRequest, run_guarded
+from guardian.sources.checkpoints import TRACKER_FILE
 from guardian.store import Store
 
 
@@ -66,3 +69,23 @@ def test_guardian_run_refuses_a_checkpoint_dir_another_guardian_holds(tmp_path: 
     with Store.open(config.database_url()) as store:
         assert store.get_run("second") is None  # nothing registered, nothing launched
     assert not (home / "runs" / "second").exists() or not any((home / "runs" / "second").rglob("stdout.log"))
+
+
+def test_checkpoints_restore_waits_for_no_guardian_to_hold_the_dir(tmp_path: Path) -> None:
+    ckpt = tmp_path / "ckpt"
+    for step in (5, 10):
+        (ckpt / f"global_step_{step}" / "actor").mkdir(parents=True)
+    (ckpt / TRACKER_FILE).write_text("10")
+    quarantine_after(ckpt, 5, incident_id=1)
+    config = tmp_path / "guardian.yaml"
+    config.write_text(f"home: {tmp_path / 'home'}\n")
+    with Store.open(f"sqlite:///{tmp_path / 'home' / 'guardian.db'}") as store:
+        store.ensure_run(
+            "r", name="r", metrics_path="m", rollouts_dir="", checkpoints_dir=str(ckpt), mode="enforce", now=0.0
+        )
+    restore = ["checkpoints", "restore", "r", "--incident", "1", "--config", str(config)]
+    with holding(ckpt, "a-live-run"):
+        assert main(restore) == 1  # a guardian may be rolling this dir back right now
+    assert not (ckpt / "global_step_10").exists()
+    assert main(restore) == 0
+    assert (ckpt / "global_step_10").is_dir() and (ckpt / TRACKER_FILE).read_text().strip() == "10"

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from guardian.actions import strays
 from guardian.actions.process import (
     ExitStatus,
     LocalProcessControl,
@@ -390,3 +391,26 @@ def test_stop_also_stops_what_left_the_group(
     assert result.gone and result.strays == (escapee,)
     wait_for(lambda: not pid_alive(escapee), what="the escapee to be gone")
     assert any("event=trainer_strays" in r.getMessage() and str(escapee) in r.getMessage() for r in caplog.records)
+
+
+def test_stray_scan_matches_the_exact_marker_of_live_processes_only(tmp_path: Path) -> None:
+    proc = tmp_path / "proc"
+
+    def process(pid: int, env: list[str], state: str = "S") -> None:
+        folder = proc / str(pid)
+        folder.mkdir(parents=True)
+        (folder / "environ").write_bytes(b"\0".join(e.encode() for e in env) + b"\0")
+        (folder / "stat").write_text(f"{pid} (python (x)) {state} 1 1")
+        (folder / "cmdline").write_bytes(b"python\0-c\0work\0")
+
+    mine = "GUARDIAN_TRAINER=/runs/a/attempt-1/exit.json"
+    process(101, ["PATH=/bin", mine])
+    process(102, ["GUARDIAN_TRAINER=/runs/a/attempt-1/exit.json.old"])  # a longer value: someone else
+    process(103, ["X=GUARDIAN_TRAINER=/runs/a/attempt-1/exit.json"])  # the value inside another variable
+    process(104, [mine], state="Z")  # a zombie holds nothing
+    process(105, ["GUARDIAN_TRAINER=/runs/b/attempt-1/exit.json"])  # another trainer
+    process(os.getpid(), [mine])  # the guardian itself is never a stray
+    (proc / "self").mkdir()
+    assert strays.find("/runs/a/attempt-1/exit.json", proc) == [101]
+    assert strays.command_of(101, proc) == "python -c work" and strays.command_of(999, proc) == "?"
+    assert strays.find("/runs/a/attempt-1/exit.json", tmp_path / "no-proc") == []  # no /proc: nothing, logged

@@ -435,3 +435,6 @@ def test_intervention_states_and_timeline_are_committed(store: Store) -> None:
     second = store.create_intervention(run_id, incident.id, kind="remediate", rung=1, from_attempt_id=None, now=T0)
     assert second.number == 2
     assert [i.id for i in store.interventions(incident_id=incident.id)] == [first.id, second.id]
+    # the whole run's timelines in one query: the same views, by intervention
+    assert store.run_timelines(run_id) == {first.id: events, second.id: store.intervention_events(second.id)}
+    assert store.run_timelines("no-such-run") == {}

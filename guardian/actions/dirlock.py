@@ -40,10 +40,12 @@ def holding(directory: Path, run_id: str) -> Iterator[Path]:
             raise DirLockedError(
                 f"checkpoint dir {directory} is guarded by another guardian ({holder}); two guardians on one "
                 "checkpoint dir would roll back and quarantine under each other's trainers. Stop that guardian, "
-                "or give this run its own trainer.default_local_dir"
+                "or give this run its own trainer.default_local_dir (on NFS, a lock of a dead client lasts "
+                "until the server's lease ends, about 90 s)"
             ) from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"run={run_id} pid={os.getpid()} host={socket.gethostname()}\n".encode(), 0)
+        line = f"run={run_id} pid={os.getpid()} host={socket.gethostname()}\n".encode()
+        os.pwrite(fd, line, 0)  # then cut what an older, longer holder line left: never an empty file
+        os.ftruncate(fd, len(line))
         yield path
     finally:
         os.close(fd)  # releases the lock; the file stays (removing it would race a new holder)

@@ -57,6 +57,7 @@ RUNNER_MODULE = "guardian.actions.runner"
 POLL_INTERVAL_S = 0.05
 CMDLINE_ATTEMPTS = 20
 CMDLINE_RETRY_S = 0.01
+STRAY_ROUNDS = 3  # scans for processes outside the group (a stray may fork while it is stopped)
 
 
 @dataclass(frozen=True)
@@ -127,6 +128,7 @@ class StopResult:
     gone: bool
     seconds: float
     strays: tuple[int, ...] = ()  # trainer processes found outside the group after it was gone (stopped too)
+    survivors: tuple[int, ...] = ()  # of those, the ones still alive after SIGKILL (then ``gone`` is False)
 
 
 @dataclass(frozen=True)
@@ -367,7 +369,7 @@ class LocalProcessControl:
                 stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=subprocess.STDOUT,
-                env={**env, strays.MARKER: str(exit_file)},  # finds what leaves the group (strays.py)
+                env={**env, **strays.marker_env(str(exit_file))},  # finds what leaves the group (strays.py)
                 cwd=cwd,
             )
         self._children[child.pid] = child
@@ -432,8 +434,8 @@ class LocalProcessControl:
         start = self._clock()
         if not self.is_running(handle):
             log.info(event("trainer_stop", {"pgid": handle.pgid, "result": "already_gone"}))
-            found, survivors = self._stop_strays(handle, policy)
-            return StopResult((), self.exit_status(handle), not survivors, self._clock() - start, found)
+            found, stuck = self._stop_strays(handle, policy)
+            return StopResult((), self.exit_status(handle), not stuck, self._clock() - start, found, tuple(stuck))
         steps = (
             (signal.SIGINT, policy.sigint_wait_s),
             (signal.SIGTERM, policy.sigterm_wait_s),
@@ -460,11 +462,12 @@ class LocalProcessControl:
                 gone = True
                 break
         left: tuple[int, ...] = ()
+        survivors: list[int] = []
         if gone:
             left, survivors = self._stop_strays(handle, policy)
             gone = not survivors
         seconds = self._clock() - start
-        result = StopResult(tuple(sent), self.exit_status(handle), gone, seconds, left)
+        result = StopResult(tuple(sent), self.exit_status(handle), gone, seconds, left, tuple(survivors))
         fields = {"pgid": handle.pgid, "signals": ",".join(sent), "seconds": round(seconds, 3)}
         if gone:
             exit_text = result.exit.describe() if result.exit is not None else "unknown"
@@ -473,23 +476,37 @@ class LocalProcessControl:
             log.error(
                 event(
                     "trainer_stop",
-                    {**fields, "result": "still_alive", "hint": f"processes of trainer {handle.pgid} survived SIGKILL"},
+                    {
+                        **fields,
+                        "result": "still_alive",
+                        "survivors": ",".join(map(str, survivors)) or f"group {handle.pgid}",
+                        "hint": "processes survived SIGKILL (D state?)",
+                    },
                 )
             )
         return result
 
     def _stop_strays(self, handle: TrainerHandle, policy: StopPolicy) -> tuple[tuple[int, ...], list[int]]:
-        """Stop the trainer's processes that left its group; returns (those found, those that survived)."""
-        found = strays.find(str(handle.exit_file))
-        if not found:
-            return (), []
-        commands = "; ".join(f"{pid}: {strays.command_of(pid)}" for pid in found)
-        log.warning(
-            event("trainer_strays", {"pgid": handle.pgid, "pids": ",".join(map(str, found)), "commands": commands})
-        )
-        survivors = strays.terminate(
-            found, wait_s=policy.sigterm_wait_s, alive=_pid_alive, clock=self._clock, sleep=self._sleep
-        )
+        """Stop the trainer's processes that left its group, scanning again for any they forked meanwhile
+        (a few rounds); returns (all found, those still alive after SIGKILL)."""
+        found: list[int] = []
+        survivors: list[int] = []
+        for _ in range(STRAY_ROUNDS):
+            new = [pid for pid in strays.find(str(handle.exit_file)) if pid not in found]
+            if not new:
+                break
+            found.extend(new)
+            commands = "; ".join(f"{pid}: {strays.command_of(pid)}" for pid in new)
+            fields = {"pgid": handle.pgid, "pids": ",".join(map(str, new)), "commands": commands}
+            log.warning(event("trainer_strays", fields))
+            survivors += strays.terminate(
+                new,
+                term_wait_s=policy.sigterm_wait_s,
+                kill_wait_s=policy.sigkill_wait_s,
+                alive=_pid_alive,
+                clock=self._clock,
+                sleep=self._sleep,
+            )
         return tuple(found), survivors
 
     def _wait_gone(self, handle: TrainerHandle, wait_s: float) -> bool:

@@ -97,6 +97,10 @@ def _view(row: Intervention) -> InterventionView:
     )
 
 
+def _event_view(row: InterventionEvent) -> InterventionEventView:
+    return InterventionEventView(row.id, row.state, as_utc(row.at), orjson.loads(row.detail_json))
+
+
 _UNSET = object()
 
 
@@ -200,8 +204,7 @@ class InterventionRecords:
                 .order_by(InterventionEvent.id)
             ).scalars()
             for r in rows:
-                view = InterventionEventView(r.id, r.state, as_utc(r.at), orjson.loads(r.detail_json))
-                timelines.setdefault(r.intervention_id, []).append(view)
+                timelines.setdefault(r.intervention_id, []).append(_event_view(r))
         return timelines
 
     def intervention_events(self, intervention_id: int) -> list[InterventionEventView]:
@@ -211,4 +214,4 @@ class InterventionRecords:
                 .where(InterventionEvent.intervention_id == intervention_id)
                 .order_by(InterventionEvent.id)
             )
-            return [InterventionEventView(r.id, r.state, as_utc(r.at), orjson.loads(r.detail_json)) for r in rows]
+            return [_event_view(r) for r in rows]
