@@ -150,7 +150,7 @@ def run_guarded(config: GuardianConfig, request: RunRequest, *, stop: threading.
             return 0
         with ExitStack() as held:
             try:  # one guardian per checkpoint dir, taken before the run is registered or anything starts
-                held.enter_context(holding(Path(supervisor.checkpoint_dir), request.run_id))
+                held.enter_context(holding(Path(supervisor.checkpoint_dir), request.run_id, supervisor.folder.root))
             except DirLockedError as exc:
                 log.error(event("checkpoint_dir_locked", {"run": request.run_id, "message": str(exc)}))
                 return 1

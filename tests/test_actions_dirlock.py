@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
 from test_run_e2e import collapse_command, config_for
 
+from guardian.actions import strays
 from guardian.actions.checkpoints import quarantine_after
 from guardian.actions.dirlock import LOCK_NAME, DirLockedError, holding
 from guardian.cli import main
@@ -89,3 +92,27 @@ def test_checkpoints_restore_waits_for_no_guardian_to_hold_the_dir(tmp_path: Pat
     assert not (ckpt / "global_step_10").exists()
     assert main(restore) == 0
     assert (ckpt / "global_step_10").is_dir() and (ckpt / TRACKER_FILE).read_text().strip() == "10"
+
+
+def test_a_trainer_left_running_by_a_stopped_guardian_keeps_other_runs_out(tmp_path: Path) -> None:
+    ckpt, folder = tmp_path / "ckpt", tmp_path / "runs" / "first"
+    with holding(ckpt, "first", folder):
+        pass  # the first guardian stopped (Ctrl-C) ...
+    orphan = subprocess.Popen(  # ... and left its trainer running
+        [sys.executable, "-c", "import time; time.sleep(60)"],
+        env={**os.environ, **strays.marker_env(str(folder / "attempt-1" / "exit.json"))},
+    )
+    try:
+        wait = time.monotonic() + 10
+        while not strays.find(str(folder), under=True) and time.monotonic() < wait:
+            time.sleep(0.05)
+        second = holding(ckpt, "second", tmp_path / "runs" / "second")
+        with pytest.raises(DirLockedError, match=r"a trainer of run first still runs .*--attach first"), second:
+            pass
+        with holding(ckpt, "first", folder):  # its own run may re-attach
+            pass
+    finally:
+        orphan.kill()
+        orphan.wait(10)
+    with holding(ckpt, "second", tmp_path / "runs" / "second"):  # the trainer is gone: free for others
+        pass

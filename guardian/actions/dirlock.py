@@ -19,6 +19,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Final
 
+from guardian.actions import strays
+
 LOCK_NAME: Final = ".guardian.lock"
 
 
@@ -27,8 +29,12 @@ class DirLockedError(RuntimeError):
 
 
 @contextmanager
-def holding(directory: Path, run_id: str) -> Iterator[Path]:
-    """Hold the guardian lock of ``directory`` (created if missing) for the block; yields the lock file."""
+def holding(directory: Path, run_id: str, run_folder: Path | None = None) -> Iterator[Path]:
+    """Hold the guardian lock of ``directory`` (created if missing) for the block; yields the lock file.
+
+    ``run_folder`` (the run's attempt folders) is recorded, so that a later guardian of another run can
+    tell that this run's trainer outlived its guardian (Ctrl-C leaves it running) and refuse to start a
+    second trainer on the same checkpoint dir."""
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / LOCK_NAME
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
@@ -43,9 +49,26 @@ def holding(directory: Path, run_id: str) -> Iterator[Path]:
                 "or give this run its own trainer.default_local_dir (on NFS, a lock of a dead client lasts "
                 "until the server's lease ends, about 90 s)"
             ) from None
-        line = f"run={run_id} pid={os.getpid()} host={socket.gethostname()}\n".encode()
+        _refuse_if_a_trainer_was_left(directory, os.pread(fd, 4096, 0).decode(errors="replace"), run_id)
+        folder = f" folder={run_folder.resolve()}" if run_folder is not None else ""
+        line = f"run={run_id} pid={os.getpid()} host={socket.gethostname()}{folder}\n".encode()
         os.pwrite(fd, line, 0)  # then cut what an older, longer holder line left: never an empty file
         os.ftruncate(fd, len(line))
         yield path
     finally:
         os.close(fd)  # releases the lock; the file stays (removing it would race a new holder)
+
+
+def _refuse_if_a_trainer_was_left(directory: Path, previous: str, run_id: str) -> None:
+    """The last holder's run left a trainer running (its guardian stopped): only that run may go on."""
+    fields = dict(part.split("=", 1) for part in previous.split() if "=" in part)
+    folder, other = fields.get("folder"), fields.get("run")
+    if not folder or other == run_id:
+        return
+    left = strays.find(folder, under=True)
+    if left:
+        raise DirLockedError(
+            f"a trainer of run {other} still runs on checkpoint dir {directory} (pids {', '.join(map(str, left))}): "
+            f"its guardian stopped and left it running. Re-attach with guardian run --attach {other}, or stop it "
+            "first; two trainers must never write one checkpoint dir"
+        )

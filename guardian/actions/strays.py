@@ -35,14 +35,20 @@ def marker_env(value: str) -> dict[str, str]:
     return {MARKER: value, "SPT_NOENV": "1"}
 
 
-def find(value: str, proc: Path = PROC, timeout_s: float = SCAN_TIMEOUT_S) -> list[int]:
-    """Live pids (not this process) whose start-up environment has ``GUARDIAN_TRAINER=value``.
+def find(value: str, proc: Path = PROC, timeout_s: float = SCAN_TIMEOUT_S, *, under: bool = False) -> list[int]:
+    """Live pids (not this process) whose start-up environment has ``GUARDIAN_TRAINER=value`` (with
+    ``under``: a value inside the folder ``value``, i.e. any attempt of one run).
 
     Processes we may not read (another user's) are skipped. Where there is no readable ``/proc`` the
     answer is [] with a warning. The scan runs in a helper thread: if it takes longer than
     ``timeout_s`` (a process in D state), what it found so far is returned, with a warning.
     """
     wanted = f"{MARKER}={value}".encode()
+    prefix = f"{MARKER}={value.rstrip('/')}/".encode()
+
+    def matches(entry: bytes) -> bool:
+        return entry.startswith(prefix) if under else entry == wanted
+
     found: list[int] = []
     at: list[str] = []
     try:
@@ -58,7 +64,7 @@ def find(value: str, proc: Path = PROC, timeout_s: float = SCAN_TIMEOUT_S) -> li
                 environ = (entry / "environ").read_bytes()
             except OSError:  # gone meanwhile, a kernel thread, or not ours to read
                 continue
-            if wanted in environ.split(b"\0") and not _is_zombie(entry):
+            if any(matches(e) for e in environ.split(b"\0")) and not _is_zombie(entry):
                 found.append(int(entry.name))
 
     worker = threading.Thread(target=scan, name="guardian-stray-scan", daemon=True)
