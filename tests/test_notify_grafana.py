@@ -130,6 +130,9 @@ def test_missing_secrets_fail_at_start_naming_where_to_put_them(tmp_path: Path, 
     config = GuardianConfig(home=tmp_path, notify=NotifyConfig(webhooks=(hook,)))
     with pytest.raises(ConfigError, match="GUARDIAN_TEST_SLACK_URL"):
         build_sinks(config, store, RUN, env={})
+    with pytest.raises(ConfigError, match="credentials in the URL") as info:
+        build_sinks(config, store, RUN, env={"GUARDIAN_TEST_SLACK_URL": "https://u:pw-s3cret@hooks.example.invalid/T"})
+    assert "s3cret" not in str(info.value)
     sinks = build_sinks(config, store, RUN, env={"GUARDIAN_TEST_SLACK_URL": "https://hooks.example.invalid/T/B/x"})
     assert [s.name for s in sinks] == ["log", "slack"]
     with pytest.raises(ConfigError, match="GRAFANA_TOKEN"):

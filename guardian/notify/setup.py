@@ -95,7 +95,10 @@ def build_sinks(config: GuardianConfig, store: Store, run_id: str, env: Mapping[
     notify = config.notify
     sinks: list[Sink] = [NotifierSink(LogNotifier(), _level(notify.log_level), 0.0)]
     for hook in notify.webhooks:
-        notifier = WebhookNotifier(webhook_url(hook, env), timeout_s=hook.timeout_s, name=hook.name)
+        try:
+            notifier = WebhookNotifier(webhook_url(hook, env), timeout_s=hook.timeout_s, name=hook.name)
+        except ValueError as exc:  # the URL itself is unusable (its message never repeats the secret part)
+            raise ConfigError(f"notify.webhooks[{hook.name}]: {exc}") from None
         sinks.append(NotifierSink(notifier, _level(hook.min_level), notify.cooldown_s))
     if notify.wandb.enabled:
         run = store.get_run(run_id)
