@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import math
 import os
+import shutil
+import socket
 from collections.abc import Iterable, Mapping
 from pathlib import Path
+from typing import NoReturn
 
 import pytest
 
@@ -20,15 +23,44 @@ REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"
 
 
+def missing(message: str) -> NoReturn:
+    """Something a test needs is absent: skip locally with ``message``, fail in CI (where it must be there)."""
+    if os.environ.get("CI"):
+        pytest.fail(message)
+    pytest.skip(message)
+
+
 def shared_path(*parts: str) -> Path:
     """A file under ../shared; skips locally when absent, fails in CI (where it must be present)."""
     path = SHARED.joinpath(*parts)
     if not path.exists():
-        message = f"{path} not found (the shared/ folder beside the repository)"
-        if os.environ.get("CI"):
-            pytest.fail(message)
-        pytest.skip(message)
+        missing(f"{path} not found (the shared/ folder beside the repository)")
     return path
+
+
+def required_tool(name: str, package: str) -> str:
+    """The path of the command ``name``; skips locally when absent, fails in CI (.ci/run installs ``package``)."""
+    found = shutil.which(name)
+    if found is None:
+        missing(f"{name} not on PATH (Debian package {package}; .ci/run installs it)")
+    return found
+
+
+def free_port() -> int:
+    """A TCP port that was free on 127.0.0.1 a moment ago (nothing listens there: also a closed port)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class ManualClock:
+    """A clock tests move by hand (``clock.now = ...``)."""
+
+    def __init__(self, now: float) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
 
 
 def history_of(rows: Iterable[Mapping[str, float | None]], start: int = 1) -> RunHistory:

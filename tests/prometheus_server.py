@@ -3,16 +3,13 @@ on loopback for end-to-end tests.
 
 ``running_prometheus`` / ``running_alertmanager`` write a config into a scratch folder, start the server with
 its storage there, wait for ``/-/ready`` and stop it afterwards; ``Prometheus`` wraps the few HTTP API calls the
-tests make. ``binary`` skips a test locally when a server is missing and fails it under CI (env ``CI``).
+tests make. ``conftest.required_tool`` skips a test locally when a server is missing and fails it under CI (env ``CI``).
 """
 
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import signal
-import socket
 import subprocess
 import time
 import urllib.error
@@ -26,24 +23,7 @@ from typing import Any
 
 import pytest
 import yaml
-
-
-def binary(name: str, package: str) -> str:
-    """The ``name`` binary; skips the test when absent (fails it under CI, where .ci/run installs ``package``)."""
-    found = shutil.which(name)
-    if found is None:
-        message = f"{name} not on PATH (Debian package {package}; .ci/run installs it)"
-        if os.environ.get("CI"):
-            pytest.fail(message)
-        pytest.skip(message)
-    return found
-
-
-def free_port() -> int:
-    """A TCP port that was free on 127.0.0.1 a moment ago."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+from conftest import free_port, required_tool
 
 
 def rules_with_hold(source: Path, dest: Path, hold: str) -> list[str]:
@@ -101,7 +81,7 @@ def running_prometheus(folder: Path, config: Mapping[str, Any], *, ready_timeout
     port = free_port()
     config_file = _write_config(folder, "prometheus.yml", config)
     command = [
-        binary("prometheus", "prometheus"),
+        required_tool("prometheus", "prometheus"),
         f"--config.file={config_file}",
         f"--storage.tsdb.path={folder / 'data'}",
         f"--web.listen-address=127.0.0.1:{port}",
@@ -118,7 +98,7 @@ def running_alertmanager(folder: Path, config: Mapping[str, Any], *, ready_timeo
     port = free_port()
     config_file = _write_config(folder, "alertmanager.yml", config)
     command = [
-        binary("prometheus-alertmanager", "prometheus-alertmanager"),
+        required_tool("prometheus-alertmanager", "prometheus-alertmanager"),
         f"--config.file={config_file}",
         f"--storage.path={folder / 'data'}",
         f"--web.listen-address=127.0.0.1:{port}",

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import os
 import re
-import shutil
 import subprocess
 from pathlib import Path
 
-import pytest
 import yaml
+from conftest import required_tool
 
 from guardian.keys import PROM_METRIC_NAMES
 
@@ -18,13 +16,7 @@ RUNBOOKS = Path(__file__).resolve().parents[1] / "docs" / "runbooks.md"
 
 
 def promtool() -> str:
-    found = shutil.which("promtool")
-    if found is None:
-        message = "promtool not on PATH (Debian package prometheus; .ci/run installs it)"
-        if os.environ.get("CI"):
-            pytest.fail(message)
-        pytest.skip(message)
-    return found
+    return required_tool("promtool", "prometheus")
 
 
 def rules() -> list[dict[str, object]]:

@@ -4,14 +4,13 @@ its Slack templates render the rules' annotations."""
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from conftest import required_tool
 
 ALERTS = Path(__file__).resolve().parents[1] / "alerts"
 CONFIG = ALERTS / "alertmanager.example.yml"
@@ -23,13 +22,7 @@ RECEIVER_OF_SEVERITY = {"critical": SLACK, "warning": WEBHOOK, "info": WEBHOOK}
 
 
 def amtool() -> str:
-    found = shutil.which("amtool")
-    if found is None:
-        message = "amtool not on PATH (Debian package prometheus-alertmanager; .ci/run installs it)"
-        if os.environ.get("CI"):
-            pytest.fail(message)
-        pytest.skip(message)
-    return found
+    return required_tool("amtool", "prometheus-alertmanager")
 
 
 def run_amtool(*args: str) -> subprocess.CompletedProcess[str]:

@@ -5,9 +5,7 @@ run variables), every query is valid PromQL, and the panels read exactly the exp
 from __future__ import annotations
 
 import json
-import os
 import re
-import shutil
 import subprocess
 import warnings
 from pathlib import Path
@@ -16,6 +14,7 @@ from typing import Any
 
 import pytest
 import yaml
+from conftest import required_tool
 
 from guardian import keys
 from guardian.cli import EXIT_ERROR, EXIT_OK, main
@@ -252,13 +251,7 @@ def test_panel_queries_walks_collapsed_rows() -> None:
 
 
 def promtool() -> str:
-    found = shutil.which("promtool")
-    if found is None:
-        message = "promtool not on PATH (Debian package prometheus; .ci/run installs it)"
-        if os.environ.get("CI"):
-            pytest.fail(message)
-        pytest.skip(message)
-    return found
+    return required_tool("promtool", "prometheus")
 
 
 def test_promtool_parses_every_panel_query(tmp_path: Path) -> None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import http.client
 import json
 import logging
-import socket
 import threading
 import time
 import traceback
@@ -15,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import free_port
 from fake_grafana import TOKEN, VIEWER_TOKEN, FakeGrafana
 from grafana_client.api import GrafanaApi
 
@@ -37,13 +37,6 @@ def api(fake_grafana: FakeGrafana) -> Iterator[GrafanaApi]:
 
 def client_for(fake: FakeGrafana, token: str, timeout_s: float = 5) -> GrafanaApi:
     return g.connect(fake.url, token, timeout_s=timeout_s)
-
-
-def closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-    return port
 
 
 def assert_no_secret(secret: str, *texts: str) -> None:
@@ -227,7 +220,7 @@ def test_viewer_token_is_403(fake_grafana: FakeGrafana) -> None:
 
 
 def test_unreachable_url_fails_fast() -> None:
-    url = f"http://127.0.0.1:{closed_port()}"
+    url = f"http://127.0.0.1:{free_port()}"
     client = g.connect(url, "glsa_x", timeout_s=2)
     started = time.monotonic()
     try:
@@ -285,7 +278,7 @@ def test_a_url_that_is_not_grafana() -> None:
 
 
 def test_error_messages_hide_url_credentials() -> None:
-    client = g.connect(f"http://admin:pw-secret@127.0.0.1:{closed_port()}", "glsa_x", timeout_s=1)
+    client = g.connect(f"http://admin:pw-secret@127.0.0.1:{free_port()}", "glsa_x", timeout_s=1)
     try:
         with pytest.raises(g.GrafanaError) as info:
             g.server_version(client)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import logging
-import socket
 import sys
 import threading
 import time
@@ -13,6 +12,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
+from conftest import free_port
 from webhook_receiver import Receiver
 
 from guardian.findings import EvidenceValue, Severity
@@ -417,9 +417,7 @@ def test_webhook_redirect_is_a_failure(receiver: Receiver) -> None:
 
 
 def test_webhook_closed_port() -> None:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()  # nothing listens there
     notifier = WebhookNotifier(f"https://127.0.0.1:{port}{TOKEN_PATH}?token={SECRET}")
     with pytest.raises(NotifyError, match="cannot deliver") as info:
         notifier.send(compose(event(incident())))

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from conftest import ManualClock
 from sqlalchemy.exc import OperationalError
 
 from guardian.config import NotifyConfig, WebhookConfig
@@ -22,14 +23,6 @@ from guardian.store.deliveries import DeliveryView
 
 RUN = "run-notify"
 T0 = 1_764_460_800.0  # 2025-11-30 00:00 UTC
-
-
-class Clock:
-    def __init__(self, now: float) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
 
 
 @dataclass
@@ -71,12 +64,12 @@ def incident(store: Store, check: str, severity: Severity, now: float) -> int:
     return store.open_incident(RUN, finding, now).id
 
 
-def dispatcher(store: Store, clock: Clock, *sinks: RecordingSink, **policy: float) -> Dispatcher:
+def dispatcher(store: Store, clock: ManualClock, *sinks: RecordingSink, **policy: float) -> Dispatcher:
     return Dispatcher(store, RUN, sinks, DispatchPolicy(**policy), clock)  # type: ignore[arg-type]
 
 
 def test_every_event_goes_once_per_sink_even_after_a_restart(store: Store) -> None:
-    clock = Clock(T0 + 10)
+    clock = ManualClock(T0 + 10)
     first = incident(store, "entropy_collapse", Severity.CRITICAL, T0)
     iv = store.create_intervention(RUN, first, kind="remediate", rung=0, from_attempt_id=None, now=T0 + 1)
     store.advance(iv.id, "STOPPING", now=T0 + 2)
@@ -93,7 +86,7 @@ def test_every_event_goes_once_per_sink_even_after_a_restart(store: Store) -> No
 
 
 def test_warning_then_escalation_are_two_alerts_and_routing_follows_level(store: Store) -> None:
-    clock = Clock(T0 + 5)
+    clock = ManualClock(T0 + 5)
     number = incident(store, "kl_drift", Severity.WARN, T0)
     loud, quiet = RecordingSink("all"), RecordingSink("critical-only", min_level=Level.CRITICAL)
     d = dispatcher(store, clock, loud, quiet)
@@ -108,13 +101,13 @@ def test_warning_then_escalation_are_two_alerts_and_routing_follows_level(store:
 def test_old_events_are_not_replayed_to_a_new_sink(store: Store) -> None:
     incident(store, "stall", Severity.CRITICAL, T0)
     sink = RecordingSink()
-    dispatcher(store, Clock(T0 + 7200), sink, max_age_s=3600).pass_once()
+    dispatcher(store, ManualClock(T0 + 7200), sink, max_age_s=3600).pass_once()
     assert sink.got == []
     assert store.delivery_counts(RUN) == {("rec", "suppressed"): 1}
 
 
 def test_cooldown_holds_back_a_repeat_incident_of_the_same_check_only(store: Store) -> None:
-    clock = Clock(T0)
+    clock = ManualClock(T0)
     sink = RecordingSink(cooldown_s=600)
     d = dispatcher(store, clock, sink)
     first = incident(store, "entropy_collapse", Severity.CRITICAL, T0)
@@ -136,7 +129,7 @@ def test_cooldown_holds_back_a_repeat_incident_of_the_same_check_only(store: Sto
 def test_failures_are_retried_with_backoff_then_dropped_and_logged(
     store: Store, caplog: pytest.LogCaptureFixture
 ) -> None:
-    clock = Clock(T0 + 1)
+    clock = ManualClock(T0 + 1)
     number = incident(store, "non_finite", Severity.CRITICAL, T0)
     key = f"incident:{number}:critical"
     flaky = RecordingSink("flaky", failures=2)
@@ -171,7 +164,7 @@ def test_a_broken_store_or_sink_never_raises_out_of_a_pass(store: Store) -> None
 
     incident(store, "stall", Severity.CRITICAL, T0)
     good = RecordingSink("good")
-    d = dispatcher(store, Clock(T0 + 1), Exploding("bad"), good)
+    d = dispatcher(store, ManualClock(T0 + 1), Exploding("bad"), good)
     d.pass_once()
     assert len(good.got) == 1
     store.close()
@@ -187,14 +180,14 @@ def test_the_thread_flushes_the_last_events_and_a_hung_sink_does_not_block_stop(
             return None
 
     sink = RecordingSink()
-    d = dispatcher(store, Clock(T0 + 1), sink, interval_s=30)
+    d = dispatcher(store, ManualClock(T0 + 1), sink, interval_s=30)
     d.start()
     incident(store, "stall", Severity.CRITICAL, T0)  # committed after the first sweep
     d.stop(timeout_s=5)
     assert len(sink.got) == 1 and sink.closed
 
     incident(store, "kl_drift", Severity.CRITICAL, T0)
-    hung = dispatcher(store, Clock(T0 + 1), Hung("hung"), interval_s=30)
+    hung = dispatcher(store, ManualClock(T0 + 1), Hung("hung"), interval_s=30)
     hung.start()
     hung.stop(timeout_s=0.5)  # returns although the sink hangs
     release.set()
@@ -213,12 +206,12 @@ def test_an_escalation_long_after_the_opening_is_still_news(store: Store) -> Non
     number = incident(store, "kl_drift", Severity.WARN, T0)
     store.escalate_incident(number, Finding("kl_drift", Severity.CRITICAL, 900, "worse"), T0 + 7200)
     sink = RecordingSink()
-    dispatcher(store, Clock(T0 + 7201), sink, max_age_s=3600).pass_once()
+    dispatcher(store, ManualClock(T0 + 7201), sink, max_age_s=3600).pass_once()
     assert sink.got == [f"incident:{number}:critical"]
 
 
 def test_a_closing_waits_for_its_failing_opening(store: Store) -> None:
-    clock = Clock(T0 + 1)
+    clock = ManualClock(T0 + 1)
     number = incident(store, "stall", Severity.CRITICAL, T0)
     sink = RecordingSink(failures=1)
     d = dispatcher(store, clock, sink)
@@ -238,7 +231,7 @@ def test_a_refusal_no_retry_can_change_is_dropped_at_once(store: Store) -> None:
             raise NotifyError("webhook answered HTTP 404", retryable=False)
 
     number = incident(store, "stall", Severity.CRITICAL, T0)
-    dispatcher(store, Clock(T0 + 1), Refused("refused"), retries=60).pass_once()
+    dispatcher(store, ManualClock(T0 + 1), Refused("refused"), retries=60).pass_once()
     row = store.deliveries(RUN, "refused")[f"incident:{number}:critical"]
     assert (row.status, row.attempts) == ("dropped", 1)
 
@@ -248,7 +241,7 @@ def test_a_send_the_store_could_not_record_is_recorded_not_resent(
 ) -> None:
     number = incident(store, "stall", Severity.CRITICAL, T0)
     sink = RecordingSink()
-    d = dispatcher(store, Clock(T0 + 1), sink)
+    d = dispatcher(store, ManualClock(T0 + 1), sink)
     real = store.record_delivery
     calls = {"n": 0}
 

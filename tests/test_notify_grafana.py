@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from conftest import ManualClock
 from fake_grafana import TOKEN, FakeGrafana
 
 from guardian import grafana
@@ -26,14 +27,6 @@ RUN = "run-annotated"
 T0 = 1_764_460_800.0
 
 
-class Clock:
-    def __init__(self, now: float) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
-
-
 @pytest.fixture
 def store(tmp_path: Path) -> Iterator[Store]:
     with Store.open(f"sqlite:///{tmp_path / 'g.db'}") as s:
@@ -48,7 +41,7 @@ def annotator(fake: FakeGrafana) -> GrafanaAnnotations:
 
 
 def test_an_incident_is_a_region_and_each_intervention_step_a_point(store: Store, fake_grafana: FakeGrafana) -> None:
-    clock = Clock(T0 + 1)
+    clock = ManualClock(T0 + 1)
     sink = annotator(fake_grafana)
     dispatcher = Dispatcher(store, RUN, [sink], DispatchPolicy(), clock)
     warn = Finding("entropy_collapse", Severity.WARN, 40, "entropy falling", onset_step=35, evidence={"ratio": 0.2})
@@ -85,7 +78,7 @@ def test_an_incident_is_a_region_and_each_intervention_step_a_point(store: Store
 
 
 def test_grafana_down_is_retried_and_never_raises(store: Store, fake_grafana: FakeGrafana) -> None:
-    clock = Clock(T0 + 1)
+    clock = ManualClock(T0 + 1)
     dispatcher = Dispatcher(store, RUN, [annotator(fake_grafana)], DispatchPolicy(), clock)
     store.open_incident(RUN, Finding("stall", Severity.CRITICAL, 9, "no step for 30 min"), T0)
     fake_grafana.fail_next(1, status=503)

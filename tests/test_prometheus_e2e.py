@@ -27,7 +27,8 @@ from typing import Any
 
 import pytest
 import yaml
-from prometheus_server import Prometheus, free_port, rules_with_hold, running_alertmanager, running_prometheus
+from conftest import free_port
+from prometheus_server import Prometheus, rules_with_hold, running_alertmanager, running_prometheus
 from webhook_receiver import Receiver, receiving
 
 from guardian.dashboards import panel_queries

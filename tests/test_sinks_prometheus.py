@@ -7,9 +7,7 @@ from __future__ import annotations
 import json
 import math
 import os
-import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -22,6 +20,7 @@ from importlib.resources import files
 from pathlib import Path
 
 import pytest
+from conftest import free_port, required_tool
 from prometheus_client import generate_latest
 from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as parse_openmetrics
@@ -278,12 +277,7 @@ def test_scrape_over_http(served: tuple[FixedSource, str]) -> None:
 
 
 def test_promtool_check_metrics_passes(served: tuple[FixedSource, str]) -> None:
-    promtool = shutil.which("promtool")
-    if promtool is None:
-        message = "promtool not on PATH (Debian package prometheus; .ci/run installs it)"
-        if os.environ.get("CI"):
-            pytest.fail(message)
-        pytest.skip(message)
+    promtool = required_tool("promtool", "prometheus")
     text, _ = scrape(served[1])
     checked = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True, timeout=60)
     assert checked.returncode == 0, checked.stdout + checked.stderr
@@ -429,7 +423,7 @@ def test_experiment_falls_back_to_the_run_name_or_id(tmp_path: Path) -> None:
 
 def test_watch_serves_metrics_while_it_guards(tmp_path: Path) -> None:
     """`guardian watch --export PORT` end to end: a real watch process, scraped over loopback."""
-    port = _free_port()
+    port = free_port()
     trace = tmp_path / "metrics.jsonl"
     trace.write_bytes(files("guardian.data").joinpath("aopd-2.jsonl").read_bytes())
     env = {**os.environ, "GUARDIAN_HOME": str(tmp_path / "home")}
@@ -467,12 +461,6 @@ def test_watch_serves_metrics_while_it_guards(tmp_path: Path) -> None:
         proc.communicate(timeout=20)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def test_a_stopped_guardian_lingers_with_up_zero_until_a_second_signal(tmp_path: Path) -> None:
     metrics = tmp_path / "m.jsonl"
     metrics.write_text("")
@@ -483,7 +471,7 @@ def test_a_stopped_guardian_lingers_with_up_zero_until_a_second_signal(tmp_path:
         guardian = Guardian(
             config=GuardianConfig(), store=store, run_id="r1", metrics=MetricsFile(metrics), clock=time.time
         )
-        port = _free_port()
+        port = free_port()
         cfg = ExporterConfig(enabled=True, port=port, linger_s=5.0)
         stop = threading.Event()
         seen: list[float] = []
