@@ -31,7 +31,7 @@ from guardian.findings import Finding
 from guardian.replay import ReplayResult, replay_file
 
 RULE_SETS: tuple[str, ...] = ("default", "seed")
-DEFAULT_TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
+DEFAULT_TRACES = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "traces"
 # Traces shorter than this are spot checks (4-6 rows in the calibration set): too sparse for windowed checks.
 LONG_TRACE_STEPS = 20
 UNHEALTHY = "unhealthy"

@@ -6,7 +6,7 @@ sees a step after verl writes it, and how much memory a replay takes.
 
 1. Writes a synthetic but realistic verl ``file`` logger JSONL (``{"step":N,"data":{...}}``, compact
    orjson, full-precision floats, a few nulls) into a temp dir: the ~95 keys a real verl 0.9.1 GRPO run
-   logs (names copied from ../shared/verl-0.9.1-run), ``actor/kl_loss``, and realistic filler keys
+   logs (names copied from tests/fixtures/verl-0.9.1-run), ``actor/kl_loss``, and realistic filler keys
    (``val-aux/...``, ``timing_s/...``, ``perf/...``) up to ``--keys``. Values are a healthy run: smooth
    trends plus noise, entropy slowly falling, reward slowly rising.
 2. Full replay: ``guardian.replay.replay_file`` with the default checks (parse + every check after
@@ -91,7 +91,7 @@ def _const(value: float, integer: bool = False) -> Trend:
     return Trend(value, value, 0.0, integer)
 
 
-# The keys a real verl 0.9.1 GRPO run logs on a training step (../shared/verl-0.9.1-run/metrics-30-steps.jsonl)
+# The keys a real verl 0.9.1 GRPO run logs on a training step (tests/fixtures/verl-0.9.1-run/metrics-30-steps.jsonl)
 # plus actor/kl_loss (use_kl_loss). Levels are those of a healthy mid-size run.
 CORE: dict[str, Trend] = {
     "actor/entropy": Trend(0.62, 0.38, 0.012),

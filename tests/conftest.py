@@ -1,4 +1,4 @@
-"""Shared fixtures: the real verl files under ../shared, and synthetic runs."""
+"""Shared fixtures: the real verl files and public traces under tests/fixtures, and synthetic runs."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from guardian.history import RunHistory, StepRecord
 pytest_plugins = ("webhook_receiver", "fake_grafana")
 
 REPO = Path(__file__).resolve().parents[1]
-SHARED = REPO.parent / "shared"
+FIXTURES = REPO / "tests" / "fixtures"
 
 
 def missing(message: str) -> NoReturn:
@@ -30,11 +30,10 @@ def missing(message: str) -> NoReturn:
     pytest.skip(message)
 
 
-def shared_path(*parts: str) -> Path:
-    """A file under ../shared; skips locally when absent, fails in CI (where it must be present)."""
-    path = SHARED.joinpath(*parts)
-    if not path.exists():
-        missing(f"{path} not found (the shared/ folder beside the repository)")
+def fixture_path(*parts: str) -> Path:
+    """A file under tests/fixtures (real verl 0.9.1 output and public traces; sources in its README)."""
+    path = FIXTURES.joinpath(*parts)
+    assert path.exists(), f"fixture {path} is missing from the repository"
     return path
 
 

@@ -7,7 +7,7 @@ from importlib.resources import files
 from pathlib import Path
 
 import pytest
-from conftest import shared_path
+from conftest import fixture_path
 
 from guardian.cli import EXIT_OK, EXIT_UNHEALTHY, EXIT_USAGE, main
 
@@ -20,7 +20,7 @@ def guardian_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def test_replay_json_unhealthy_exit_3(capsys: pytest.CaptureFixture[str]) -> None:
-    code = main(["replay", str(shared_path("traces", "aopd-2.jsonl")), "--json"])
+    code = main(["replay", str(fixture_path("traces", "aopd-2.jsonl")), "--json"])
     assert code == EXIT_UNHEALTHY
     doc = json.loads(capsys.readouterr().out)
     assert set(doc) >= {"run", "steps", "signals", "findings", "verdict"}
@@ -30,10 +30,10 @@ def test_replay_json_unhealthy_exit_3(capsys: pytest.CaptureFixture[str]) -> Non
 
 
 def test_replay_healthy_exit_0_and_seed_rules(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["replay", str(shared_path("traces", "aopd-4.jsonl"))]) == EXIT_OK
+    assert main(["replay", str(fixture_path("traces", "aopd-4.jsonl"))]) == EXIT_OK
     assert "HEALTHY" in capsys.readouterr().out
     # the seed rules miss the length collapse of aopd-2 (no length rule)
-    assert main(["replay", str(shared_path("traces", "aopd-2.jsonl")), "--rules", "seed", "--json"]) == EXIT_OK
+    assert main(["replay", str(fixture_path("traces", "aopd-2.jsonl")), "--rules", "seed", "--json"]) == EXIT_OK
 
 
 def test_replay_missing_file_is_an_error() -> None:

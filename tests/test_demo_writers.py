@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import shared_path
+from conftest import fixture_path
 
 from guardian.demo import trainer
 from guardian.demo.writers import RolloutDumper, console_line
@@ -44,7 +44,7 @@ def records(path: Path) -> list[dict[str, Any]]:
 
 
 def test_metric_keys_are_verls(demo_run: Path) -> None:
-    real = records(shared_path("verl-0.9.1-run", "metrics-30-steps.jsonl"))
+    real = records(fixture_path("verl-0.9.1-run", "metrics-30-steps.jsonl"))
     real_keys = {key.replace("tiny_copy", "demo_recall") for r in real for key in r["data"]}
     demo = records(demo_run / "metrics.jsonl")
     assert [r["step"] for r in demo] == list(range(7))
@@ -75,7 +75,7 @@ def test_metric_keys_are_verls(demo_run: Path) -> None:
 
 
 def test_rollout_dumps_have_verls_v1_shape(demo_run: Path) -> None:
-    real = [json.loads(line) for line in shared_path("verl-0.9.1-run", "rollouts", "1.jsonl").read_text().splitlines()]
+    real = [json.loads(line) for line in fixture_path("verl-0.9.1-run", "rollouts", "1.jsonl").read_text().splitlines()]
     dump = [json.loads(line) for line in (demo_run / "rollouts" / "1.jsonl").read_text().splitlines()]
     assert [list(row) for row in dump[:1]] == [list(real[0])], "same fields, same order"
     assert len(dump) == 16 * 16

@@ -6,15 +6,14 @@ import math
 from pathlib import Path
 
 import pytest
+from conftest import FIXTURES
 
 from guardian.history import StepRecord
 from guardian.sources.console import ConsoleFile, console_value, parse_console_line
 from guardian.sources.jsonl import read_all
 from guardian.sources.tail import NewSegment
 
-SHARED = Path(__file__).resolve().parents[1].parent / "shared"
-RUN = SHARED / "verl-0.9.1-run"
-needs_run = pytest.mark.skipif(not RUN.is_dir(), reason=f"real verl run files not found at {RUN}")
+RUN = FIXTURES / "verl-0.9.1-run"
 
 
 @pytest.mark.parametrize(
@@ -108,7 +107,6 @@ def test_console_file_reports_oversized_lines(tmp_path: Path) -> None:
     assert "longer than 50 bytes" in str(batch.bad_lines[0])
 
 
-@needs_run
 def test_real_console_log_matches_the_jsonl() -> None:
     batch = ConsoleFile(RUN / "console-30-steps.log").poll()
     assert batch.bad_lines == []

@@ -6,6 +6,7 @@ import math
 from pathlib import Path
 
 import pytest
+from conftest import FIXTURES
 
 from guardian.history import StepRecord
 from guardian.sources.jsonl import (
@@ -19,11 +20,8 @@ from guardian.sources.jsonl import (
 )
 from guardian.sources.tail import NewSegment
 
-SHARED = Path(__file__).resolve().parents[1].parent / "shared"
-RUN = SHARED / "verl-0.9.1-run"
-TRACES = SHARED / "traces"
-needs_run = pytest.mark.skipif(not RUN.is_dir(), reason=f"real verl run files not found at {RUN}")
-needs_traces = pytest.mark.skipif(not TRACES.is_dir(), reason=f"calibration traces not found at {TRACES}")
+RUN = FIXTURES / "verl-0.9.1-run"
+TRACES = FIXTURES / "traces"
 
 
 def records(batch: MetricsBatch) -> list[StepRecord]:
@@ -151,7 +149,6 @@ def test_read_all_of_a_missing_file_says_so(tmp_path: Path) -> None:
         read_all(tmp_path / "nope.jsonl")
 
 
-@needs_run
 def test_real_thirty_step_run_parses() -> None:
     steps, bad = read_all(RUN / "metrics-30-steps.jsonl")
     assert bad == []
@@ -160,7 +157,6 @@ def test_real_thirty_step_run_parses() -> None:
     assert all(math.isfinite(v) for v in steps[5].data.values())
 
 
-@needs_run
 @pytest.mark.parametrize("name", sorted(p.name for p in RUN.glob("metrics-*.jsonl")) if RUN.is_dir() else [])
 def test_every_real_metrics_file_parses_cleanly(name: str) -> None:
     steps, bad = read_all(RUN / name)
@@ -168,7 +164,6 @@ def test_every_real_metrics_file_parses_cleanly(name: str) -> None:
     assert steps
 
 
-@needs_traces
 def test_traces_with_nan_tokens_parse_to_nan() -> None:
     steps, bad = read_all(TRACES / "tinyzero-exp-nan-1.jsonl")
     assert bad == []
@@ -178,7 +173,6 @@ def test_traces_with_nan_tokens_parse_to_nan() -> None:
     assert sum(math.isnan(v) for r in steps for v in r.data.values()) == 8
 
 
-@needs_traces
 def test_every_trace_parses_without_bad_lines() -> None:
     for path in sorted(TRACES.glob("*.jsonl")):
         steps, bad = read_all(path)

@@ -9,6 +9,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import pytest
+from conftest import FIXTURES
 
 from guardian.keys import (
     ALL_ONE_KEY,
@@ -21,9 +22,7 @@ from guardian.keys import (
 )
 from guardian.sources.rollouts import GroupStats, RolloutBatch, RolloutDir, group_stats
 
-SHARED = Path(__file__).resolve().parents[1].parent / "shared"
-ROLLOUTS = SHARED / "verl-0.9.1-run" / "rollouts"
-needs_dumps = pytest.mark.skipif(not ROLLOUTS.is_dir(), reason=f"real rollout dumps not found at {ROLLOUTS}")
+ROLLOUTS = FIXTURES / "verl-0.9.1-run" / "rollouts"
 
 SECOND = 1_000_000_000
 
@@ -118,7 +117,6 @@ def test_no_multi_sample_group_gives_nan_fractions_and_metrics_use_guardian_keys
     assert math.isnan(empty.effective_group_ratio) and math.isnan(empty.all_zero_fraction)
 
 
-@needs_dumps
 def test_real_dumps_give_32_groups_of_4() -> None:
     source = RolloutDir(ROLLOUTS)
     seen: list[tuple[int, GroupStats]] = []

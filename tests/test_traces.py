@@ -1,4 +1,4 @@
-"""Replay every real trace in ../shared/traces with the expected verdict (labels.json).
+"""Replay every real trace in tests/fixtures/traces with the expected verdict (labels.json).
 
 Calibration contract: no critical finding on any healthy trace; every long unhealthy trace (>= 20
 records; the 4-6 record ones are spot checks too sparse for windowed checks) caught.
@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import SHARED, shared_path
+from conftest import FIXTURES, fixture_path
 
 from guardian.config import ChecksConfig
 from guardian.keys import Signal
@@ -19,13 +19,13 @@ LONG = 20
 
 
 def labels() -> list[dict[str, object]]:
-    path = SHARED / "traces" / "labels.json"
-    return json.loads(path.read_text()) if path.exists() else []
+    path = FIXTURES / "traces" / "labels.json"
+    return json.loads(path.read_text())
 
 
 @pytest.mark.parametrize("label", labels(), ids=lambda lab: str(lab["file"]))
 def test_trace_verdict(label: dict[str, object]) -> None:
-    path = shared_path("traces", str(label["file"]))
+    path = fixture_path("traces", str(label["file"]))
     result = replay_file(path, ChecksConfig())
     assert result.steps == label["records"] or result.steps >= 1
     assert not result.bad_lines
@@ -40,21 +40,21 @@ def test_trace_verdict(label: dict[str, object]) -> None:
 
 
 def test_nan_trace_is_caught_within_one_step() -> None:
-    result = replay_file(shared_path("traces", "tinyzero-exp-nan-1.jsonl"), ChecksConfig())
+    result = replay_file(fixture_path("traces", "tinyzero-exp-nan-1.jsonl"), ChecksConfig())
     first = result.first_critical
     assert first is not None and first.check == "non_finite"
     assert first.step is not None and first.step - 90 <= 1
     assert first.onset_step == 90
 
 
-def test_shared_traces_exist() -> None:
+def test_fixture_traces_exist() -> None:
     assert labels(), "labels.json missing or empty"
     for lab in labels():
-        shared_path("traces", str(lab["file"]))
+        fixture_path("traces", str(lab["file"]))
 
 
 def test_real_verl_091_run_with_rollouts_reports_egr() -> None:
-    run = shared_path("verl-0.9.1-run")
+    run = fixture_path("verl-0.9.1-run")
     result = replay_file(run / "metrics-10-steps.jsonl", ChecksConfig(), rollouts=run / "rollouts")
     assert result.signals["egr"] == "guardian/rollout/effective_group_ratio"
     assert result.signals["entropy"] == "actor/entropy"
@@ -63,7 +63,7 @@ def test_real_verl_091_run_with_rollouts_reports_egr() -> None:
 
 
 def test_resume_trace_is_a_new_branch_not_an_error() -> None:
-    run = shared_path("verl-0.9.1-run")
+    run = fixture_path("verl-0.9.1-run")
     from guardian.history import RunHistory
 
     history = RunHistory()
