@@ -34,19 +34,54 @@ class CheckBase(_Section):
 
 
 class EntropyCollapseConfig(CheckBase):
-    warn_ratio: float = Field(0.3, gt=0, lt=1, description="Warn when smoothed entropy < this × baseline.")
-    critical_ratio: float = Field(
-        0.15, gt=0, lt=1, description="Critical below this × baseline if reward stalls or EGR is low."
+    """Entropy falling is learning while the reward pays for it (checks/entropy.py); a collapse is entropy
+    spent without reward to show for it, judged on the raw entropy (a smoothing lag delays the call)."""
+
+    for_steps: int = Field(2, ge=1, description="Hysteresis: the condition must hold this many steps in a row.")
+    warn_ratio: float = Field(
+        0.3, gt=0, lt=1, description="Below this × baseline while reward does not improve: warn (stalled or converged)."
     )
-    extreme_ratio: float = Field(
-        0.05, gt=0, lt=1, description="Critical below this × baseline unless reward is still improving."
+    critical_ratio: float = Field(
+        0.15, gt=0, lt=1, description="Critical below this × baseline while reward is stuck and entropy still falls."
+    )
+    fast_drop: float = Field(
+        0.5,
+        gt=0,
+        lt=1,
+        description="Fast collapse: entropy fell to this fraction of its value within fast_window_steps ...",
+    )
+    fast_window_steps: int = Field(
+        10, ge=2, description="... steps (a halving in 10 steps: no healthy trace comes close)."
+    )
+    fast_ratio: float = Field(0.5, gt=0, le=1, description="... below this × baseline ...")
+    exchange_fraction: float = Field(
+        0.25,
+        gt=0,
+        lt=1,
+        description="... while the reward gained less than this share of what the same entropy bought earlier "
+        "in the run.",
+    )
+    still_falling: float = Field(
+        0.25,
+        gt=0,
+        lt=1,
+        description="Entropy that lost less than this share over the reward's longest window is steady: low and "
+        "steady with a flat reward is convergence (a warning with advice), not a collapse.",
     )
 
 
 class EntropyExplosionConfig(CheckBase):
-    warn_ratio: float = Field(1.6, gt=1, description="Warn when smoothed entropy > this × baseline.")
-    critical_ratio: float = Field(3.0, gt=1, description="Critical above this × baseline.")
-    min_entropy: float = Field(0.05, ge=0, description="Ignore rises while entropy is below this (nats).")
+    warn_ratio: float = Field(1.6, gt=1, description="Warn when entropy (raw and smoothed) > this × baseline.")
+    critical_ratio: float = Field(
+        3.0, gt=1, description="Critical above this × baseline while reward is not improving."
+    )
+    warn_min_entropy: float = Field(0.05, ge=0, description="Ignore rises while entropy is below this (nats/token).")
+    min_entropy: float = Field(
+        1.0,
+        ge=0,
+        description="Critical needs entropy (nats/token) of at least this: a rise from a very low baseline "
+        "(0.13 -> 0.67) is exploration coming back, not gibberish.",
+    )
 
 
 class EgrCollapseConfig(CheckBase):
@@ -80,13 +115,48 @@ class LogprobDeclineConfig(CheckBase):
 
 
 class RewardCollapseConfig(CheckBase):
-    warn_drop: float = Field(0.25, gt=0, description="Warn when reward fell this fraction of its scale from peak.")
-    critical_drop: float = Field(0.5, gt=0, description="Critical when reward fell this fraction from its peak.")
-    plateau_steps: int = Field(20, ge=2, description="Window (steps) over which 'reward stalled' is judged.")
-    plateau_tolerance: float = Field(0.02, ge=0, description="Gain below this fraction of scale = stalled.")
+    """The reward's trend (checks/trend.py): judged against the run's own noise and pace, never a fixed
+    window or a fixed share of the score range alone. Every check that asks "is the run still learning?"
+    reads these settings."""
+
+    level_steps: int = Field(5, ge=2, description="A reward level is the mean of this many steps.")
+    noise_steps: int = Field(40, ge=6, description="Noise = robust scatter of the last this-many step-to-step changes.")
+    window_min_steps: int = Field(5, ge=2, description="'Improving' is judged over at least this many steps ...")
+    window_max_steps: int = Field(
+        20, ge=2, description="... and at most this many: the window the run's own pace needs to clear its noise."
+    )
+    improve_z: float = Field(2.0, gt=0, description="Improving: the level rose by this many sigmas over the window ...")
+    improve_pace_fraction: float = Field(
+        0.5, ge=0, le=1, description="... and by at least this share of what the run's pace so far would give."
+    )
+    drop_z: float = Field(3.0, gt=0, description="Falling: the level is this many sigmas below its best ...")
+    warn_drop: float = Field(0.05, ge=0, description="... and at least this fraction of the reward scale (warn).")
+    critical_loss: float = Field(
+        0.5,
+        gt=0,
+        le=1,
+        description="Critical: falling, and it lost this share of its gains since the start (or fell below its "
+        "starting level) ...",
+    )
+    critical_drop: float = Field(0.1, ge=0, description="... and at least this fraction of the reward scale.")
     saturation_margin: float = Field(
         0.1, ge=0, lt=1, description="Reward within this fraction of scale from its maximum = saturated."
     )
+    convergence_margin: float = Field(
+        0.3,
+        ge=0,
+        lt=1,
+        description="A plateau within this fraction of scale below the best sample's score is convergence: low "
+        "entropy or alike groups there get advice, not a rollback (a rollback cannot buy much below the ceiling).",
+    )
+
+    @model_validator(mode="after")
+    def _window_order(self) -> RewardCollapseConfig:
+        if self.window_min_steps > self.window_max_steps:
+            raise ValueError(
+                f"window_min_steps ({self.window_min_steps}) exceeds window_max_steps ({self.window_max_steps})"
+            )
+        return self
 
 
 class LengthConfig(CheckBase):

@@ -7,7 +7,7 @@ stop. The clock is injected, so tests drive ticks against files they write.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -18,9 +18,10 @@ from guardian.findings import Severity
 from guardian.history import Arrival, RunHistory, StepRecord
 from guardian.keys import signals_present
 from guardian.logs import event, get_logger
+from guardian.replay import feed_step
 from guardian.sources.checkpoints import scan_checkpoints
 from guardian.sources.jsonl import MetricsBatch, NewSegment
-from guardian.sources.rollouts import RolloutDir
+from guardian.sources.rollouts import RolloutDir, read_finished
 from guardian.store import Store
 from guardian.tracker import Change, StatusTracker, Transition
 
@@ -146,24 +147,37 @@ class Guardian:
             self._judged_through = None
         log.info(event("attempt", {"run": self.run_id, "attempt_id": self._attempt_id, "segment": segment}))
 
-    def switch_attempt(self, attempt_id: int, metrics: MetricsSource, *, judged_through: int | None = None) -> None:
-        """Follow a new trainer launch: its own metrics file, the same run timeline."""
+    def switch_attempt(
+        self,
+        attempt_id: int,
+        metrics: MetricsSource,
+        rollouts: RolloutDir | None = None,
+        *,
+        judged_through: int | None = None,
+    ) -> None:
+        """Follow a new trainer launch: its own metrics file and rollout dumps (a dump dir the attempts share
+        keeps its reader, which knows the dumps already merged), the same run timeline."""
         self.attempt_id = self._attempt_id = attempt_id
         self.metrics = metrics
+        if rollouts is not None and (self.rollouts is None or self.rollouts.path != rollouts.path):
+            self.rollouts = rollouts
         self._judged_through = judged_through
         self.attempt_steps = []
         self.started_at = self.clock()  # the stall check gives a fresh launch its start-up allowance
 
-    def rebuild(self, metrics: MetricsSource) -> int:
-        """Re-read an earlier attempt's finished metrics file into the timeline without storing or
-        alerting anything (a restarted guardian rebuilding its view of the run). Returns the steps read."""
+    def rebuild(self, metrics: MetricsSource, rollouts: RolloutDir | None = None) -> int:
+        """Re-read an earlier attempt's finished metrics file and rollout dumps into the timeline without
+        storing or alerting anything (a restarted guardian rebuilding its view of the run), in the order
+        the live loop judged them. Returns the steps read."""
+        pending: dict[int, Mapping[str, float]] = dict(read_finished(rollouts.path)[0]) if rollouts else {}
         steps = 0
         while True:
             batch = metrics.poll(final=True)
             for item in batch.items:
                 if isinstance(item, StepRecord):
-                    self.history.add(item)
-                    self.tracker.update(evaluate(self._context(None), self.checks))
+                    feed_step(
+                        self.history, self.tracker, lambda: evaluate(self._context(None), self.checks), item, pending
+                    )
                     steps += 1
             if not batch.more:
                 return steps

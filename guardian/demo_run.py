@@ -127,8 +127,10 @@ class Narrator:
             say(f"{tag} relaunched the trainer from the rollback point")
         elif state == "PROBATION":
             say(f"{tag} resumed at step {detail.get('first_step')}; on probation")
-        elif state in ("RESOLVED", "RELAPSED", "GAVE_UP"):
-            style = {"RESOLVED": "bold green", "RELAPSED": "yellow", "GAVE_UP": "bold red"}[state]
+        elif state in ("RESOLVED", "UNRESOLVED", "RELAPSED", "GAVE_UP"):
+            style = {"RESOLVED": "bold green", "UNRESOLVED": "bold red", "RELAPSED": "yellow", "GAVE_UP": "bold red"}[
+                state
+            ]
             say(f"[{style}]#{number} {state}[/] {escape(str(detail.get('why', '')))}")
 
 

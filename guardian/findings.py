@@ -28,6 +28,8 @@ class Finding:
 
     ``onset_step`` estimates where the trouble began (for choosing a rollback target); ``evidence``
     holds the numbers the verdict rests on, so an incident can be read without re-running the checks.
+    ``advice`` marks a WARN that advises rather than reports trouble ("converged: consider stopping"):
+    a rescue on probation counts it as healthy.
     """
 
     check: str
@@ -36,9 +38,15 @@ class Finding:
     message: str
     onset_step: int | None = None
     evidence: Mapping[str, EvidenceValue] = field(default_factory=dict)
+    advice: bool = False
+
+    @property
+    def healthy(self) -> bool:
+        """OK, or a warning that only advises."""
+        return self.severity == Severity.OK or (self.severity == Severity.WARN and self.advice)
 
     def to_json(self) -> dict[str, object]:
-        return {
+        out: dict[str, object] = {
             "check": self.check,
             "severity": self.severity.label,
             "step": self.step,
@@ -46,6 +54,9 @@ class Finding:
             "message": self.message,
             "evidence": {k: _shown(v) for k, v in self.evidence.items()},
         }
+        if self.advice:
+            out["advice"] = True
+        return out
 
 
 def _shown(value: EvidenceValue) -> EvidenceValue:

@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_left, bisect_right
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import Any
 
-from guardian.keys import ALIASES, EGR_KEY, NON_FINITE_WATCHED_KEYS, Signal, resolve
+from guardian.keys import ALIASES, EGR_KEY, NON_FINITE_WATCHED_KEYS, Signal, is_val_score_key, resolve
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,7 +46,7 @@ class Arrival(StrEnum):
 class Series:
     """One signal's values by step, steps strictly increasing."""
 
-    __slots__ = ("_baselines", "_peaks", "_smoothed", "steps", "values")
+    __slots__ = ("_baselines", "_derived", "_peaks", "_smoothed", "steps", "values")
 
     def __init__(self) -> None:
         self.steps: list[int] = []
@@ -56,6 +57,8 @@ class Series:
         self._peaks: dict[int, list[float]] = {}
         # (start, count) -> median of the first ``count`` finite values from ``start``, once known
         self._baselines: dict[tuple[int, int], float] = {}
+        # key -> per-position values a check derives from this series alone (extended lazily, see ``derived``)
+        self._derived: dict[object, list[Any]] = {}
 
     def __len__(self) -> int:
         return len(self.steps)
@@ -80,7 +83,7 @@ class Series:
         self._forget_smoothed_from(i)
 
     def _forget_smoothed_from(self, position: int) -> None:
-        for table in (self._smoothed, self._peaks):
+        for table in (self._smoothed, self._peaks, self._derived):
             for cached in table.values():
                 del cached[position:]
         for key in [k for k in self._baselines if position < k[0] + k[1]]:
@@ -91,6 +94,15 @@ class Series:
         cached = self._smoothed.setdefault(window, [])
         for i in range(len(cached), len(self.values)):
             cached.append(median(self.finite(i - window + 1, i + 1)))
+        return cached
+
+    def derived(self, key: object, compute: Callable[[int, list[Any]], Any]) -> list[Any]:
+        """Per-position values ``compute(position, earlier)`` derived from this series' values up to that
+        position (``earlier`` holds the values already derived), cached like ``smoothed``: a rewind or a
+        changed value forgets them from that position on. ``key`` names the derivation and its settings."""
+        cached = self._derived.setdefault(key, [])
+        for i in range(len(cached), len(self.values)):
+            cached.append(compute(i, cached))
         return cached
 
     def peak(self, window: int) -> list[float]:
@@ -145,6 +157,8 @@ class RunHistory:
     _longest_seen: float = 0.0
     # steps whose watched keys (keys.NON_FINITE_WATCHED_KEYS) were NaN/inf/null, and which keys
     non_finite: dict[int, frozenset[str]] = field(default_factory=dict)
+    # the key that last carried each signal (findings name it: "actor/entropy fell ...")
+    source_keys: dict[Signal, str] = field(default_factory=dict)
 
     def add(self, record: StepRecord, arrived_at: float | None = None) -> Arrival:
         """Add a metric line. Returns what it did to the timeline."""
@@ -189,6 +203,7 @@ class RunHistory:
                 value = data.get(key)
                 if value is not None:
                     self.series[signal].set(step, value)
+                    self.source_keys[signal] = key
                     break
 
     def _derive(self, step: int, data: Mapping[str, float]) -> None:
@@ -200,6 +215,9 @@ class RunHistory:
         turns = resolve(Signal.NUM_TURNS, data)
         if turns is not None and resolve(Signal.TOOL_CALLS, data) is None:
             self.series[Signal.TOOL_CALLS].set(step, tool_calls_from_turns(turns[1]))
+        val = [v for k, v in data.items() if is_val_score_key(k) and math.isfinite(v)]
+        if val:
+            self.series[Signal.VAL_SCORE].set(step, sum(val) / len(val))
         evicted = resolve(Signal.FILTER_EVICTED, data)
         # an EGR measured from rollout dumps always wins over the estimate
         if evicted is not None and self.train_batch_size and EGR_KEY not in self.keys_seen:
@@ -214,6 +232,10 @@ class RunHistory:
 
     def signal(self, signal: Signal) -> Series:
         return self.series[signal]
+
+    def key_of(self, signal: Signal) -> str:
+        """The verl key the signal was read from (or the signal's own name when it is derived)."""
+        return self.source_keys.get(signal, signal.value)
 
     def has(self, signal: Signal) -> bool:
         return len(self.series[signal]) > 0

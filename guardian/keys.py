@@ -41,6 +41,7 @@ class Signal(StrEnum):
     FILTER_EVICTED = "filter_evicted"
     NUM_TURNS = "num_turns"
     TOOL_CALLS = "tool_calls"
+    VAL_SCORE = "val_score"
 
 
 # Keys the guardian itself adds to a step's record (computed from rollout dumps). The ``guardian/``
@@ -54,6 +55,12 @@ SAMPLES_KEY = "guardian/rollout/samples"
 # mean of each numeric reward-extra field of a dump (a reward function returning a dict, e.g.
 # {"score", "correctness", "format"}; verl's V0 trainer dumps them): guardian/rollout/reward/<field>
 REWARD_COMPONENT_PREFIX = "guardian/rollout/reward/"
+# verl's validation metrics (facts §1.7): ``val-core/{data_source}/{var}/{metric}``; the core variable's
+# ``mean@N`` of every data source, averaged, is the run's validation score (Signal.VAL_SCORE, history.py)
+VAL_CORE_PREFIX = "val-core/"
+VAL_MEAN_MARKER = "/mean@"
+# key prefixes the checks read besides the exact keys below (a replay keeps them too)
+CHECKED_PREFIXES: tuple[str, ...] = (VAL_CORE_PREFIX,)
 
 # verl keys per signal, newest verl first.
 VERL_ALIASES: dict[Signal, tuple[str, ...]] = {
@@ -86,6 +93,8 @@ VERL_ALIASES: dict[Signal, tuple[str, ...]] = {
     Signal.NUM_TURNS: ("num_turns/mean", "training/num_turns/mean"),
     # tool calls per trajectory: only custom agent loops log it; else derived from num_turns (history.py)
     Signal.TOOL_CALLS: ("tool_call_counts/mean",),
+    # derived in history.py from every val-core/*/mean@N key of the step
+    Signal.VAL_SCORE: (),
 }
 
 # Names used by non-verl runs in the calibration traces (AReaL, miles, TinyZero monitor, TRL-style).
@@ -127,6 +136,11 @@ def resolve(signal: Signal, data: Mapping[str, float]) -> tuple[str, float] | No
     return None
 
 
+def is_val_score_key(key: str) -> bool:
+    """A validation key that counts toward the run's validation score: val-core/<source>/<var>/mean@N."""
+    return key.startswith(VAL_CORE_PREFIX) and VAL_MEAN_MARKER in key
+
+
 def signals_present(keys: set[str] | frozenset[str]) -> dict[Signal, str]:
     """Which signals a run has, and the key that carries each (for the start-up report)."""
     found: dict[Signal, str] = {}
@@ -135,6 +149,9 @@ def signals_present(keys: set[str] | frozenset[str]) -> dict[Signal, str]:
             if key in keys:
                 found[signal] = key
                 break
+    val = sorted(k for k in keys if is_val_score_key(k))
+    if val:
+        found[Signal.VAL_SCORE] = val[0] if len(val) == 1 else f"{VAL_CORE_PREFIX}*{VAL_MEAN_MARKER}* ({len(val)} keys)"
     return found
 
 

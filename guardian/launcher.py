@@ -2,9 +2,10 @@
 
 Every launch is an *attempt* with its own folder under ``<home>/runs/<run_id>/attempt-<k>/``:
 ``metrics.jsonl`` (its own ``VERL_FILE_LOGGER_PATH``: verl truncates the file on every start),
-``stdout.log``, ``command.json`` (argv, env additions, cwd), ``overrides.txt`` and ``exit.json`` (written
-by the runner wrapper when the trainer ends). Rollout dumps of all attempts share ``rollouts/`` (verl
-overwrites a replayed step's file).
+``stdout.log``, ``command.json`` (argv, env additions, cwd), ``overrides.txt``, ``exit.json`` (written
+by the runner wrapper when the trainer ends) and ``rollouts/`` (its ``trainer.rollout_data_dir``, unless
+the command sets its own: verl overwrites a replayed step's dump, and the abandoned branch's dumps are
+the evidence behind the decision to abandon it).
 """
 
 from __future__ import annotations
@@ -26,9 +27,8 @@ log = get_logger("launcher")
 class RunFolder:
     root: Path
 
-    @property
-    def rollouts(self) -> Path:
-        return self.root / "rollouts"
+    def rollouts(self, number: int) -> Path:
+        return self.attempt(number) / "rollouts"
 
     def attempt(self, number: int) -> Path:
         return self.root / f"attempt-{number}"

@@ -7,8 +7,12 @@ An intervention runs
 and ends early in RELAPSED (the same trouble came back during probation, or the relaunch failed:
 the next intervention climbs one rung of the ladder and rolls back one checkpoint further) or GAVE_UP
 (budget spent, or no healthy checkpoint to go back to: the trainer is left stopped, the guardian
-alerts loudly and exits 93, "do not requeue", the NVRx convention). A crash or a stall gets a
-*restart* intervention: the same path with no patch (same config, latest healthy checkpoint).
+alerts loudly and exits 93, "do not requeue", the NVRx convention). RESOLVED needs proof that the fix
+helped (``outcome.Outcome``): the incident's own signal back in its healthy band and the reward (and
+validation score) back to their level at the rollback point; a probation that cannot show it ends in
+UNRESOLVED - the trainer keeps running with the patch and a person must look - or, when the trouble
+itself persists, in RELAPSED. A crash or a stall gets a *restart* intervention: the same path with no
+patch (same config, latest healthy checkpoint).
 """
 
 from __future__ import annotations
@@ -16,6 +20,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
+
+from guardian.outcome import Outcome
 
 
 class State(StrEnum):
@@ -27,6 +33,7 @@ class State(StrEnum):
     RESUMING = "RESUMING"
     PROBATION = "PROBATION"
     RESOLVED = "RESOLVED"
+    UNRESOLVED = "UNRESOLVED"  # probation could not prove the fix helped: a person must look
     RELAPSED = "RELAPSED"
     GAVE_UP = "GAVE_UP"
 
@@ -43,7 +50,7 @@ RESTART_CHECKS: frozenset[str] = frozenset({"stall", "crash"})
 CRASH_OUTPUT_EVIDENCE = "stdout_tail"
 
 
-FINISHED = frozenset({State.RESOLVED, State.RELAPSED, State.GAVE_UP})
+FINISHED = frozenset({State.RESOLVED, State.UNRESOLVED, State.RELAPSED, State.GAVE_UP})
 
 ALLOWED: dict[State, frozenset[State]] = {
     State.DETECTED: frozenset({State.STOPPING, State.GAVE_UP}),
@@ -52,8 +59,9 @@ ALLOWED: dict[State, frozenset[State]] = {
     State.ROLLED_BACK: frozenset({State.PATCHED, State.GAVE_UP}),
     State.PATCHED: frozenset({State.RESUMING}),
     State.RESUMING: frozenset({State.PROBATION, State.RELAPSED}),
-    State.PROBATION: frozenset({State.RESOLVED, State.RELAPSED}),
+    State.PROBATION: frozenset({State.RESOLVED, State.UNRESOLVED, State.RELAPSED}),
     State.RESOLVED: frozenset(),
+    State.UNRESOLVED: frozenset(),
     State.RELAPSED: frozenset(),
     State.GAVE_UP: frozenset(),
 }
@@ -105,8 +113,8 @@ def plan_intervention(
 ) -> Plan:
     """Next intervention for an incident, given the run's earlier ones.
 
-    Every earlier intervention for the same check climbs one rung (the last rung repeats): a relapse,
-    or the same trouble coming back after a fix, calls for a stronger one. A relapse of the same
+    Every earlier intervention for the same check climbs one rung past the highest used (the last rung
+    repeats): a relapse, or the same trouble coming back after a fix, calls for a stronger one. A relapse of the same
     incident also excludes every checkpoint an earlier attempt rolled back to, so the next rollback
     goes further back. The budget counts interventions of the same kind over the whole run.
     """
@@ -114,7 +122,7 @@ def plan_intervention(
     if len(same_kind) >= budget:
         return Plan(True, 0, frozenset(), f"{kind.value} budget spent ({len(same_kind)} of {budget})")
     same_check = [p for p in same_kind if p.check == check]
-    rung = min(len(same_check), max(ladder_length - 1, 0))
+    rung = min(max((p.rung + 1 for p in same_check), default=0), max(ladder_length - 1, 0))
     earlier = [p for p in same_check if p.incident_id == incident_id]
     relapses = sum(1 for p in earlier if p.state is State.RELAPSED)
     exclude = frozenset(p.target_step for p in earlier if p.target_step is not None)
@@ -126,33 +134,53 @@ def plan_intervention(
     return Plan(False, rung, exclude, why)
 
 
+class Ending(StrEnum):
+    """How a probation ends (or that it goes on)."""
+
+    ON_PROBATION = "on_probation"
+    RESOLVED = "resolved"
+    UNRESOLVED = "unresolved"
+    RELAPSED = "relapsed"
+
+
 @dataclass(frozen=True, slots=True)
 class ProbationVerdict:
-    done: bool
-    relapsed: bool
+    ending: Ending
     reason: str
+
+    @property
+    def done(self) -> bool:
+        return self.ending is not Ending.ON_PROBATION
 
 
 def judge_probation(
     *,
-    target_step: int,
-    newest_step: int | None,
+    outcome: Outcome,
     probation_steps: int,
     critical_checks_since_resume: Sequence[str],
-    still_warning: bool = False,
+    trainer_finished: bool = False,
 ) -> ProbationVerdict:
-    """A resumed run passes probation after ``probation_steps`` healthy steps past the checkpoint; any
-    critical finding on the resumed branch before that is a relapse. While the incident's own check
-    still warns, probation runs on, up to twice as long."""
+    """A resumed run passes probation after ``probation_steps`` steps past the checkpoint once the fix is
+    proven: the incident's signal healthy and reward (and validation) back to their rollback-point level.
+    Any critical finding on the new branch is a relapse. Not proven yet: probation runs on, up to twice
+    as long (or until the trainer finishes); then a fix whose signal still shows the trouble while the
+    reward also stayed short relapses (the next rung), and anything else short of proof is UNRESOLVED."""
     if critical_checks_since_resume:
-        return ProbationVerdict(True, True, f"critical again: {', '.join(sorted(set(critical_checks_since_resume)))}")
-    if newest_step is None:
-        return ProbationVerdict(False, False, "on probation")
-    done = newest_step - target_step
-    if done >= 2 * probation_steps or (done >= probation_steps and not still_warning):
-        note = " (its check still warns)" if still_warning else ""
-        return ProbationVerdict(True, False, f"{done} steps after the rollback without a critical finding{note}")
-    return ProbationVerdict(False, False, "on probation")
+        return ProbationVerdict(
+            Ending.RELAPSED, f"critical again: {', '.join(sorted(set(critical_checks_since_resume)))}"
+        )
+    done = outcome.steps_after
+    if done < probation_steps and not trainer_finished:
+        return ProbationVerdict(Ending.ON_PROBATION, "on probation")
+    figures = outcome.describe()
+    if outcome.proven:
+        return ProbationVerdict(Ending.RESOLVED, f"{done} steps after the rollback, fix proven: {figures}")
+    if done < 2 * probation_steps and not trainer_finished:
+        return ProbationVerdict(Ending.ON_PROBATION, f"on probation, not proven yet: {figures}")
+    when = "the trainer finished" if trainer_finished and done < 2 * probation_steps else f"{done} steps"
+    if not outcome.signal_healthy and outcome.recovered is False:
+        return ProbationVerdict(Ending.RELAPSED, f"after {when} the trouble persists: {figures}")
+    return ProbationVerdict(Ending.UNRESOLVED, f"after {when} the fix is not proven: {figures}")
 
 
 def resume_deadline(*, typical_step_s: float | None, startup_s: float, factor: float = 5.0) -> float:

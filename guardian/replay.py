@@ -1,9 +1,10 @@
-"""Run the checks over a finished log as if it were live: one step at a time, the rollout statistics
-of a step merged just before the step is judged. Used by ``guardian replay`` and the benchmarks."""
+"""Run the checks over a finished log as if it were live: one step at a time, each step judged when its
+metrics line arrives and again when its rollout statistics do (``feed_step``). Used by ``guardian
+replay``, the benchmarks and a guardian rebuilding its view after a restart."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -13,7 +14,7 @@ from guardian.findings import Finding, Severity
 from guardian.history import Arrival, RunHistory, StepRecord
 from guardian.keys import CHECKED_KEYS, signals_present
 from guardian.sources.jsonl import BadLineReport, iter_records
-from guardian.sources.rollouts import RolloutDir
+from guardian.sources.rollouts import read_finished
 from guardian.tracker import Change, StatusTracker, Transition
 
 
@@ -69,15 +70,33 @@ def replay_records(
     result = ReplayResult(run=run)
     pending = dict(rollout_stats or {})
     for record in records:
-        if pending:
-            for step in [s for s in pending if s <= record.step]:
-                history.merge(step, pending.pop(step))
-        arrival = history.add(record)
+        transitions, arrival = feed_step(history, tracker, lambda: evaluate(ctx, checks), record, pending)
         result.rewinds += arrival is Arrival.REWOUND
-        result.transitions.extend(tracker.update(evaluate(ctx, checks)))
+        result.transitions.extend(transitions)
     result.steps = len(history.steps)
     result.signals = {s.value: key for s, key in signals_present(frozenset(history.keys_seen)).items()}
     return result
+
+
+def feed_step(
+    history: RunHistory,
+    tracker: StatusTracker,
+    judge: Callable[[], list[Finding]],
+    record: StepRecord,
+    pending: dict[int, Mapping[str, float]],
+) -> tuple[list[Transition], Arrival]:
+    """One metrics line as the live guard loop sees it: the line is judged, then the rollout statistics
+    of its step (and any earlier ones still pending), which arrive after it, are merged and judged again.
+    ``pending`` loses the statistics merged. The replay and a rebuilding guardian both go through here, so
+    they reach the decisions the live loop reached."""
+    arrival = history.add(record)
+    transitions = tracker.update(judge())
+    due = sorted(step for step in pending if step <= record.step)
+    for step in due:
+        history.merge(step, pending.pop(step))
+    if due:
+        transitions += tracker.update(judge())
+    return transitions, arrival
 
 
 def replay_file(
@@ -89,14 +108,7 @@ def replay_file(
     history: RunHistory | None = None,
 ) -> ReplayResult:
     """Replay a metrics JSONL file (streamed), with rollout dumps from ``rollouts`` if given."""
-    stats: dict[int, Mapping[str, float]] = {}
-    problems: list[str] = []
-    if rollouts is not None:
-        dumps = RolloutDir(rollouts)
-        # a finished directory: the second poll sees every dump unchanged, so all count as complete
-        for batch in (dumps.poll(), dumps.poll()):
-            stats.update({step: s.as_metrics() for step, s in batch.stats})
-            problems.extend(batch.bad)
+    stats, problems = read_finished(rollouts) if rollouts is not None else ({}, [])
     bad: list[BadLineReport] = []
 
     def records() -> Iterable[StepRecord]:

@@ -4,6 +4,7 @@
 ``Rescue``, its base class, moves an intervention through ``policy.State``:
 
     STOPPING -> STOPPED (target chosen) -> ROLLED_BACK -> PATCHED -> RESUMING -> PROBATION -> RESOLVED
+                                                                                   (or UNRESOLVED, RELAPSED)
 
 committing each state before its side effect (``_commit``), so that a guardian killed in between and
 started again repeats only idempotent work.
@@ -19,6 +20,7 @@ from guardian.actions.checkpoints import (
     choose_rollback_target,
     quarantine_after,
     quarantine_all,
+    quarantine_dumps_after,
     resume_path_for,
 )
 from guardian.actions.patch import PatchPlan, RunFiles, crash_restart_plan, plan_patch
@@ -30,7 +32,8 @@ from guardian.daemon import Clock, Guardian
 from guardian.findings import Severity
 from guardian.launcher import RunFolder
 from guardian.logs import event, get_logger
-from guardian.policy import EXIT_GAVE_UP, Kind, State, check_transition, judge_probation, resume_deadline
+from guardian.outcome import measure_outcome
+from guardian.policy import EXIT_GAVE_UP, Ending, Kind, State, check_transition, judge_probation, resume_deadline
 from guardian.store import CheckpointView, IncidentView, InterventionView, Store
 
 log = get_logger("supervisor")
@@ -49,6 +52,7 @@ class Rescue:
     checkpoint_dir: Path
     folder: RunFolder
     exit_code: int | None
+    rollouts_are_users: bool  # the run's command names trainer.rollout_data_dir: attempts share it
 
     # -- provided by the supervisor (the trainer process and its attempts) -------------------------
     def _stop_trainer(self, *, reason: str) -> None:
@@ -126,6 +130,7 @@ class Rescue:
                         "target": None,
                         "why": "no healthy checkpoint before the onset: from scratch",
                         "moved": [m.step for m in moved.moved],
+                        **self._keep_dumps(0, incident.id),
                     },
                 )
             if target is None:
@@ -151,9 +156,20 @@ class Rescue:
         except CheckpointError as exc:
             return self._give_up(iv, f"rollback failed: {exc}")
         self._dismiss_abandoned(incident, after_step=iv.target_step)
-        return self._commit(
-            iv, State.ROLLED_BACK, detail={"moved": [m.step for m in moved.moved], "tracker": iv.target_step}
-        )
+        detail = {"moved": [m.step for m in moved.moved], "tracker": iv.target_step}
+        return self._commit(iv, State.ROLLED_BACK, detail={**detail, **self._keep_dumps(iv.target_step, incident.id)})
+
+    def _keep_dumps(self, after_step: int, incident_id: int) -> dict[str, object]:
+        """The abandoned branch's rollout dumps, when the run's own command names the dump dir (each attempt
+        gets its own dir otherwise, so nothing is overwritten): moved aside before the resume rewrites them."""
+        if not self.rollouts_are_users or self.guardian.rollouts is None:
+            return {}
+        try:
+            moved = quarantine_dumps_after(self.guardian.rollouts.path, after_step, incident_id)
+        except (CheckpointError, OSError) as exc:
+            log.error(event("dumps_not_kept", {"run": self.run_id, "dir": self.guardian.rollouts.path, "error": exc}))
+            return {"dumps_kept": False}
+        return {"dumps_quarantined": list(moved)} if moved else {}
 
     def _dismiss_abandoned(self, incident: IncidentView, *, after_step: int) -> None:
         """Close the other open incidents raised on the branch the rollback abandons."""
@@ -222,39 +238,50 @@ class Rescue:
 
     def _probation(self, iv: InterventionView, incident: IncidentView) -> InterventionView | None:
         target = iv.target_step or 0
+        resumed = bool(self.guardian.attempt_steps)
         critical = (
             [
                 f.check
                 for f in self.guardian.tracker.latest.values()
                 if f.severity == Severity.CRITICAL and f.step is not None and f.step > target
             ]
-            if self.guardian.attempt_steps
+            if resumed
             else []
         )
         status = self._exit_status()
         if status is not None and not status.ok:
             critical.append(CRASH)
-        own = self.guardian.tracker.latest.get(incident.check)
-        verdict = judge_probation(
+        own_check = None if iv.kind == Kind.RESTART.value else incident.check
+        outcome = measure_outcome(
+            self.guardian.history,
             target_step=target,
-            newest_step=self.guardian.history.last_step,
+            own=self.guardian.tracker.latest.get(incident.check) if own_check and resumed else None,
+            own_check=own_check,
+            checks=self.config.checks,
+        )
+        verdict = judge_probation(
+            outcome=outcome,
             probation_steps=self.config.intervention.probation_steps,
             critical_checks_since_resume=critical,
-            still_warning=own is not None and own.severity == Severity.WARN and bool(self.guardian.attempt_steps),
+            trainer_finished=status is not None and status.ok,
         )
-        if not verdict.done and not (status is not None and status.ok):
+        if not verdict.done:
             return None
-        if verdict.relapsed:
-            return self._relapse(iv, verdict.reason)
-        iv = self._commit(iv, State.RESOLVED, detail={"why": verdict.reason if verdict.done else "trainer finished"})
+        detail = {"why": verdict.reason, "outcome": outcome.to_json()}
+        if verdict.ending is Ending.RELAPSED:
+            return self._relapse(iv, verdict.reason, outcome=outcome.to_json())
+        final = State.RESOLVED if verdict.ending is Ending.RESOLVED else State.UNRESOLVED
+        iv = self._commit(iv, final, detail=detail, note=None if final is State.RESOLVED else verdict.reason)
         self.store.close_incident(
             incident.id,
-            status="resolved",
+            status=final.value.lower(),
             now=self.clock(),
             step=self.guardian.history.last_step,
             note=f"intervention {iv.id}: {verdict.reason}",
         )
-        log.info(event("incident_resolved", {"run": self.run_id, "incident": incident.id, "intervention": iv.id}))
+        name = "incident_resolved" if final is State.RESOLVED else "incident_unresolved"
+        level = log.info if final is State.RESOLVED else log.critical
+        level(event(name, {"run": self.run_id, "incident": incident.id, "intervention": iv.id, "why": verdict.reason}))
         return iv
 
     def _commit(self, iv: InterventionView, state: State, **fields: object) -> InterventionView:
@@ -265,9 +292,9 @@ class Rescue:
         self.after_commit(state.value)
         return updated
 
-    def _relapse(self, iv: InterventionView, reason: str) -> InterventionView:
+    def _relapse(self, iv: InterventionView, reason: str, **figures: object) -> InterventionView:
         log.error(event("relapse", {"run": self.run_id, "intervention": iv.id, "reason": reason}))
-        return self._commit(iv, State.RELAPSED, note=reason, detail={"why": reason})
+        return self._commit(iv, State.RELAPSED, note=reason, detail={"why": reason, **figures})
 
     def _give_up(self, iv: InterventionView, reason: str) -> InterventionView:
         iv = self._commit(iv, State.GAVE_UP, note=reason, detail={"why": reason})

@@ -86,7 +86,7 @@ def register_run(store: Store, supervisor: Supervisor, *, name: str) -> None:
         supervisor.run_id,
         name=name,
         metrics_path=str(supervisor.folder.root),
-        rollouts_dir=str(supervisor.folder.rollouts),
+        rollouts_dir=str(supervisor.files.prepare(supervisor.command).rollout_dir),
         checkpoints_dir=str(supervisor.checkpoint_dir),
         mode=supervisor.config.mode,
         now=time.time(),

@@ -10,13 +10,16 @@ at any point and started again (``guardian run --attach RUN_ID``) finishes the i
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from guardian.actions.patch import RunFiles, plan_patch
+from guardian.actions.ladder import Rung
+from guardian.actions.patch import RunFiles, first_effective_rung, plan_patch
 from guardian.actions.process import ExitStatus, StopPolicy, TrainerControl, TrainerHandle
+from guardian.actions.verl_keys import PatchError
 from guardian.config import GuardianConfig
 from guardian.daemon import Clock, Guardian
 from guardian.findings import Finding, Severity
@@ -28,6 +31,7 @@ from guardian.policy import (
     RESTART_CHECKS,
     Kind,
     PastIntervention,
+    Plan,
     State,
     plan_intervention,
 )
@@ -64,13 +68,9 @@ class Supervisor(Rescue):
 
     def __post_init__(self) -> None:
         self.folder = RunFolder(self.config.home.resolve() / "runs" / self.run_id)
-        self.files = RunFiles(
-            metrics_path=self.folder.metrics(1),
-            rollout_dir=self.folder.rollouts,
-            cwd=self.cwd,
-            user_command=self.command,
-        )
+        self.files = self._run_files(1)
         first = self.files.prepare(self.command)
+        self.rollouts_are_users = first.rollout_dir_is_users
         self.checkpoint_dir = first.checkpoint_dir
         self.guardian = Guardian(
             config=self.config,
@@ -95,12 +95,18 @@ class Supervisor(Rescue):
             self._launch(files.argv, files.env)
             return
         for attempt in self.store.attempts(self.run_id)[:-1]:
-            self.guardian.rebuild(MetricsFile(Path(attempt.metrics_path)))
+            dumps = self._rollouts_of(attempt.number, stored_argv(attempt.command) or self.command)
+            self.guardian.rebuild(MetricsFile(Path(attempt.metrics_path)), dumps)
         argv = stored_argv(latest.command) or self.command
         handle = attach_attempt(self.control, self.folder, latest.number, argv=argv)
         self.attempt = Attempt(latest.id, latest.number, argv, handle, self.clock())
         stored = self.store.latest_step_of_attempt(latest.id)
-        self.guardian.switch_attempt(latest.id, MetricsFile(Path(latest.metrics_path)), judged_through=stored)
+        self.guardian.switch_attempt(
+            latest.id,
+            MetricsFile(Path(latest.metrics_path)),
+            self._rollouts_of(latest.number, argv),
+            judged_through=stored,
+        )
         log.warning(event("run_attached", {"run": self.run_id, "attempt": latest.number, "through_step": stored}))
 
     # -- one pass ---------------------------------------------------------------------------------
@@ -211,6 +217,7 @@ class Supervisor(Rescue):
             budget=budget,
             ladder_length=len(ladder) or 1,
         )
+        plan = self._skip_idle_rungs(plan, ladder) if kind is Kind.REMEDIATE and ladder else plan
         now = self.clock()
         iv = self.store.create_intervention(
             self.run_id,
@@ -241,16 +248,34 @@ class Supervisor(Rescue):
         self._commit(iv, State.STOPPING, detail={"plan": plan.reason, "exclude_steps": sorted(plan.exclude_steps)})
         self._drive(self.store.active_intervention(self.run_id) or iv)
 
+    def _skip_idle_rungs(self, plan: Plan, ladder: Sequence[Rung]) -> Plan:
+        """Climb past rungs that would relaunch the run's config unchanged."""
+        if plan.give_up:
+            return plan
+        try:
+            rung = first_effective_rung(
+                self._current_argv(), ladder, plan.rung, self._run_files(self._next_attempt_number())
+            )
+        except (PatchError, ValueError):
+            return plan  # the patch step refuses it with the reason
+        if rung == plan.rung:
+            return plan
+        idle = ", ".join(r.name for r in ladder[plan.rung : rung])
+        why = f"{plan.reason}; {idle} would change nothing in this run: rung {rung + 1} of {len(ladder)}"
+        return dataclasses.replace(plan, rung=rung, reason=why)
+
     def _describe_plan(self, incident: IncidentView, kind: Kind) -> str:
         target = self._target(incident, frozenset(), 0)
         if target is None:
             return "give up: no healthy checkpoint at or before the onset"
         if kind is Kind.RESTART:
             return f"restart from {target.path} with the same config"
-        rung = self.config.remediation.rung(incident.check, 0)
-        if rung is None:
+        ladder = self.config.remediation.ladders.get(incident.check, ())
+        if not ladder:
             return "alert only: no remediation ladder"
-        plan = plan_patch(self._current_argv(), rung, resume_from=target.path, run_files=self._run_files(0))
+        files = self._run_files(0)
+        rung = ladder[first_effective_rung(self._current_argv(), ladder, 0, files)]
+        plan = plan_patch(self._current_argv(), rung, resume_from=target.path, run_files=files)
         return f"roll back to step {target.step} and relaunch: {' '.join(plan.argv)}"
 
     # -- the trainer process and its attempts (used by the rescue) ------------------------------------
@@ -295,7 +320,9 @@ class Supervisor(Rescue):
             self.control, self.folder, number, argv=argv, env=self.env, extra_env=extra_env, cwd=self.cwd
         )
         self.attempt = Attempt(attempt_id, number, tuple(argv), handle, self.clock())
-        self.guardian.switch_attempt(attempt_id, MetricsFile(self.folder.metrics(number)))
+        self.guardian.switch_attempt(
+            attempt_id, MetricsFile(self.folder.metrics(number)), self._rollouts_of(number, argv)
+        )
 
     def _launch(self, argv: Sequence[str], extra_env: Mapping[str, str]) -> None:
         number = self._next_attempt_number()
@@ -321,7 +348,11 @@ class Supervisor(Rescue):
         return (latest.number if latest else 0) + 1
 
     def _run_files(self, number: int) -> RunFiles:
-        return RunFiles(self.folder.metrics(number), self.folder.rollouts, self.cwd, self.command)
+        return RunFiles(self.folder.metrics(number), self.folder.rollouts(number), self.cwd, self.command)
+
+    def _rollouts_of(self, number: int, argv: Sequence[str]) -> RolloutDir:
+        """Attempt ``number``'s rollout dumps: its own folder, or the folder the user's command names."""
+        return RolloutDir(self._run_files(number).prepare(argv).rollout_dir)
 
     def _current_argv(self) -> tuple[str, ...]:
         return self.attempt.argv if self.attempt is not None else self.command

@@ -22,7 +22,14 @@ from guardian.actions.overrides import (
     render_value,
     with_overrides,
 )
-from guardian.actions.patch import RunFiles, crash_restart_plan, plan_patch, prepare_attempt
+from guardian.actions.patch import (
+    RESUME_KEYS,
+    RunFiles,
+    crash_restart_plan,
+    first_effective_rung,
+    plan_patch,
+    prepare_attempt,
+)
 from guardian.actions.verl_keys import PatchError, compose_check, validate
 
 A = "actor_rollout_ref.actor."
@@ -337,10 +344,14 @@ def test_default_ladder_gives_valid_commands(kind: str, tmp_path: Path, no_compo
 
 @pytest.mark.parametrize("kind", sorted(DEFAULT_LADDERS))
 def test_default_ladder_on_the_demo_trainer(kind: str, tmp_path: Path, no_compose: list[list[str]]) -> None:
-    plan = plan_patch(DEMO_RUN, DEFAULT_LADDERS[kind][0], resume_from=CKPT, run_files=files(tmp_path))
+    ladder = DEFAULT_LADDERS[kind]
+    rung = ladder[first_effective_rung(DEMO_RUN, ladder, 0, files(tmp_path))]
+    plan = plan_patch(DEMO_RUN, rung, resume_from=CKPT, run_files=files(tmp_path))
     assert plan.argv[:3] == tuple(DEMO_RUN[:3]) and "is not verl" in plan.notes[-1] and no_compose == []
     ov = overrides_of(plan.argv)
-    assert float(ov[f"{A}optim.lr"]) < 0.05 and ov[LOAD_CONTENTS] == "[model]"
+    changed = {k for k, _, _ in plan.diff} - RESUME_KEYS
+    assert changed, f"no rung of {kind} changes anything on the demo trainer"
+    assert (ov.get(LOAD_CONTENTS) == "[model]") == (f"{A}optim.lr" in changed)  # the LR trap, only when needed
     assert ov[ENV_METRICS] == str(tmp_path / "a1" / "metrics.jsonl")
 
 
@@ -357,14 +368,18 @@ def test_lr_patch_resets_optimizer_state(tmp_path: Path, no_compose: list[list[s
 
 
 def test_changes_compound_on_the_current_command(tmp_path: Path, no_compose: list[list[str]]) -> None:
-    first, second, _ = DEFAULT_LADDERS["entropy_collapse"]
+    first, second, third = DEFAULT_LADDERS["entropy_collapse"]
     one = plan_patch(VERL_RUN, first, resume_from=CKPT, run_files=files(tmp_path))
-    two = plan_patch(one.argv, second, resume_from=CKPT, run_files=files(tmp_path))
-    assert overrides_of(one.argv)[LR] == "0.0001" and overrides_of(two.argv)[LR] == "5e-05"  # 0.05 of the original
     diff = {k: (b, a) for k, b, a in one.diff}
+    # rung 1 undoes what spends entropy and keeps the LR and the optimizer state
     assert diff[f"{A}entropy_coeff"] == (0, 0.003) and diff[f"{A}clip_ratio_high"] == (0.2, 0.28)
-    assert diff[f"{A}use_kl_loss"] == (False, True) and diff[f"{A}kl_loss_coef"] == (0.001, 0.01)
-    assert {k: a for k, _, a in two.diff}[f"{A}entropy_coeff"] == 0.005
+    assert LR not in diff and not one.optimizer_reset
+    two = plan_patch(one.argv, second, resume_from=CKPT, run_files=files(tmp_path))
+    three = plan_patch(two.argv, third, resume_from=CKPT, run_files=files(tmp_path))
+    assert overrides_of(two.argv)[LR] == "0.0005" and overrides_of(three.argv)[LR] == "0.00025"  # compounds
+    two_diff = {k: (b, a) for k, b, a in two.diff}
+    assert two_diff[f"{A}entropy_coeff"] == (0.003, 0.005)
+    assert two_diff[f"{A}use_kl_loss"] == (False, True) and two_diff[f"{A}kl_loss_coef"] == (0.001, 0.01)
 
 
 @pytest.mark.parametrize(
@@ -388,8 +403,8 @@ def test_kl_drift_raises_the_coefficient_the_run_uses(
 def test_patch_reads_the_runs_yaml(tmp_path: Path, no_compose: list[list[str]]) -> None:
     (tmp_path / "grpo.yaml").write_text("actor_rollout_ref:\n  actor:\n    optim:\n      lr: 5e-5\n")
     argv = ["python", "-m", "verl.trainer.main_ppo", f"--config-path={tmp_path}", "--config-name=grpo"]
-    plan = plan_patch(argv, DEFAULT_LADDERS["entropy_collapse"][0], resume_from=CKPT, run_files=files(tmp_path))
-    assert (LR, 5e-5, 5e-6) in plan.diff and overrides_of(plan.argv)[LR] == "5e-06"
+    plan = plan_patch(argv, DEFAULT_LADDERS["kl_drift"][0], resume_from=CKPT, run_files=files(tmp_path))
+    assert (LR, 5e-5, 1e-5) in plan.diff and overrides_of(plan.argv)[LR] == "1e-05"
     assert LR in " ".join(no_compose[0]) and not any(o.startswith("data.") for o in no_compose[0])  # ours only
 
 
@@ -448,3 +463,11 @@ def test_crash_restart_keeps_the_config(tmp_path: Path, no_compose: list[list[st
     assert any("from scratch" in n for n in fresh.notes)
     assert any("optimizer state is not restored" in n for n in fresh.notes)
     assert plan.to_json()["resume_from"] == CKPT
+
+
+def test_a_rung_the_run_already_has_is_skipped(tmp_path: Path) -> None:
+    # length-1 turns the entropy bonus off and clip-higher down: a run with neither gets length-2
+    ladder = DEFAULT_LADDERS["length_explosion"]
+    assert first_effective_rung(VERL_RUN, ladder, 0, files(tmp_path)) == 1
+    bonus = [*VERL_RUN, f"{A}entropy_coeff=0.01"]
+    assert first_effective_rung(bonus, ladder, 0, files(tmp_path)) == 0

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 from conftest import context, history_of
 
 from guardian.checks.drift import kl_drift, logprob_decline
@@ -15,7 +16,7 @@ from guardian.checks.seed import seed_entropy, seed_lld
 from guardian.checks.spikes import grad_spike, non_finite
 from guardian.checks.stall import stall
 from guardian.config import ChecksConfig
-from guardian.findings import Severity
+from guardian.findings import Finding, Severity
 from guardian.history import RunHistory, StepRecord
 from guardian.keys import ALL_ONE_KEY, ALL_ZERO_KEY, EGR_KEY, Signal
 
@@ -32,83 +33,149 @@ def ramp(start: float, end: float, n: int) -> list[float]:
     return [start + (end - start) * i / (n - 1) for i in range(n)]
 
 
-def collapse(h: RunHistory) -> Severity:
-    return entropy_collapse(context(h), C.entropy_collapse, C.reward_collapse, C.egr_collapse).severity
+def noisy(values: list[float], sigma: float, seed: int = 7) -> list[float]:
+    """``values`` with reproducible Gaussian batch noise (real rewards scatter step to step)."""
+    rng = np.random.default_rng(seed)
+    return [v + float(e) for v, e in zip(values, rng.normal(0.0, sigma, len(values)), strict=True)]
+
+
+def collapse(h: RunHistory) -> Finding:
+    return entropy_collapse(context(h), C.entropy_collapse, C.reward_collapse, C.egr_collapse)
+
+
+def rows_of(entropy: list[float], reward: list[float]) -> list[dict[str, float | None]]:
+    return [{H: e, R: r, **SCORE_RANGE} for e, r in zip(entropy, reward, strict=True)]
 
 
 # -- entropy ---------------------------------------------------------------------------------------
 def test_entropy_falling_while_reward_rises_is_learning_not_collapse() -> None:
     # GSM8K-like: entropy 0.5 -> 0.07 while reward climbs 0.1 -> 0.9 (healthy, facts §3.8)
     n = 100
-    rows = [{H: e, R: r, **SCORE_RANGE} for e, r in zip(decay(0.5, 0.07, n), ramp(0.1, 0.9, n), strict=True)]
-    h = history_of(rows)
-    finding = entropy_collapse(context(h), C.entropy_collapse, C.reward_collapse, C.egr_collapse)
-    assert finding.severity == Severity.WARN
-    assert "learning" in finding.message
+    h = RunHistory()
+    for step, row in enumerate(rows_of(decay(0.5, 0.07, n), noisy(ramp(0.1, 0.9, n), 0.02)), 1):
+        h.add(StepRecord(step, {k: float(v) for k, v in row.items() if v is not None}))
+        finding = collapse(h)
+        assert finding.severity <= Severity.OK, finding
+    assert "actor/entropy at 15% of its baseline" in finding.message
 
 
-def test_entropy_collapse_with_reward_plateau_is_critical_with_onset_at_the_decline() -> None:
-    # the seed tutorial's collapse: entropy 2.85 -> 0.05, reward plateaus at 0.55 (mid-range)
-    flat = [{H: 2.85, R: 0.2, **SCORE_RANGE}] * 20
-    falling = [{H: e, R: min(0.55, 0.2 + 0.01 * i), **SCORE_RANGE} for i, e in enumerate(decay(2.85, 0.05, 80))]
-    plateau = [{H: 0.05, R: 0.55, **SCORE_RANGE}] * 30
-    h = history_of(flat + falling + plateau)
-    finding = entropy_collapse(context(h), C.entropy_collapse, C.reward_collapse, C.egr_collapse)
+def test_entropy_spent_without_learning_is_critical_within_six_steps_with_onset_at_the_plateau() -> None:
+    # real verl run-a's shape: reward climbs 0.2 -> 0.53 while entropy eases 3.6 -> 2.0 (steps 1-15), then
+    # the reward sits at 0.53 while entropy falls 20 % a step
+    learning = rows_of(decay(3.6, 2.0, 15), noisy(ramp(0.2, 0.53, 15), 0.01))
+    collapsing = rows_of(decay(1.6, 0.1, 15), noisy([0.53] * 15, 0.01, seed=8))
+    h = RunHistory()
+    first_critical = None
+    for step, row in enumerate(learning + collapsing, 1):
+        h.add(StepRecord(step, {k: float(v) for k, v in row.items() if v is not None}))
+        finding = collapse(h)
+        if finding.severity == Severity.CRITICAL and first_critical is None:
+            first_critical = finding
+    assert first_critical is not None and first_critical.step is not None
+    assert first_critical.step - 15 <= 6, first_critical
+    assert first_critical.onset_step is not None and 12 <= first_critical.onset_step <= 17
+    assert "entropy spent without learning" in first_critical.message
+    assert first_critical.evidence["reward_expected"] is not None
+
+
+def test_a_fast_fall_the_reward_pays_for_is_not_a_collapse() -> None:
+    # entropy halves within a few steps but the reward keeps climbing at the same exchange rate
+    entropy = decay(2.0, 1.5, 20) + decay(1.4, 0.3, 10)
+    reward = noisy(ramp(0.1, 0.3, 20) + ramp(0.35, 0.9, 10), 0.01)
+    assert collapse(history_of(rows_of(entropy, reward))).severity == Severity.OK
+
+
+def test_low_steady_entropy_and_a_flat_reward_is_convergence_advice_not_a_collapse() -> None:
+    entropy = decay(1.6, 0.05, 40) + noisy([0.04] * 80, 0.003)
+    reward = noisy(ramp(0.05, 0.8, 40) + [0.82] * 80, 0.03)
+    finding = collapse(history_of(rows_of(entropy, reward)))
+    assert finding.severity == Severity.WARN and finding.advice and finding.healthy
+    assert "converged" in finding.message
+
+
+def test_entropy_low_but_reward_saturated_is_advice() -> None:
+    rows = rows_of([0.5] * 10 + [0.03] * 40, noisy([0.5] * 10 + [0.97] * 40, 0.01))
+    finding = collapse(history_of(rows))
+    assert finding.severity == Severity.WARN and finding.advice
+    assert "at its ceiling" in finding.message
+
+
+def test_slow_collapse_with_a_stalled_reward_is_critical() -> None:
+    entropy = [1.0] * 10 + decay(1.0, 0.05, 60)
+    reward = noisy([0.3] * 70, 0.02)
+    finding = collapse(history_of(rows_of(entropy, reward)))
     assert finding.severity == Severity.CRITICAL
-    assert finding.onset_step is not None and 20 < finding.onset_step < 50
-    assert finding.evidence["entropy_baseline"] == 2.85
+    assert "slow collapse" in finding.message
 
 
-def test_entropy_low_with_low_egr_is_critical_even_if_reward_unknown_trend() -> None:
-    rows = [{H: 1.0, EGR_KEY: 0.9, ALL_ZERO_KEY: 0.05, ALL_ONE_KEY: 0.05}] * 10
-    rows += [{H: 0.12, EGR_KEY: 0.1, ALL_ZERO_KEY: 0.4, ALL_ONE_KEY: 0.5}] * 5
-    assert collapse(history_of(rows)) == Severity.CRITICAL
-
-
-def test_entropy_low_but_reward_saturated_is_only_a_warning() -> None:
-    rows = [{H: 0.5, R: 0.5, **SCORE_RANGE}] * 10 + [{H: 0.03, R: 0.97, **SCORE_RANGE}] * 40
-    assert collapse(history_of(rows)) == Severity.WARN
+def test_entropy_low_with_low_egr_is_critical_when_the_reward_is_stuck() -> None:
+    rows = [{H: 1.0, R: 0.4, EGR_KEY: 0.9, ALL_ZERO_KEY: 0.05, ALL_ONE_KEY: 0.05, **SCORE_RANGE}] * 10
+    rows += [
+        {H: e, R: r, EGR_KEY: 0.1, ALL_ZERO_KEY: 0.4, ALL_ONE_KEY: 0.5, **SCORE_RANGE}
+        for e, r in zip([0.29] * 20 + decay(0.29, 0.16, 25), noisy([0.4] * 45, 0.02), strict=True)
+    ]
+    finding = collapse(history_of(rows))
+    assert finding.severity == Severity.CRITICAL
+    assert "groups with mixed rewards" in finding.message
 
 
 def test_entropy_gone_with_no_reward_signal_is_critical() -> None:
-    rows = [{H: 0.5}] * 10 + [{H: 0.005}] * 5
-    assert collapse(history_of(rows)) == Severity.CRITICAL
+    rows: list[dict[str, float | None]] = [{H: 0.5}] * 10 + [{H: 0.005}] * 5
+    assert collapse(history_of(rows)).severity == Severity.CRITICAL
 
 
 def test_single_low_step_does_not_raise() -> None:
-    rows = [{H: 0.5}] * 10 + [{H: 0.005}] + [{H: 0.5}] * 2
-    assert collapse(history_of(rows)) == Severity.OK
+    rows: list[dict[str, float | None]] = [{H: 0.5}] * 10 + [{H: 0.005}] + [{H: 0.5}] * 2
+    assert collapse(history_of(rows)).severity == Severity.OK
+
+
+def explosion(rows: list[dict[str, float | None]]) -> Finding:
+    return entropy_explosion(context(history_of(rows)), C.entropy_explosion, C.reward_collapse)
 
 
 def test_entropy_explosion_critical_when_reward_falls() -> None:
-    rows = [{H: 0.25, R: 0.6, **SCORE_RANGE}] * 10 + [{H: 0.5, R: 0.2, **SCORE_RANGE}] * 6
-    finding = entropy_explosion(context(history_of(rows)), C.entropy_explosion, C.reward_collapse)
-    assert finding.severity == Severity.CRITICAL
-    rows = [{H: 0.25, R: 0.6, **SCORE_RANGE}] * 10 + [{H: 0.5, R: 0.6, **SCORE_RANGE}] * 6
-    assert entropy_explosion(context(history_of(rows)), C.entropy_explosion, C.reward_collapse).severity == (
-        Severity.WARN
-    )
+    rising = rows_of([0.8] * 10 + [1.6] * 6, noisy([0.6] * 10 + [0.2] * 6, 0.01))
+    assert explosion(rising).severity == Severity.CRITICAL
+    holding = rows_of([0.8] * 10 + [1.6] * 6, noisy([0.6] * 16, 0.01))
+    assert explosion(holding).severity == Severity.WARN
+
+
+def test_entropy_rising_from_a_very_low_baseline_while_reward_holds_is_not_critical() -> None:
+    # a healthy run (final eval 0.89): entropy 0.13 -> 0.67 while reward holds at 0.83-0.9
+    rows = rows_of([0.13] * 10 + ramp(0.13, 0.67, 30), noisy([0.86] * 40, 0.02))
+    finding = explosion(rows)
+    assert finding.severity == Severity.WARN
+    assert "actor/entropy rose to" in finding.message
+
+
+def test_entropy_explosion_eases_when_the_raw_value_is_back_to_normal() -> None:
+    # the smoothed series still reads high for a step after the raw entropy came back (3-step median lag)
+    spike = rows_of([1.2] * 10 + [4.0] * 6 + [1.2], noisy([0.5] * 10 + [0.3] * 7, 0.01))
+    finding = explosion(spike)
+    assert finding.evidence["entropy_smoothed"] == 4.0 and finding.evidence["entropy_ratio"] == 1.0
+    assert finding.severity == Severity.CRITICAL  # held: one normal point does not ease a critical
+    back = spike + rows_of([1.2, 1.2], [0.3, 0.3])
+    assert explosion(back).severity == Severity.OK
 
 
 def test_missing_signal_is_unknown_not_an_error() -> None:
-    h = history_of([{R: 0.5}] * 10)
-    finding = entropy_collapse(context(h), C.entropy_collapse, C.reward_collapse, C.egr_collapse)
+    finding = collapse(history_of([{R: 0.5}] * 10))
     assert finding.severity == Severity.UNKNOWN
     assert "entropy" in finding.message
 
 
 def test_too_few_steps_for_a_baseline_is_unknown() -> None:
-    assert collapse(history_of([{H: 0.5}] * 3)) == Severity.UNKNOWN
+    assert collapse(history_of([{H: 0.5}] * 3)).severity == Severity.UNKNOWN
 
 
 # -- EGR -------------------------------------------------------------------------------------------
 def test_egr_collapse_critical_but_saturation_is_a_warning() -> None:
     healthy = [{EGR_KEY: 0.9, ALL_ZERO_KEY: 0.05, ALL_ONE_KEY: 0.05}] * 6
     stuck = [{EGR_KEY: 0.1, ALL_ZERO_KEY: 0.45, ALL_ONE_KEY: 0.45}] * 3
-    finding = egr_collapse(context(history_of(healthy + stuck)), C.egr_collapse)
+    finding = egr_collapse(context(history_of(healthy + stuck)), C.egr_collapse, C.reward_collapse)
     assert finding.severity == Severity.CRITICAL
     easy = [{EGR_KEY: 0.1, ALL_ZERO_KEY: 0.0, ALL_ONE_KEY: 0.9}] * 3
-    finding = egr_collapse(context(history_of(healthy + easy)), C.egr_collapse)
+    finding = egr_collapse(context(history_of(healthy + easy)), C.egr_collapse, C.reward_collapse)
     assert finding.severity == Severity.WARN
     assert "too easy" in finding.message
 
@@ -158,10 +225,27 @@ def test_logprob_decline_on_rising_negative_log_likelihood() -> None:
 
 # -- reward ----------------------------------------------------------------------------------------
 def test_reward_collapse_from_peak() -> None:
-    rows = [{R: r, **SCORE_RANGE} for r in ramp(0.2, 0.8, 30)] + [{R: 0.05, **SCORE_RANGE}] * 5
+    rows = [{R: r, **SCORE_RANGE} for r in noisy(ramp(0.2, 0.8, 30) + [0.05] * 5, 0.01)]
     finding = reward_collapse(context(history_of(rows)), C.reward_collapse)
     assert finding.severity == Severity.CRITICAL
-    assert finding.evidence["drop_from_peak_fraction"] is not None
+    assert finding.evidence["drop_from_best"] is not None and "critic/score/mean" in finding.message
+
+
+def test_reward_fall_is_judged_against_noise_not_a_share_of_the_score_range() -> None:
+    # a [-1, 1] score sinking -0.55 -> -0.85 is 15 % of the range, eight sigmas of its noise, below its start
+    signed = {"critic/score/max": 1.0, "critic/score/min": -1.0}
+    scores = noisy([-0.55] * 30 + ramp(-0.55, -0.85, 10) + [-0.85] * 5, 0.04)
+    finding = reward_collapse(context(history_of([{R: r, **signed} for r in scores])), C.reward_collapse)
+    assert finding.severity == Severity.CRITICAL
+    assert "below where the run started" in finding.message
+
+
+def test_a_noisy_flat_reward_is_not_falling() -> None:
+    rows = [{R: r, **SCORE_RANGE} for r in noisy([0.5] * 300, 0.07)]
+    h = RunHistory()
+    for step, row in enumerate(rows, 1):
+        h.add(StepRecord(step, row))
+        assert reward_collapse(context(h), C.reward_collapse).severity < Severity.CRITICAL
 
 
 # -- length ----------------------------------------------------------------------------------------
@@ -170,26 +254,66 @@ def test_length_collapse_to_a_few_tokens() -> None:
     assert length_collapse(context(history_of(rows)), C.length).severity == Severity.CRITICAL
 
 
-def test_slow_length_growth_is_a_warning_fast_growth_is_critical() -> None:
+def test_length_growth_is_a_warning_with_the_fix_critical_only_when_the_reward_falls() -> None:
     slow = [{"response_length/mean": v} for v in ramp(1000, 4000, 100)]
-    assert length_explosion(context(history_of(slow)), C.length).severity == Severity.WARN
-    fast = [{"response_length/mean": 1000.0}] * 10 + [{"response_length/mean": v} for v in ramp(1000, 6000, 8)]
-    assert length_explosion(context(history_of(fast)), C.length).severity == Severity.CRITICAL
+    assert length_explosion(context(history_of(slow)), C.length, C.reward_collapse).severity == Severity.WARN
+    lengths = [1000.0] * 10 + ramp(1000, 6000, 8)
+    learning = [
+        {"response_length/mean": v, R: r, **SCORE_RANGE}
+        for v, r in zip(lengths, noisy(ramp(0.2, 0.5, 18), 0.01), strict=True)
+    ]
+    finding = length_explosion(context(history_of(learning)), C.length, C.reward_collapse)
+    assert finding.severity == Severity.WARN and "data.max_response_length" in finding.message
+    falling = [
+        {"response_length/mean": v, R: r, **SCORE_RANGE}
+        for v, r in zip(lengths, noisy([0.5] * 10 + ramp(0.5, 0.1, 8), 0.01), strict=True)
+    ]
+    assert length_explosion(context(history_of(falling)), C.length, C.reward_collapse).severity == Severity.CRITICAL
+
+
+def truncated_run(shares: list[float], rewards: list[float]) -> RunHistory:
+    h = RunHistory(length_cap=4096)
+    for step, (share, reward) in enumerate(zip(shares, rewards, strict=True), 1):
+        h.add(
+            StepRecord(
+                step, {"response_length/clip_ratio": share, "response_length/max": 4096.0, R: reward, **SCORE_RANGE}
+            )
+        )
+    return h
 
 
 def test_truncation_uses_clip_ratio_only_when_batch_max_is_the_cap() -> None:
     # verl V1: clip_ratio is the share at the *batch* max; short batches are not truncated
-    rows = [{"response_length/clip_ratio": 0.5, "response_length/max": 300.0}] * 10
     h2 = RunHistory(length_cap=4096)
-    for step, row in enumerate(rows, 1):
-        h2.add(StepRecord(step, row))
-    assert truncation(context(h2), C.length).severity == Severity.OK
-    at_cap = [{"response_length/clip_ratio": 0.02, "response_length/max": 4096.0}] * 6
-    at_cap += [{"response_length/clip_ratio": 0.5, "response_length/max": 4096.0}] * 4
-    h3 = RunHistory(length_cap=4096)
-    for step, row in enumerate(at_cap, 1):
-        h3.add(StepRecord(step, row))
-    assert truncation(context(h3), C.length).severity == Severity.CRITICAL
+    for step in range(1, 11):
+        h2.add(StepRecord(step, {"response_length/clip_ratio": 0.5, "response_length/max": 300.0}))
+    assert truncation(context(h2), C.length, C.reward_collapse).severity == Severity.OK
+
+
+def test_truncation_warns_with_the_fix_and_is_critical_only_when_the_reward_falls() -> None:
+    shares = [0.02] * 6 + [0.5] * 14
+    improving = truncated_run(shares, noisy(ramp(0.2, 0.6, 20), 0.01))
+    finding = truncation(context(improving), C.length, C.reward_collapse)
+    assert finding.severity == Severity.WARN
+    assert "raise data.max_response_length" in finding.message and "4096 tokens" in finding.message
+    falling = truncated_run(shares, noisy([0.6] * 8 + ramp(0.6, 0.2, 12), 0.01))
+    assert truncation(context(falling), C.length, C.reward_collapse).severity == Severity.CRITICAL
+
+
+def test_a_critical_does_not_flap_when_one_point_dips() -> None:
+    shares = [0.02] * 6 + [0.5] * 10 + [0.25] + [0.5] * 3
+    rewards = noisy([0.6] * 6 + ramp(0.6, 0.2, 14), 0.01)
+    h = RunHistory(length_cap=4096)
+    seen = []
+    for step, (share, reward) in enumerate(zip(shares, rewards, strict=True), 1):
+        h.add(
+            StepRecord(
+                step, {"response_length/clip_ratio": share, "response_length/max": 4096.0, R: reward, **SCORE_RANGE}
+            )
+        )
+        seen.append(truncation(context(h), C.length, C.reward_collapse).severity)
+    first = seen.index(Severity.CRITICAL)
+    assert all(s == Severity.CRITICAL for s in seen[first:]), seen
 
 
 # -- spikes and numbers ------------------------------------------------------------------------

@@ -271,7 +271,7 @@ def test_append_to_an_existing_key_fails_in_both(verl_compose: Callable[[list[st
 def test_scenario_command_lines_compose_in_verl(verl_compose: Callable[[list[str]], Any], tmp_path: Path) -> None:
     """Every key any scenario (or the rescue) uses, with its prefix, composes in verl - in one call."""
     files = scenarios.RunFiles(tmp_path)
-    rescue = scenarios.get("entropy_collapse").with_extra(*scenarios.rescue_overrides(tmp_path / "global_step_5", 50))
+    rescue = scenarios.get("seed_settings").with_extra(*scenarios.rescue_overrides(tmp_path / "global_step_5", 50))
     first_use: dict[str, str] = {}
     for scenario in [*scenarios.SCENARIOS.values(), rescue]:
         for override in scenario.arguments(files):

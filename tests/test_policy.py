@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from guardian.outcome import Comparison, Outcome
 from guardian.policy import (
+    Ending,
     Kind,
     PastIntervention,
     State,
@@ -57,16 +59,54 @@ def test_budget_spent_gives_up_and_kinds_have_separate_budgets() -> None:
     ).give_up
 
 
-def test_probation() -> None:
-    assert judge_probation(target_step=40, newest_step=45, probation_steps=10, critical_checks_since_resume=[]) == (
-        judge_probation(target_step=40, newest_step=49, probation_steps=10, critical_checks_since_resume=[])
+def outcome(steps_after: int, *, healthy: bool = True, reward: tuple[float, float] | None = (0.5, 0.5)) -> Outcome:
+    """Figures of a rescue rolled back to step 40: ``reward`` is (at the rollback point, now)."""
+    compared = None if reward is None else Comparison("critic/score/mean", reward[0], reward[1], 0.02)
+    return Outcome(40, 40 + steps_after, steps_after, "entropy_collapse", healthy, "ok", compared, None)
+
+
+def test_probation_resolves_only_a_proven_fix() -> None:
+    assert judge_probation(outcome=outcome(5), probation_steps=10, critical_checks_since_resume=[]).ending is (
+        Ending.ON_PROBATION
     )
-    passed = judge_probation(target_step=40, newest_step=50, probation_steps=10, critical_checks_since_resume=[])
-    assert passed.done and not passed.relapsed
+    passed = judge_probation(outcome=outcome(10), probation_steps=10, critical_checks_since_resume=[])
+    assert passed.ending is Ending.RESOLVED and "back to 0.5 at the rollback point" in passed.reason
     relapsed = judge_probation(
-        target_step=40, newest_step=44, probation_steps=10, critical_checks_since_resume=["entropy_collapse"]
+        outcome=outcome(4), probation_steps=10, critical_checks_since_resume=["entropy_collapse"]
     )
-    assert relapsed.done and relapsed.relapsed and "entropy_collapse" in relapsed.reason
+    assert relapsed.ending is Ending.RELAPSED and "entropy_collapse" in relapsed.reason
+
+
+def test_a_quiet_fix_that_lost_the_reward_is_unresolved_not_resolved() -> None:
+    # nothing critical for the whole window, the signal healthy, but the reward ended below the rollback point
+    short = outcome(10, reward=(0.86, 0.3))
+    assert judge_probation(outcome=short, probation_steps=10, critical_checks_since_resume=[]).ending is (
+        Ending.ON_PROBATION
+    )  # waits, up to twice the window, for the reward to come back
+    over = judge_probation(outcome=outcome(20, reward=(0.86, 0.3)), probation_steps=10, critical_checks_since_resume=[])
+    assert over.ending is Ending.UNRESOLVED and "below 0.86 at the rollback point" in over.reason
+    back = judge_probation(
+        outcome=outcome(14, reward=(0.86, 0.85)), probation_steps=10, critical_checks_since_resume=[]
+    )
+    assert back.ending is Ending.RESOLVED  # within the noise tolerance of the rollback point
+
+
+def test_trouble_that_persists_relapses_to_the_next_rung() -> None:
+    stuck = outcome(20, healthy=False, reward=(0.5, 0.3))
+    verdict = judge_probation(outcome=stuck, probation_steps=10, critical_checks_since_resume=[])
+    assert verdict.ending is Ending.RELAPSED and "persists" in verdict.reason
+    # the signal still warns but the reward came back: not proven, not worse - a person looks
+    mixed = judge_probation(outcome=outcome(20, healthy=False), probation_steps=10, critical_checks_since_resume=[])
+    assert mixed.ending is Ending.UNRESOLVED
+
+
+def test_a_trainer_that_finishes_during_probation_is_judged_on_what_it_showed() -> None:
+    done = judge_probation(outcome=outcome(3, reward=None), probation_steps=10, critical_checks_since_resume=[],
+                           trainer_finished=True)  # fmt: skip
+    assert done.ending is Ending.RESOLVED  # signal healthy, reward not yet comparable
+    short = judge_probation(outcome=outcome(6, reward=(0.5, 0.2)), probation_steps=10, critical_checks_since_resume=[],
+                            trainer_finished=True)  # fmt: skip
+    assert short.ending is Ending.UNRESOLVED and "the trainer finished" in short.reason
 
 
 def test_the_same_trouble_coming_back_after_a_fix_gets_a_stronger_rung() -> None:
@@ -75,14 +115,3 @@ def test_the_same_trouble_coming_back_after_a_fix_gets_a_stronger_rung() -> None
     assert plan.rung == 1 and plan.exclude_steps == frozenset()  # a new incident: no checkpoint excluded
     other = plan_intervention(incident_id=2, check="nan", kind=Kind.REMEDIATE, past=past, budget=3, ladder_length=3)
     assert other.rung == 0
-
-
-def test_probation_waits_while_the_incidents_check_still_warns() -> None:
-    waiting = judge_probation(
-        target_step=40, newest_step=55, probation_steps=10, critical_checks_since_resume=[], still_warning=True
-    )
-    assert not waiting.done
-    over = judge_probation(
-        target_step=40, newest_step=60, probation_steps=10, critical_checks_since_resume=[], still_warning=True
-    )
-    assert over.done and not over.relapsed and "still warns" in over.reason

@@ -25,11 +25,12 @@ from guardian.store import Store
 pytestmark = pytest.mark.slow
 
 LR_KEY = "actor_rollout_ref.actor.optim.lr"
+ENTROPY_KEY = "actor_rollout_ref.actor.entropy_coeff"
 
 
 def collapse_command(ckpt: Path) -> list[str]:
-    """The seed tutorial's broken settings (LR ×50, temperature 0.5), with a warm-up so the first
-    checkpoints are healthy, paced so the guardian meets a live trainer."""
+    """The demo's entropy collapse (a wrong-signed entropy bonus), paced so the guardian meets a live
+    trainer: entropy runs out while the reward stalls near 0.3, the first checkpoints are still healthy."""
     return [
         sys.executable,
         "-m",
@@ -38,9 +39,9 @@ def collapse_command(ckpt: Path) -> list[str]:
         "trainer.total_epochs=1000",
         "trainer.save_freq=10",
         f"trainer.default_local_dir={ckpt}",
-        f"{LR_KEY}=5e-5",
-        "actor_rollout_ref.actor.optim.lr_warmup_steps=30",
-        "actor_rollout_ref.rollout.temperature=0.5",
+        f"{LR_KEY}=2e-5",
+        f"{ENTROPY_KEY}=-0.3",
+        "+trainer.seed=1",
         "+trainer.fault.slow_steps=0.02",
     ]
 
@@ -79,7 +80,8 @@ def test_collapse_is_rolled_back_patched_resumed_and_resolved(tmp_path: Path) ->
     with Store.open(config.database_url()) as store:
         (intervention,) = [i for i in store.interventions("collapse") if i.state != State.RELAPSED]
         assert intervention.state == State.RESOLVED
-        states = [e.state for e in store.intervention_events(intervention.id)]
+        store_events = store.intervention_events(intervention.id)
+        states = [e.state for e in store_events]
         assert [s for s in states if s != "STOPPED"] == [
             "DETECTED",
             "STOPPING",
@@ -96,17 +98,19 @@ def test_collapse_is_rolled_back_patched_resumed_and_resolved(tmp_path: Path) ->
         assert target is not None and incident.incident.onset_step is not None
         assert target <= incident.incident.onset_step
         attempts = store.attempts("collapse")
-    # the relaunch: patched LR that really takes effect (optimizer state reset), resumed from the target
+    # the relaunch: the cause undone (a bonus instead of a penalty), LR and optimizer state kept, resumed
+    # from the target
     argv = json.loads((home / "runs/collapse/attempt-2/command.json").read_text())["argv"]
     assert f"trainer.resume_from_path={ckpt}/global_step_{target}" in argv
-    assert "actor_rollout_ref.actor.checkpoint.load_contents=[model]" in argv
-    patched_lr = float(next(a for a in argv if a.startswith(f"{LR_KEY}=")).split("=")[1])
-    assert patched_lr < 5e-5
+    assert float(next(a for a in argv if a.startswith(f"{ENTROPY_KEY}=")).split("=")[1]) > 0
+    assert not any("load_contents" in a for a in argv)
     lines = [orjson.loads(line) for line in (home / "runs/collapse/attempt-2/metrics.jsonl").read_bytes().splitlines()]
     assert lines[0]["step"] == target  # validation before training at the resume step, like verl
     first_trained = next(line for line in lines if "actor/lr" in line["data"])
-    assert first_trained["step"] == target + 1
-    assert first_trained["data"]["actor/lr"] <= patched_lr  # not the checkpoint's LR: the LR trap is handled
+    assert first_trained["step"] == target + 1 and first_trained["data"]["actor/lr"] == 2e-5
+    # the probation proved it: the reward back to (at least) its level at the rollback point
+    resolved = store_events[-1].detail["outcome"]
+    assert resolved["reward"]["recovered"] and resolved["signal_healthy"]
     # never deleted: every checkpoint any attempt saved is present or in quarantine
     assert saved_steps(home) <= surviving_steps(ckpt)
     assert len(attempts) >= 2
@@ -201,7 +205,7 @@ def test_advise_mode_says_what_it_would_do_and_does_nothing(tmp_path: Path, capl
         assert store.interventions("advise") == []
         assert len(store.attempts("advise")) == 1
     advice = [r.getMessage() for r in caplog.records if "event=advice" in r.getMessage()]
-    assert advice and "roll back to step" in advice[0] and "load_contents=[model]" in advice[0]
+    assert advice and "roll back to step" in advice[0] and "entropy_coeff=0.003" in advice[0]
 
 
 def test_dry_run_prints_the_prepared_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -153,6 +153,7 @@ def test_values_and_labels_of_one_run() -> None:
         ("guardian_interventions_total", labels(RUN_A, state="gave_up")): 1.0,
         ("guardian_interventions_total", labels(RUN_A, state="relapsed")): 0.0,
         ("guardian_interventions_total", labels(RUN_A, state="resolved")): 1.0,
+        ("guardian_interventions_total", labels(RUN_A, state="unresolved")): 0.0,
         ("guardian_notifications_total", labels(RUN_A, sink="grafana", result="sent")): 4.0,
         ("guardian_notifications_total", labels(RUN_A, sink="webhook", result="dropped")): 1.0,
         ("guardian_notifications_total", labels(RUN_A, sink="webhook", result="sent")): 3.0,
@@ -201,7 +202,7 @@ def test_every_exported_name_comes_from_keys_and_labels_are_bounded() -> None:
     for family in families:
         for sample in family.samples:
             assert set(sample.labels) == allowed | extra_by_name.get(sample.name, set()), sample
-    assert set(INTERVENTION_OUTCOMES) == {"resolved", "relapsed", "gave_up"}
+    assert set(INTERVENTION_OUTCOMES) == {"resolved", "unresolved", "relapsed", "gave_up"}
 
 
 def test_unknown_values_are_left_out_and_two_runs_do_not_mix() -> None:

@@ -196,6 +196,29 @@ def quarantine_all(ckpt_dir: Path, incident_id: int) -> QuarantineResult:
     return QuarantineResult(incident_id, 0, tuple(moved), tracker_before, None)
 
 
+def quarantine_dumps_after(dump_dir: Path, keep_step: int, incident_id: int) -> tuple[int, ...]:
+    """Move the rollout dumps ``{step}.jsonl`` of steps > keep_step into ``.guardian-quarantine/incident-<id>/``
+    of the dump dir: a resumed run rewrites those steps' dumps, and the abandoned branch's dumps are the
+    evidence behind the decision to abandon it (a replay of that branch needs them). For a dump dir the
+    run's own command names (the guardian gives every attempt its own otherwise). Idempotent; returns the
+    steps moved."""
+    if not dump_dir.is_dir():
+        return ()
+    folder = dump_dir / QUARANTINE_DIR / f"incident-{incident_id}"
+    moved = []
+    for entry in sorted(dump_dir.iterdir()):
+        stem, _, ext = entry.name.rpartition(".")
+        if ext != "jsonl" or not stem.isdigit() or int(stem) <= keep_step or not entry.is_file():
+            continue
+        folder.mkdir(parents=True, exist_ok=True)
+        _move(entry, _free_name(folder, entry.name))
+        moved.append(int(stem))
+    if moved:
+        fsync_dir(folder)
+        fsync_dir(dump_dir)
+    return tuple(sorted(moved))
+
+
 def list_quarantine(ckpt_dir: Path) -> dict[int, list[Path]]:
     """Quarantined checkpoint folders by incident id, each list sorted by step."""
     out: dict[int, list[Path]] = {}

@@ -24,6 +24,8 @@ ENT, CLIP_HIGH, CLIP_GRAD, TEMP = (
     ROLLOUT + "temperature",
 )
 KL_ON, KL_COEF = ACTOR + "use_kl_loss", ACTOR + "kl_loss_coef"
+MAX_RESPONSE = "data.max_response_length"
+OVERLONG_ON, OVERLONG_FACTOR = verl_keys.OVERLONG + "enable", verl_keys.OVERLONG + "penalty_factor"
 KL_IN_REWARD, KL_REWARD_COEF = "algorithm.use_kl_in_reward", "algorithm.kl_ctrl.kl_coef"
 INCIDENT_KINDS = (
     "entropy_collapse", "egr_collapse", "entropy_explosion", "kl_drift", "logprob_decline", "reward_collapse",
@@ -100,8 +102,14 @@ def _patchable() -> list[str]:
 
 
 def _c(key: str, op: str, value: Value, **when: bool) -> Change:
+    """A change; ``when`` names the KL switches (use_kl_loss=..., use_kl_in_reward=...)."""
     names = {"use_kl_loss": KL_ON, "use_kl_in_reward": KL_IN_REWARD}
-    return Change.model_validate({"key": key, op: value, "when": {names[k]: v for k, v in when.items()}})
+    return _if({names[k]: v for k, v in when.items()}, key, op, value)
+
+
+def _if(when: Mapping[str, bool], key: str, op: str, value: Value) -> Change:
+    """A change applied only while the given keys hold these values."""
+    return Change.model_validate({"key": key, op: value, "when": dict(when)})
 
 
 def _kl_on(coef: float) -> list[Change]:
@@ -148,35 +156,48 @@ _SPIKE = (
           [_LR_HALF, _c(CLIP_GRAD, "at_most", 0.5)], rollback_extra_checkpoints=1),
     _rung("spike-3", _BACK + " LR × 0.5.", [_LR_HALF], rollback_extra_checkpoints=1),
 )  # fmt: skip
-_OVERLONG = (
-    "DAPO overlong shaping (reward.reward_manager.name=dapo + ++reward.reward_kwargs.overlong_buffer_cfg.{enable,len,"
-    "penalty_factor} + ++reward.reward_kwargs.max_resp_len) composes with verl 0.9.1 but is not automatic: it changes "
-    "the reward itself (reward_collapse would read the penalty as a drop), replaces a custom reward manager, and its "
-    "buffer must be sized from data.max_response_length (DAPO: 4096 of 20480). Add it to your own ladder with explicit "
-    "numbers; likewise raising data.max_response_length (verl: clip_ratio > 0.1 means truncating too much), which "
-    "changes memory needs."
+_CAP = _c(MAX_RESPONSE, "multiply", 1.5)
+_SIGN = _if({OVERLONG_ON: True}, OVERLONG_FACTOR, "at_least", 0.0)
+_CAP_WHY = (
+    "data.max_response_length × 1.5 (verl: a clip_ratio above 0.1 means truncating too much; the rollout's "
+    "response_length follows it unless the command sets it); it needs more GPU memory per batch - lower "
+    "ppo_micro_batch_size_per_gpu if the relaunch runs out. A DAPO overlong penalty_factor below 0 (it "
+    "rewards length) becomes 0. Overlong shaping itself (reward.reward_manager.name=dapo with "
+    "reward.reward_kwargs.overlong_buffer_cfg, DAPO: a 4096 buffer of 20480) changes the reward and replaces "
+    "a custom reward manager, so it is left to your own ladder."
+)
+_TRUNCATION = (
+    _rung("truncation-1", _CAP_WHY, [_CAP, _SIGN]),
+    _rung(
+        "truncation-2",
+        "data.max_response_length × 1.5 again; entropy bonus off and clip_ratio_high <= 0.2 "
+        "(exploration pressure grows responses: verl#1066).",
+        [_CAP, _c(ENT, "set", 0.0), _c(CLIP_HIGH, "at_most", 0.2)],
+    ),
+    _rung("truncation-3", "LR × 0.5. " + _BACK, [_LR_HALF], rollback_extra_checkpoints=1),
 )
 _LENGTH = (
-    _rung("length-1", "LR × 0.5. " + _OVERLONG, [_LR_HALF]),
-    _rung("length-2", "LR × 0.5; entropy bonus off, clip_ratio_high <= 0.2 (length blows up with entropy: verl#1066).",
-          [_LR_HALF, _c(ENT, "set", 0.0), _c(CLIP_HIGH, "at_most", 0.2)]),
+    _rung("length-1", "What grows responses, undone: entropy bonus off and clip_ratio_high <= 0.2 (verl#1066); a "
+          "DAPO overlong penalty_factor below 0 (it rewards length) becomes 0.",
+          [_c(ENT, "set", 0.0), _c(CLIP_HIGH, "at_most", 0.2), _SIGN]),
+    _rung("length-2", "LR × 0.5; grad clip <= 0.5 (§3.9 'clip grads').", [_LR_HALF, _c(CLIP_GRAD, "at_most", 0.5)]),
     _rung("length-3", "LR × 0.5. " + _BACK, [_LR_HALF], rollback_extra_checkpoints=1),
 )  # fmt: skip
 DEFAULT_LADDERS: Mapping[str, tuple[Rung, ...]] = {
     "entropy_collapse": (
         _rung("entropy-1",
-              "Seed tutorial §7.3 rescue: LR × 0.1 (the seed undoes a 50x LR; issue: 0.1-0.5); temperature >= 1.0 "
-              "(Skywork-OR1: 0.6 collapses entropy fast; DAPO runs at 1.0); entropy_coeff >= 0.003 (Skywork-OR1 "
-              "keeps it in [0, 0.005]); KL >= 0.01 with use_kl_loss=true (seed; adds the reference model); "
-              "clip_ratio_high >= 0.28 (DAPO clip-higher lets low-probability tokens grow).",
-              [_c(LR, "multiply", 0.1), _c(TEMP, "at_least", 1.0), _c(ENT, "at_least", 0.003), *_kl_on(0.01),
-               _c(CLIP_HIGH, "at_least", 0.28)]),
+              "Undo what spends entropy, keep the LR and the optimizer state: temperature >= 1.0 (Skywork-OR1: 0.6 "
+              "collapses entropy fast; DAPO runs at 1.0); entropy_coeff >= 0.003 (Skywork-OR1 keeps it in [0, "
+              "0.005]; a negative coefficient - entropy as a penalty - becomes a bonus); clip_ratio_high >= 0.28 "
+              "(DAPO clip-higher lets low-probability tokens grow).",
+              [_c(TEMP, "at_least", 1.0), _c(ENT, "at_least", 0.003), _c(CLIP_HIGH, "at_least", 0.28)]),
         _rung("entropy-2",
-              "LR × 0.5 again (0.05 of the original); entropy_coeff >= 0.005 (Skywork-OR1 cap).",
-              [_LR_HALF, _c(ENT, "at_least", 0.005)]),
+              "LR × 0.5 (the seed tutorial's rescue cuts an LR set too high); entropy_coeff >= 0.005 (Skywork-OR1 "
+              "cap); KL >= 0.01 with use_kl_loss=true (seed; adds the reference model).",
+              [_LR_HALF, _c(ENT, "at_least", 0.005), *_kl_on(0.01)]),
         _rung("entropy-3",
-              "LR × 0.5 again (0.05 of the original); temperature >= 1.2 (ProRL); KL coefficient × 2; fresh optimizer "
-              "state (ProRL resets it).",
+              "LR × 0.5 again (0.25 of the original); temperature >= 1.2 (ProRL); KL coefficient × 2; fresh "
+              "optimizer state (ProRL resets it).",
               [_LR_HALF, _c(TEMP, "at_least", 1.2), *_kl_up(2, 0.02)], reset_optimizer=True),
     ),
     "egr_collapse": (
@@ -212,7 +233,7 @@ DEFAULT_LADDERS: Mapping[str, tuple[Rung, ...]] = {
     "reward_collapse": _CALM,
     "length_collapse": _CALM,
     "length_explosion": _LENGTH,
-    "truncation": _LENGTH,
+    "truncation": _TRUNCATION,
     "grad_spike": _SPIKE,
     "non_finite": _SPIKE,
 }  # fmt: skip

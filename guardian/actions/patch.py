@@ -167,6 +167,20 @@ def plan_patch(command: Sequence[str], rung: Rung, *, resume_from: str | None, r
     return _finish(cmd, eff, changed, notes, run_files, rung=rung.name, reset=reset)
 
 
+RESUME_KEYS = frozenset({"trainer.resume_mode", "trainer.resume_from_path"})
+
+
+def first_effective_rung(command: Sequence[str], rungs: Sequence[Rung], start: int, run_files: RunFiles) -> int:
+    """The first rung from ``start`` that changes the run's config (a rung whose changes the run already
+    has - "entropy bonus off" on a run without one - would relaunch the same config); the last rung when
+    none does."""
+    for index in range(start, len(rungs)):
+        plan = plan_patch(command, rungs[index], resume_from=None, run_files=run_files)
+        if any(key not in RESUME_KEYS for key, _, _ in plan.diff):
+            return index
+    return max(len(rungs) - 1, start)
+
+
 def crash_restart_plan(command: Sequence[str], *, resume_from: str | None, run_files: RunFiles) -> PatchPlan:
     """Same config, resumed from ``resume_from`` (None: from scratch, ``resume_mode=disable``)."""
     cmd = parse_command(command)

@@ -2,8 +2,8 @@
 
 A check is a pure function ``CheckContext -> Finding``. Most checks judge one signal by a *level
 function* ``level_at(position) -> Severity`` over the signal's series; ``judge`` then applies the
-hysteresis (the verdict is the mildest level of the last ``for_steps`` points, so one noisy step never
-raises a critical) and walks back to estimate where the trouble began.
+hysteresis (a level is entered, and left, only after ``for_steps`` points in a row, so one noisy step
+neither raises a critical nor eases one) and walks back to estimate where the trouble began.
 """
 
 from __future__ import annotations
@@ -19,6 +19,8 @@ from guardian.keys import Signal
 
 # How far back (in points) an onset estimate may walk; bounds the cost of a long-running condition.
 ONSET_LOOKBACK = 500
+# How many hysteresis windows back ``judge`` replays when the latest points disagree.
+HOLD_LOOKBACK = 4
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,21 +81,19 @@ def judge(
     first_position: int,
     departed_at: Callable[[int], bool] | None = None,
 ) -> Verdict:
-    """Hysteresis over the last ``for_steps`` points, then onset by walking back.
+    """Hysteresis both ways, then the onset by walking back.
 
-    The onset is the earliest point of the unbroken run (ending now) in which the signal had
-    ``departed`` from normal; by default "departed" means a level of WARN or worse.
+    A level is entered when ``for_steps`` points in a row reach it and left only when ``for_steps`` points
+    in a row fall below it, so one noisy point neither raises a critical nor eases one (no flapping
+    critical/warn/critical). The onset is the earliest point of the unbroken run (ending now) in which the
+    signal had ``departed`` from normal; by default "departed" means a level of WARN or worse.
     """
     last = len(series) - 1
     if last < first_position:
         return Verdict(Severity.UNKNOWN, None)
-    start = max(first_position, last - for_steps + 1)
-    if last - start + 1 < for_steps:
+    if last - first_position + 1 < for_steps:
         return Verdict(Severity.OK, None)
-    newest = level_at(last)
-    if newest < Severity.WARN:  # the common, healthy case: one evaluation, not for_steps
-        return Verdict(newest, None)
-    severity = min(newest, *(level_at(i) for i in range(start, last)))
+    severity = _settled(level_at, for_steps, first_position, last)
     if severity < Severity.WARN:
         return Verdict(severity, None)
     departed = departed_at or (lambda i: level_at(i) >= Severity.WARN)
@@ -104,6 +104,24 @@ def judge(
     return Verdict(severity, series.steps[onset])
 
 
+def _settled(level_at: Callable[[int], Severity], for_steps: int, first_position: int, last: int) -> Severity:
+    """The level the hysteresis holds at ``last``. The common case - the last ``for_steps`` points agree -
+    costs ``for_steps`` evaluations; otherwise the automaton replays the last ``HOLD_LOOKBACK`` windows."""
+    window = [level_at(i) for i in range(last - for_steps + 1, last + 1)]
+    if min(window) == max(window):
+        return window[0]
+    start = max(first_position, last - HOLD_LOOKBACK * for_steps + 1)
+    levels = [level_at(i) for i in range(start, last - for_steps + 1)] + window
+    state = min(levels[:for_steps])
+    for end in range(for_steps, len(levels)):
+        recent = levels[end - for_steps + 1 : end + 1]
+        if min(recent) > state:
+            state = min(recent)  # every point of the window reached a higher level
+        elif max(recent) < state:
+            state = max(recent)  # every point of the window fell below the held level
+    return state
+
+
 def conclude(
     check: str,
     step: int | None,
@@ -112,10 +130,13 @@ def conclude(
     *,
     healthy: str,
     unhealthy: str,
+    advice: bool = False,
 ) -> Finding:
-    """The finding for a verdict: ``unhealthy`` text for WARN/CRITICAL, ``healthy`` for OK."""
+    """The finding for a verdict: ``unhealthy`` text for WARN/CRITICAL, ``healthy`` for OK; ``advice``
+    marks a WARN that advises rather than reports trouble."""
     if verdict.severity >= Severity.WARN:
-        return Finding(check, verdict.severity, step, unhealthy, verdict.onset_step, evidence)
+        is_advice = advice and verdict.severity == Severity.WARN
+        return Finding(check, verdict.severity, step, unhealthy, verdict.onset_step, evidence, is_advice)
     if verdict.severity == Severity.UNKNOWN:
         return Finding(check, Severity.UNKNOWN, step, "not enough steps to judge yet", None, evidence)
     return ok(check, step, healthy, evidence)

@@ -26,13 +26,17 @@ from guardian.checks.base import (
     signal_ratio,
     waiting,
 )
-from guardian.checks.reward import reward_state_at
+from guardian.checks.trend import reward_trend_at
 from guardian.config import KlDriftConfig, LogprobDeclineConfig, RewardCollapseConfig
 from guardian.findings import EvidenceValue, Finding, Severity
 from guardian.keys import Signal
 
 KL = "kl_drift"
 LOGPROB = "logprob_decline"
+# what a KL key may measure besides KL to the reference (said in the finding, so a reader can judge it)
+KL_KEY_NOTES: dict[str, str] = {
+    "actor/reward_kl_penalty": " (in-reward KL; in distillation forks this key may hold KL to a teacher)",
+}
 
 
 def _rise_check(
@@ -70,6 +74,7 @@ def _rise_check(
     )
     last = len(series) - 1
     evidence: dict[str, EvidenceValue] = {
+        "key": ctx.history.key_of(signal),
         signal.value: rounded(series.smoothed(ctx.baseline.smooth_steps)[last]),
         f"{signal.value}_baseline": rounded(baseline(series, ctx.baseline)),
         "ratio_to_baseline": rounded(ratio_of(last)),
@@ -103,25 +108,31 @@ def kl_drift(ctx: CheckContext, cfg: KlDriftConfig, reward_cfg: RewardCollapseCo
             return Severity.OK
         if rate >= cfg.extreme_growth:
             return Severity.CRITICAL
-        reward = reward_state_at(h, series.steps[i], reward_cfg, ctx.baseline)
+        reward = reward_trend_at(h, series.steps[i], reward_cfg, ctx.baseline)
         learning = reward is not None and reward.improving
         return Severity.CRITICAL if rate >= cfg.critical_growth and not learning else Severity.WARN
 
     verdict = judge(series, level_at, for_steps=cfg.for_steps, first_position=1, departed_at=lambda i: growth(i) >= 1.5)
     last = len(series) - 1
     rate = growth(last)
+    key = h.key_of(Signal.KL)
+    reward = reward_trend_at(h, series.steps[last], reward_cfg, ctx.baseline)
     evidence: dict[str, EvidenceValue] = {
+        "key": key,
         "kl": rounded(smooth[last]),
         "kl_growth_over_window": rounded(rate),
         "window_steps": cfg.window_steps,
+        "reward_improving": str(reward.improving).lower() if reward else None,
     }
+    learning = f"; {reward.describe(h.key_of(Signal.REWARD))}" if reward else ""
     return conclude(
         KL,
         series.steps[-1],
         verdict,
         evidence,
-        healthy="KL to the reference growing slowly, if at all",
-        unhealthy=f"KL to the reference grew {rate:.1f}x in {cfg.window_steps} steps (now {smooth[last]:.3g})",
+        healthy=f"{key} growing slowly, if at all",
+        unhealthy=f"{key} grew {rate:.1f}x in {cfg.window_steps} steps (now {smooth[last]:.3g}){learning}"
+        + KL_KEY_NOTES.get(key, ""),
     )
 
 
@@ -136,5 +147,8 @@ def logprob_decline(ctx: CheckContext, cfg: LogprobDeclineConfig) -> Finding:
         for_steps=cfg.for_steps,
         departed=1.2,
         healthy="mean log-prob of sampled tokens steady",
-        unhealthy=lambda r: f"mean log-prob of sampled tokens fell: -log pi {r - 1:+.0%} vs baseline",
+        unhealthy=lambda r: (
+            f"mean log-prob of sampled tokens fell: {ctx.history.key_of(Signal.LOG_PPL)} (-log pi) "
+            f"{r - 1:+.0%} vs baseline"
+        ),
     )

@@ -5,7 +5,9 @@ share of groups with mixed rewards is the share of the batch that still teaches 
 no such metric; the rollout source computes it from ``trainer.rollout_data_dir`` dumps, or it is
 estimated from DAPO's eviction counter (facts §1.8). Low EGR because nearly every group is all-correct
 (or all-wrong) means the data is too easy (hard) for the policy - a curriculum problem, reported as a
-warning - not a collapse of the policy itself.
+warning - not a collapse of the policy itself. Nor is low EGR while the reward still improves (the mixed
+groups left still teach) or on a plateau near the reward's ceiling (convergence): warnings, the latter
+with advice.
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ from guardian.checks.base import (
     need,
     rounded,
 )
-from guardian.config import EgrCollapseConfig
+from guardian.checks.trend import reward_trend_at
+from guardian.config import EgrCollapseConfig, RewardCollapseConfig
 from guardian.findings import EvidenceValue, Finding, Severity
 from guardian.history import RunHistory
 from guardian.keys import Signal
@@ -55,21 +58,24 @@ def egr_state_at(h: RunHistory, step: int, cfg: EgrCollapseConfig) -> EgrState |
     return EgrState(series.values[i], zero, one, saturated)
 
 
-def egr_collapse(ctx: CheckContext, cfg: EgrCollapseConfig) -> Finding:
+def egr_collapse(ctx: CheckContext, cfg: EgrCollapseConfig, reward_cfg: RewardCollapseConfig) -> Finding:
     h = ctx.history
     if (missing := need(h, CHECK, Signal.EGR)) is not None:
         return missing
     series = h.signal(Signal.EGR)
     base = baseline(series, ctx.baseline)
 
+    def learning_or_converged(step: int) -> bool:
+        reward = reward_trend_at(h, step, reward_cfg, ctx.baseline)
+        return reward is not None and (reward.improving or reward.converged)
+
     def level_at(i: int) -> Severity:
         state = egr_state_at(h, series.steps[i], cfg)
         if state is None or state.egr >= cfg.warn_below:
             return Severity.OK
         relative_ok = base is None or state.egr < cfg.relative_to_baseline * base
-        if state.egr < cfg.critical_below and relative_ok and not state.saturated:
-            return Severity.CRITICAL
-        return Severity.WARN
+        low = state.egr < cfg.critical_below and relative_ok and not state.saturated
+        return Severity.CRITICAL if low and not learning_or_converged(series.steps[i]) else Severity.WARN
 
     verdict = judge(series, level_at, for_steps=cfg.for_steps, first_position=0)
     state = egr_state_at(h, series.steps[-1], cfg)
@@ -80,7 +86,12 @@ def egr_collapse(ctx: CheckContext, cfg: EgrCollapseConfig) -> Finding:
         "all_zero_group_fraction": rounded(state.all_zero),
         "all_one_group_fraction": rounded(state.all_one),
     }
+    reward = reward_trend_at(h, series.steps[-1], reward_cfg, ctx.baseline)
     why = ""
+    if reward is not None and reward.converged:
+        why = f" while {reward.describe(h.key_of(Signal.REWARD))} sits near its ceiling: converged"
+    elif reward is not None and reward.improving:
+        why = f" while {reward.describe(h.key_of(Signal.REWARD))} still improves"
     if state.saturated:
         why = (
             " (most groups all-correct: data too easy)"
@@ -94,4 +105,5 @@ def egr_collapse(ctx: CheckContext, cfg: EgrCollapseConfig) -> Finding:
         evidence,
         healthy="groups still carry signal",
         unhealthy=f"only {state.egr:.0%} of groups have mixed rewards{why}",
+        advice=reward is not None and reward.converged,
     )

@@ -22,7 +22,8 @@ from guardian.checks.base import (
     signal_ratio,
     waiting,
 )
-from guardian.config import LengthConfig
+from guardian.checks.trend import reward_trend_at
+from guardian.config import LengthConfig, RewardCollapseConfig
 from guardian.findings import EvidenceValue, Finding, Severity
 from guardian.history import Series
 from guardian.keys import Signal
@@ -30,6 +31,11 @@ from guardian.keys import Signal
 COLLAPSE = "length_collapse"
 EXPLOSION = "length_explosion"
 TRUNCATION = "truncation"
+# the concrete fix a length finding names (a lower LR leaves the cap, and the incentive to grow, in place)
+LENGTH_FIX = (
+    "; raise data.max_response_length, or shape overlong answers (DAPO: reward.reward_manager.name=dapo "
+    "with reward.reward_kwargs.overlong_buffer_cfg)"
+)
 
 
 def length_collapse(ctx: CheckContext, cfg: LengthConfig) -> Finding:
@@ -63,7 +69,9 @@ def length_collapse(ctx: CheckContext, cfg: LengthConfig) -> Finding:
     )
 
 
-def length_explosion(ctx: CheckContext, cfg: LengthConfig) -> Finding:
+def length_explosion(ctx: CheckContext, cfg: LengthConfig, reward_cfg: RewardCollapseConfig) -> Finding:
+    """Responses growing fast to several times their starting length: critical only while the reward or
+    the validation score falls with it (long-CoT runs grow 4x and learn)."""
     got = signal_ratio(ctx, EXPLOSION, Signal.LENGTH_MEAN)
     if isinstance(got, Finding):
         return got
@@ -79,7 +87,8 @@ def length_explosion(ctx: CheckContext, cfg: LengthConfig) -> Finding:
         if not value > cfg.explosion_warn_ratio:
             return Severity.OK
         fast = growth(i) >= cfg.explosion_fast_growth
-        return Severity.CRITICAL if value > cfg.explosion_critical_ratio and fast else Severity.WARN
+        runaway = value > cfg.explosion_critical_ratio and fast
+        return Severity.CRITICAL if runaway and _hurting(ctx, reward_cfg, series.steps[i]) else Severity.WARN
 
     verdict = judge(
         series,
@@ -97,11 +106,17 @@ def length_explosion(ctx: CheckContext, cfg: LengthConfig) -> Finding:
         verdict,
         evidence,
         healthy="response length not running away",
-        unhealthy=f"responses grew to {ratio_of(last):.1f}x their baseline length",
+        unhealthy=f"{ctx.history.key_of(Signal.LENGTH_MEAN)} grew to {ratio_of(last):.1f}x its baseline"
+        + ("" if verdict.severity < Severity.CRITICAL else " and the reward falls with it")
+        + LENGTH_FIX,
     )
 
 
-def truncation(ctx: CheckContext, cfg: LengthConfig) -> Finding:
+def truncation(ctx: CheckContext, cfg: LengthConfig, reward_cfg: RewardCollapseConfig) -> Finding:
+    """Responses cut at ``data.max_response_length``. Growing toward the cap is often learning (longer
+    reasoning), and a rollback with a lower LR leaves the cap where it is, so many cut responses are a
+    warning that names the fix; critical only when they are many, far above the run's start, *and* the
+    reward or the validation score falls with them."""
     h = ctx.history
     if (missing := need(h, TRUNCATION, Signal.TRUNCATION)) is not None:
         return missing
@@ -113,23 +128,38 @@ def truncation(ctx: CheckContext, cfg: LengthConfig) -> Finding:
 
     def level_at(i: int) -> Severity:
         share = smooth[i]
-        if share >= cfg.truncation_critical and share >= base + cfg.truncation_rise:
-            return Severity.CRITICAL
-        return Severity.WARN if share >= cfg.truncation_warn else Severity.OK
+        if not share >= cfg.truncation_warn:
+            return Severity.OK
+        many = share >= cfg.truncation_critical and share >= base + cfg.truncation_rise
+        return Severity.CRITICAL if many and _hurting(ctx, reward_cfg, series.steps[i]) else Severity.WARN
 
     verdict = judge(series, level_at, for_steps=cfg.for_steps, first_position=baseline_end(ctx.baseline))
+    cap = h.length_cap
     evidence: dict[str, EvidenceValue] = {
         "truncated_share": rounded(smooth[-1]),
         "truncated_share_baseline": rounded(base),
+        "length_cap": rounded(cap),
+        "reward_or_validation_falling": str(_hurting(ctx, reward_cfg, series.steps[-1])).lower(),
     }
+    at_cap = f"{smooth[-1]:.0%} of responses are cut at the length cap" + (f" ({cap:.0f} tokens)" if cap else "")
+    if verdict.severity == Severity.CRITICAL:
+        at_cap += " and the reward falls with them"
     return conclude(
         TRUNCATION,
         series.steps[-1],
         verdict,
         evidence,
         healthy="few responses hit the length cap",
-        unhealthy=f"{smooth[-1]:.0%} of responses are cut at the length cap",
+        unhealthy=at_cap + LENGTH_FIX,
     )
+
+
+def _hurting(ctx: CheckContext, reward_cfg: RewardCollapseConfig, step: int) -> bool:
+    """The training reward or the validation score is falling at ``step``."""
+    h = ctx.history
+    reward = reward_trend_at(h, step, reward_cfg, ctx.baseline)
+    val = reward_trend_at(h, step, reward_cfg, ctx.baseline, Signal.VAL_SCORE)
+    return (reward is not None and reward.falling) or (val is not None and val.falling)
 
 
 def _length_evidence(series: Series, ctx: CheckContext, ratio_now: float) -> dict[str, EvidenceValue]:

@@ -1,84 +1,23 @@
-"""Reward collapse, and the reward facts other checks lean on (stalled, falling, saturated).
+"""Reward collapse: the reward level fell well below its best, judged against the run's own noise.
 
-Reward scales differ between tasks (0..1 exact match, -1..1 distillation scores), so every reward
-quantity is a fraction of the run's *reward scale*: the spread between verl's per-sample best and
-worst score (``critic/score/max`` - ``critic/score/min``) at baseline, or, where a run does not log
-them, the largest reward magnitude seen.
+A fall is a warning when it is significant (``drop_z`` sigmas of the reward's step-to-step noise) and
+material (``warn_drop`` of the reward scale); it is critical when the run also lost most of what it
+had gained (``critical_loss``) or fell below where it started. A score that sinks from -0.55 to -0.85 on
+a [-1, 1] scale is 15 % of the range but eight sigmas of its noise and below its start: critical. The
+trend itself (noise, pace, levels) lives in ``trend.py``.
 """
 
 from __future__ import annotations
 
 import math
-from bisect import bisect_right
-from dataclasses import dataclass
 
-from guardian.checks.base import (
-    CheckContext,
-    Verdict,
-    baseline,
-    baseline_end,
-    conclude,
-    judge,
-    need,
-    rounded,
-)
-from guardian.config import BaselineConfig, RewardCollapseConfig
+from guardian.checks.base import CheckContext, Verdict, conclude, judge, need, rounded
+from guardian.checks.trend import Trend, reward_trend_at
+from guardian.config import RewardCollapseConfig
 from guardian.findings import EvidenceValue, Finding, Severity
-from guardian.history import RunHistory
 from guardian.keys import Signal
 
 CHECK = "reward_collapse"
-
-
-def reward_scale(h: RunHistory, bcfg: BaselineConfig) -> float | None:
-    best = baseline(h.signal(Signal.REWARD_MAX), bcfg)
-    worst = baseline(h.signal(Signal.REWARD_MIN), bcfg)
-    if best is not None and worst is not None and best > worst:
-        return best - worst
-    reward = h.signal(Signal.REWARD)
-    first = reward.baseline(bcfg.warmup_steps, bcfg.steps)
-    scale = max(
-        abs(first) if first is not None else 0.0, abs(reward.peak(bcfg.smooth_steps)[-1]) if len(reward) else 0.0
-    )
-    return scale if scale > 0 else None
-
-
-@dataclass(frozen=True, slots=True)
-class RewardState:
-    """Reward facts at one step, each as a fraction of the reward scale."""
-
-    drop_from_peak: float
-    gain: float | None  # over the plateau window; None when the window is not yet covered
-    saturated: bool
-    stalled: bool
-    falling: bool
-    improving: bool
-
-
-def reward_state_at(h: RunHistory, step: int, cfg: RewardCollapseConfig, bcfg: BaselineConfig) -> RewardState | None:
-    series = h.signal(Signal.REWARD)
-    i = bisect_right(series.steps, step) - 1
-    scale = reward_scale(h, bcfg)
-    if i < 0 or scale is None:
-        return None
-    smooth = series.smoothed(bcfg.smooth_steps)
-    now = smooth[i]
-    if not math.isfinite(now):
-        return None
-    drop = (series.peak(bcfg.smooth_steps)[i] - now) / scale
-    j = bisect_right(series.steps, series.steps[i] - cfg.plateau_steps) - 1
-    gain = (now - smooth[j]) / scale if j >= 0 and math.isfinite(smooth[j]) else None
-    best = baseline(h.signal(Signal.REWARD_MAX), bcfg)
-    saturated = best is not None and now >= best - cfg.saturation_margin * scale
-    stalled = gain is not None and gain <= cfg.plateau_tolerance
-    return RewardState(
-        drop_from_peak=drop,
-        gain=gain,
-        saturated=saturated,
-        stalled=stalled,
-        falling=drop >= cfg.warn_drop,
-        improving=gain is not None and gain > cfg.plateau_tolerance,
-    )
 
 
 def reward_collapse(ctx: CheckContext, cfg: RewardCollapseConfig) -> Finding:
@@ -87,31 +26,49 @@ def reward_collapse(ctx: CheckContext, cfg: RewardCollapseConfig) -> Finding:
         return missing
     series = h.signal(Signal.REWARD)
 
-    def level_at(i: int) -> Severity:
-        state = reward_state_at(h, series.steps[i], cfg, ctx.baseline)
-        if state is None:
-            return Severity.UNKNOWN
-        if state.drop_from_peak >= cfg.critical_drop:
-            return Severity.CRITICAL
-        return Severity.WARN if state.drop_from_peak >= cfg.warn_drop else Severity.OK
+    def trend_at(i: int) -> Trend | None:
+        return reward_trend_at(h, series.steps[i], cfg, ctx.baseline)
 
-    ready = baseline(series, ctx.baseline) is not None
-    verdict = judge(series, level_at, for_steps=cfg.for_steps, first_position=baseline_end(ctx.baseline))
-    if not ready:
+    def level_at(i: int) -> Severity:
+        trend = trend_at(i)
+        if trend is None:
+            return Severity.UNKNOWN
+        if trend.collapsed:
+            return Severity.CRITICAL
+        return Severity.WARN if trend.falling else Severity.OK
+
+    def departed(i: int) -> bool:
+        trend = trend_at(i)
+        return trend is not None and trend.falling
+
+    now = trend_at(len(series) - 1)
+    if now is None:
         verdict = Verdict(Severity.UNKNOWN, None)
-    state = reward_state_at(h, series.steps[-1], cfg, ctx.baseline)
-    drop = state.drop_from_peak if state else math.nan
-    evidence: dict[str, EvidenceValue] = {
-        "reward": rounded(series.smoothed(ctx.baseline.smooth_steps)[-1]),
-        "reward_scale": rounded(reward_scale(h, ctx.baseline)),
-        "drop_from_peak_fraction": rounded(drop),
-        "gain_over_plateau_window": rounded(state.gain) if state else None,
-    }
-    return conclude(
-        CHECK,
-        series.steps[-1],
-        verdict,
-        evidence,
-        healthy="reward holding",
-        unhealthy=f"reward fell {drop:.0%} of its scale from its peak",
-    )
+    else:
+        verdict = judge(series, level_at, for_steps=cfg.for_steps, first_position=0, departed_at=departed)
+    key = h.key_of(Signal.REWARD)
+    evidence: dict[str, EvidenceValue] = {"key": key}
+    message = f"{key} holding"
+    if now is not None:
+        evidence.update(
+            {
+                "reward": rounded(now.level),
+                "reward_best": rounded(now.peak),
+                "reward_start": rounded(now.baseline),
+                "noise": rounded(now.noise),
+                "drop_from_best": rounded(now.drop_from_peak),
+                "reward_scale": rounded(now.scale),
+            }
+        )
+        message = _fall_message(key, now)
+    return conclude(CHECK, series.steps[-1], verdict, evidence, healthy=f"{key} holding", unhealthy=message)
+
+
+def _fall_message(key: str, t: Trend) -> str:
+    text = f"{key} fell to {t.level:.3g} from its best {t.peak:.3g} (noise ±{t.noise:.2g})"
+    if t.level < t.baseline:
+        return f"{text}, below where the run started ({t.baseline:.3g})"
+    gained = t.peak - t.baseline
+    if gained > 0 and math.isfinite(gained):
+        return f"{text}: lost {t.drop_from_peak / gained:.0%} of what it had gained"
+    return text

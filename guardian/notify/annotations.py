@@ -31,6 +31,7 @@ ACTION_TAGS: Final[Mapping[State, str]] = {
     State.PATCHED: "patch",
     State.RESUMING: "resume",
     State.RESOLVED: "resolved",
+    State.UNRESOLVED: "unresolved",
     State.RELAPSED: "relapsed",
     State.GAVE_UP: "gave_up",
 }

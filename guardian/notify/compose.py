@@ -33,6 +33,7 @@ _STATE_WORDS: Final[Mapping[State, str]] = {
     State.PATCHED: "patched",
     State.RESUMING: "resumed",
     State.RESOLVED: "resolved",
+    State.UNRESOLVED: "UNRESOLVED",
     State.RELAPSED: "relapsed",
     State.GAVE_UP: "GAVE UP",
 }
@@ -131,7 +132,7 @@ def format_evidence(evidence: Mapping[str, object]) -> str:
 def _title(event: GuardianEvent) -> str:
     what = f"{_one_line(event.check)} on {_one_line(event.run_id)}"
     if event.kind is EventKind.INCIDENT_CLOSED:
-        status = "GAVE UP" if event.incident.status == "gave_up" else event.incident.status
+        status = {"gave_up": "GAVE UP", "unresolved": "UNRESOLVED"}.get(event.incident.status, event.incident.status)
         what = f"{status}: {what}"
     elif event.kind is EventKind.INTERVENTION and event.state is not None:
         what = f"{_STATE_WORDS.get(event.state, event.state.value.lower())}: {what}"
@@ -155,6 +156,8 @@ def _action(event: GuardianEvent) -> str:
         note = _one_line(incident.note or "")
         if incident.status == "gave_up":
             return _gave_up(event, note or "no reason recorded")
+        if incident.status == "unresolved":
+            return _unresolved(event, note or "no reason recorded")
         at = f" at step {incident.closed_step}" if incident.closed_step is not None else ""
         return f"{incident.status}{at}" + (f": {note}" if note else "")
     if event.mode not in ("enforce", "advise"):
@@ -196,11 +199,21 @@ def _intervention_action(event: GuardianEvent) -> str:
         return f"{start} (attempt id {iv.to_attempt_id})" if iv.to_attempt_id is not None else start
     if state is State.RESOLVED:
         return f"resolved: {why}"
+    if state is State.UNRESOLVED:
+        return _unresolved(event, why)
     if state is State.RELAPSED:
         return f"relapsed: {why}; escalating to the next remedy"
     if state is State.GAVE_UP:
         return _gave_up(event, why)
     return f"intervention entered {state.value if state is not None else 'an unknown state'}"
+
+
+def _unresolved(event: GuardianEvent, why: str) -> str:
+    return (
+        f"UNRESOLVED: {why}; the trainer keeps running with the patch; a human must look:"
+        f" `guardian incidents show {event.incident.id}` (the abandoned branch's checkpoints are in quarantine:"
+        f" `guardian checkpoints {shlex.quote(event.run_id)}`)"
+    )
 
 
 def _gave_up(event: GuardianEvent, why: str) -> str:

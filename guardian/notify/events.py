@@ -54,6 +54,7 @@ NOTIFIED_STATES: Final[Mapping[State, Level]] = {
     State.PATCHED: Level.INFO,
     State.RESUMING: Level.INFO,
     State.RESOLVED: Level.INFO,
+    State.UNRESOLVED: Level.CRITICAL,
     State.RELAPSED: Level.WARNING,
     State.GAVE_UP: Level.CRITICAL,
 }
@@ -122,7 +123,7 @@ def run_events(
             key = incident_key(incident.id, incident.severity.label)
             events.append(GuardianEvent(key, EventKind.INCIDENT, run_id, incident.opened_at, level, incident, mode))
         if incident.closed_at is not None:
-            closed_level = Level.CRITICAL if incident.status == "gave_up" else Level.INFO
+            closed_level = Level.CRITICAL if incident.status in ("gave_up", "unresolved") else Level.INFO
             events.append(
                 GuardianEvent(
                     incident_key(incident.id, "closed"),

@@ -14,10 +14,12 @@ import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import orjson
 
 from guardian.history import StepRecord
+from guardian.keys import CHECKED_PREFIXES
 from guardian.sources.tail import LineTail, NewSegment, OversizedLine
 
 __all__ = [
@@ -113,7 +115,8 @@ def metric_value(value: object) -> float | None:
 def parse_metrics_line(line: bytes, keys: frozenset[str] | None = None) -> StepRecord:
     """Parse one ``file`` logger line; raise ``BadLine`` if it is not a metrics record.
 
-    ``keys`` keeps only those metrics (a replay needs the ~60 keys the checks read, not all 300).
+    ``keys`` keeps only those metrics, and those under ``keys.CHECKED_PREFIXES`` (a replay needs the ~60
+    keys the checks read, not all 300).
     """
     obj = _loads(line)
     if not isinstance(obj, dict):
@@ -127,7 +130,7 @@ def parse_metrics_line(line: bytes, keys: frozenset[str] | None = None) -> StepR
     if not isinstance(raw, dict):
         raise BadLine(f"'data' must be an object, got {_excerpt(raw)}")
     data: dict[str, float] = {}
-    pairs = raw.items() if keys is None else ((k, raw[k]) for k in keys if k in raw)
+    pairs = raw.items() if keys is None else _kept(raw, keys)
     for key, value in pairs:
         kind = type(value)
         if kind is float:  # the common case first: no call per value on 300-key lines
@@ -137,6 +140,13 @@ def parse_metrics_line(line: bytes, keys: frozenset[str] | None = None) -> StepR
         if number is not None:
             data[key] = number
     return StepRecord(step=step, data=data)
+
+
+def _kept(raw: dict[str, Any], keys: frozenset[str]) -> list[tuple[str, Any]]:
+    """The pairs of ``raw`` whose key is in ``keys`` or starts with one of ``CHECKED_PREFIXES``."""
+    kept = [(k, raw[k]) for k in keys if k in raw]
+    kept.extend((k, v) for k, v in raw.items() if k.startswith(CHECKED_PREFIXES))
+    return kept
 
 
 class MetricsFile:

@@ -262,6 +262,18 @@ class RolloutDir:
         return result
 
 
+def read_finished(path: Path) -> tuple[dict[int, dict[str, float]], list[str]]:
+    """Every dump of a finished directory (nothing writes to it any more): step -> group statistics as
+    metrics, and the unreadable lines. The second poll sees every dump unchanged, so all count as complete."""
+    dumps = RolloutDir(path)
+    stats: dict[int, dict[str, float]] = {}
+    problems: list[str] = []
+    for batch in (dumps.poll(), dumps.poll()):
+        stats.update({step: s.as_metrics() for step, s in batch.stats})
+        problems.extend(batch.bad)
+    return stats, problems
+
+
 def _rows(handle: BinaryIO, size: int, path: Path, problems: list[str]) -> Iterator[Mapping[str, object]]:
     """The JSON objects on the complete lines within the first ``size`` bytes, one at a time."""
     remaining = size

@@ -21,7 +21,7 @@ from guardian.store.models import Intervention, InterventionEvent
 from guardian.store.views import as_utc, at_utc
 
 # states after which an intervention is over (a relapse ends it and starts the next one)
-FINISHED_STATES = frozenset({"RESOLVED", "RELAPSED", "GAVE_UP"})
+FINISHED_STATES = frozenset({"RESOLVED", "UNRESOLVED", "RELAPSED", "GAVE_UP"})
 
 
 @dataclass(frozen=True, slots=True)

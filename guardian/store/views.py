@@ -22,7 +22,7 @@ MODES: Final = frozenset({"observe", "advise", "enforce"})
 VERDICTS: Final = frozenset({"healthy", "unhealthy", "unknown"})
 RUN_STATUS_ACTIVE: Final = "active"
 INCIDENT_OPEN: Final = "open"
-CLOSED_INCIDENT_STATUSES: Final = frozenset({"resolved", "gave_up", "dismissed"})
+CLOSED_INCIDENT_STATUSES: Final = frozenset({"resolved", "unresolved", "gave_up", "dismissed"})
 
 # ---------------------------------------------------------------------------------------------- views
 
