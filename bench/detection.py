@@ -3,11 +3,20 @@
     python bench/detection.py [--traces DIR] [--json]
 
 For each trace in ``labels.json`` the metrics file is replayed step by step (``guardian.replay``), once
-with the calibrated ``default`` rules and once with the tutorial's naive ``seed`` rules. The table shows,
-per rule set, the first CRITICAL finding (step and check) and its delay from the labelled onset; the
-summary scores each rule set: detection on unhealthy traces (all, and the long ones only), false
-critical findings on healthy traces, median delay, and what fired on borderline/ambiguous traces
-(reported, not scored).
+with the calibrated ``default`` rules and once with the tutorial's naive ``seed`` rules, and fed to a peer,
+rlwatch 0.5.1 (``pip install rlwatch==0.5.1``, the ``bench`` extra; its column is left out, with a note,
+when it is not installed). The table shows, per rule set, the first CRITICAL finding (step and check) and
+its delay from the labelled onset; the summary scores each rule set: detection on unhealthy traces (all,
+and the long ones only), false critical findings on healthy traces, median delay, and what fired on
+borderline/ambiguous traces (reported, not scored).
+
+rlwatch, fairly: its own ``DetectorSuite`` with its default configuration, one ``check_step`` per step,
+fed from the guardian's reading of the run (``RunHistory``: every verl alias resolved, NaN kept as NaN) -
+``entropy`` = actor/entropy (or entropy_loss), ``kl_divergence`` = actor/kl_loss (or reward_kl_penalty,
+critic/kl), ``reward_mean`` = critic/score/mean, ``loss`` = actor/pg_loss, ``grad_norm`` =
+actor/grad_norm; ``reward_std`` and ``advantage_std`` stay None (verl logs neither). Its own verl
+integration maps ``actor/kl_divergence``, ``rewards/mean`` and ``training/grad_norm``, which verl does not
+log, so fed that way it would see entropy only. A "critical" alert of any rlwatch detector counts.
 
 Loading is kept apart from scoring: ``score(rows)`` takes ``(name, label, onset, result)`` rows, so
 other sources of labelled runs (the demo trainer's scenarios) can be scored by replaying them with
@@ -27,10 +36,15 @@ from pathlib import Path
 from typing import NamedTuple
 
 from guardian.config import ChecksConfig, GuardianConfig
-from guardian.findings import Finding
+from guardian.findings import Finding, Severity
+from guardian.history import RunHistory
+from guardian.keys import Signal
 from guardian.replay import ReplayResult, replay_file
+from guardian.sources.jsonl import read_all
+from guardian.tracker import Change, Transition
 
 RULE_SETS: tuple[str, ...] = ("default", "seed")
+PEER = "rlwatch"
 DEFAULT_TRACES = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "traces"
 # Traces shorter than this are spot checks (4-6 rows in the calibration set): too sparse for windowed checks.
 LONG_TRACE_STEPS = 20
@@ -72,14 +86,40 @@ def load_cases(traces: Path) -> list[TraceCase]:
     return cases
 
 
+# The two real verl 0.9.1 runs collapsed on purpose and guarded end to end (fixtures
+# verl-0.9.1-run/guarded/README.md): the reward went flat while entropy fell 20-30 % a step. Their first
+# attempt's metrics, replayed without dumps (attempt 2 overwrote the dumps of later steps).
+GUARDED = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "verl-0.9.1-run" / "guarded"
+GUARDED_ONSETS: dict[str, int] = {"run-a": 15, "run-b": 20}
+
+
+def guarded_cases() -> list[TraceCase]:
+    return [
+        TraceCase(
+            f"verl:{name}",
+            GUARDED / name / "attempt-1.metrics.jsonl",
+            UNHEALTHY,
+            "entropy_collapse",
+            onset,
+            "guarded/README.md",
+        )
+        for name, onset in GUARDED_ONSETS.items()
+    ]
+
+
 # The demo trainer's scenarios that a replay can judge (crash and hang need a live process and a wall
 # clock: bench/remediation.py covers them), with their label and the documented onset of the trouble.
 SCENARIO_LABELS: dict[str, tuple[str, int | None]] = {
     "healthy": (HEALTHY, None),
-    "entropy_collapse": (UNHEALTHY, 10),  # KL takes off ~step 10, entropy and EGR follow
-    "kl_blowup": (UNHEALTHY, None),
+    # the reward stalls near 0.3 from ~step 30 while entropy, at 10 % of its start, keeps falling
+    "entropy_collapse": (UNHEALTHY, 30),
+    # the seed tutorial's settings: in this toy they converge near 0.85 with entropy exhausted (the
+    # tutorial's rescue buys +0.02 in 300 steps); KL to the reference grows to ~1 nat/token, responses to
+    # the length cap - while reward and validation score improve: warnings, no rollback (not scored)
+    "seed_settings": ("borderline", None),
+    "kl_blowup": ("borderline", None),
     "nan": (UNHEALTHY, 20),
-    "length_explosion": (UNHEALTHY, None),
+    "length_explosion": ("borderline", None),
 }
 
 
@@ -191,12 +231,58 @@ class CaseResult:
         return max(r.steps for r in self.results.values())
 
 
+def rlwatch_replay(case: TraceCase, checks: ChecksConfig) -> ReplayResult:
+    """The trace through rlwatch's detectors (see the module docstring), as a ReplayResult: each alert a
+    RAISED transition of a finding named ``rlwatch:<detector>``."""
+    from rlwatch.config import RLWatchConfig
+    from rlwatch.detectors import DetectorSuite
+
+    suite = DetectorSuite(RLWatchConfig())
+    history = RunHistory()
+    result = ReplayResult(run=case.name)
+
+    def latest(signal: Signal, step: int) -> float | None:
+        series = history.signal(signal)
+        return series.values[-1] if series.steps and series.steps[-1] == step else None
+
+    for record in read_all(case.path)[0]:
+        history.add(record)
+        step = record.step
+        alerts = suite.check_step(
+            step,
+            entropy=latest(Signal.ENTROPY, step),
+            kl_divergence=latest(Signal.KL, step),
+            reward_mean=latest(Signal.REWARD, step),
+            loss=latest(Signal.LOSS, step),
+            grad_norm=latest(Signal.GRAD_NORM, step),
+        )
+        for alert in alerts:
+            severity = Severity.CRITICAL if alert.severity == "critical" else Severity.WARN
+            finding = Finding(f"{PEER}:{alert.detector}", severity, step, alert.message)
+            result.transitions.append(Transition(Change.RAISED, finding, Severity.OK))
+    result.steps = len(history.steps)
+    return result
+
+
+def peer_available() -> bool:
+    try:
+        import rlwatch.detectors  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 def run_cases(
     cases: Sequence[TraceCase], checks: ChecksConfig, rule_sets: Sequence[str] = RULE_SETS
 ) -> list[CaseResult]:
     out: list[CaseResult] = []
     for case in cases:
-        results = {rules: replay_file(case.path, checks, rules=rules, rollouts=case.rollouts) for rules in rule_sets}
+        results = {
+            rules: rlwatch_replay(case, checks)
+            if rules == PEER
+            else replay_file(case.path, checks, rules=rules, rollouts=case.rollouts)
+            for rules in rule_sets
+        }
         for rules, result in results.items():
             if result.bad_lines:
                 print(f"warning: {case.name} ({rules}): {len(result.bad_lines)} unreadable line(s)", file=sys.stderr)
@@ -346,17 +432,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not (traces / "labels.json").is_file():
         parser.error(f"no labels.json in {traces}")
     checks = GuardianConfig().checks
-    cases = load_cases(traces)
+    cases = [*load_cases(traces), *guarded_cases()]
+    rule_sets = (*RULE_SETS, PEER) if peer_available() else RULE_SETS
     with tempfile.TemporaryDirectory(prefix="guardian-detection-") as workdir:
         if not args.no_scenarios:
             cases += scenario_cases(Path(workdir))
-        case_results = run_cases(cases, checks)
-    summaries = {rules: score(rows_for(case_results, rules)) for rules in RULE_SETS}
+        case_results = run_cases(cases, checks, rule_sets)
+    summaries = {rules: score(rows_for(case_results, rules)) for rules in rule_sets}
     if args.json:
         print(json.dumps(to_json(traces, case_results, summaries), indent=1))
         return 0
-    print(f"traces: {traces} and the demo trainer's scenarios ({len(case_results)} labelled)\n")
-    print(render_table(case_results, RULE_SETS))
+    print(f"traces: {traces} and the demo trainer's scenarios ({len(case_results)} labelled)")
+    if PEER not in rule_sets:
+        print(f"({PEER} is not installed: pip install rlwatch==0.5.1 for the peer's column)")
+    print()
+    print(render_table(case_results, rule_sets))
     print()
     print(render_summary(summaries))
     return 0

@@ -29,9 +29,18 @@ intervention, from the store's persisted timeline (``Store.intervention_events``
   start-up;
 - start-up: RESUMING to PROBATION (the relaunched trainer's first new step), for context.
 
+- reward at the rollback point, after, and their ratio: the level (mean of 5 steps) the probation
+  compared - at the checkpoint resumed from, and on the new branch when the intervention ended (the
+  figures recorded on the intervention, ``outcome.py``).
+
+Per run, beside the guarded run's final reward (mean of its last 10 steps), the baseline measured in the
+same invocation: the same scenario and seed run unguarded.
+
 Summary per scenario: recovery rate (runs that finished with exit 0 and whose every acted-on incident
-ended resolved, over runs), median/max steps lost, median/p95/max latency (target < 2 s), and
-interventions on healthy runs (target 0). No assertions: the figures are printed beside the targets.
+ended resolved, over runs), median/max steps lost, median/p95/max latency (target < 2 s), reward after
+resolution / reward at the rollback point (target >= 1.0 for every intervention that ended resolved or
+unresolved), the final reward guarded vs unguarded, and interventions on healthy runs (target 0). No
+assertions: the figures are printed beside the targets.
 """
 
 from __future__ import annotations
@@ -59,16 +68,22 @@ from guardian.actions.process import StopPolicy
 from guardian.config import GuardianConfig
 from guardian.demo.scenarios import SCENARIOS, RunFiles, Scenario
 from guardian.demo_run import demo_config
+from guardian.keys import VERL_ALIASES, Signal
 from guardian.run import local_supervisor, register_run
+from guardian.sources.jsonl import read_all
 from guardian.store import Store
 from guardian.store.interventions import InterventionEventView
 from guardian.supervisor import Supervisor
 
 DEFAULT_SEEDS = (1, 2, 3)
-DEFAULT_SCENARIOS = ("entropy_collapse", "healthy", "crash", "nan", "kl_blowup")
+DEFAULT_SCENARIOS = ("entropy_collapse", "seed_settings", "healthy", "crash", "nan", "kl_blowup")
+FINAL_STEPS = 10  # a run's final reward: the mean of its last this-many steps
+TARGET_REWARD_RATIO = 1.0
+ENDED = ("RESOLVED", "UNRESOLVED")  # interventions whose probation ran to its end (a relapse's figures do not count)
 # run lengths other than the scenario's own (none by default: the default invocation is ~2 min on 2 cores)
 DEFAULT_STEPS: dict[str, int] = {}
 SLOW_STEPS_S = 0.01
+REWARD_KEY = VERL_ALIASES[Signal.REWARD][0]  # critic/score/mean, which the demo trainer logs
 TARGET_LATENCY_S = 2.0
 EXIT_FINISHED, EXIT_GAVE_UP = 0, 93
 # a safety net per run (the hang scenario's restarts wait out a 60 s start-up allowance each)
@@ -99,6 +114,9 @@ class InterventionRecord:
     message: str = ""  # the incident's message (its latest finding)
     patch: list[list[object]] = field(default_factory=list)  # the PATCHED event's diff: [key, before, after]
     states: list[str] = field(default_factory=list)
+    reward_at_rollback: float | None = None  # the probation's figures (outcome.py), when it ended
+    reward_after: float | None = None
+    reward_ratio: float | None = None
 
 
 @dataclass
@@ -122,6 +140,8 @@ class RunRecord:
     attempts: int
     incidents: list[IncidentRecord]
     interventions: list[InterventionRecord]
+    final_reward: float | None = None  # mean of the last FINAL_STEPS steps of the run's timeline
+    unguarded_final_reward: float | None = None  # the same scenario and seed, unguarded, same invocation
 
     @property
     def finished(self) -> bool:
@@ -184,7 +204,24 @@ def run_one(scenario: Scenario, *, timeout_s: float = RUN_TIMEOUT_S) -> RunRecor
                 _stop(supervisor)  # never leave a trainer running behind an interrupted bench
                 raise
             wall = time.monotonic() - started
-            return _record(store, run_id, scenario, code, supervisor.guardian.history.last_step, wall)
+            history = supervisor.guardian.history
+            record = _record(store, run_id, scenario, code, history.last_step, wall)
+            record.final_reward = final_reward(history.signal(Signal.REWARD).values)
+            return record
+
+
+def final_reward(values: Sequence[float]) -> float | None:
+    finite = [v for v in values if math.isfinite(v)][-FINAL_STEPS:]
+    return statistics.fmean(finite) if finite else None
+
+
+def unguarded_final_reward(scenario: Scenario) -> float | None:
+    """The same scenario and seed without a guardian: its final reward."""
+    with tempfile.TemporaryDirectory(prefix="guardian-unguarded-") as tmp:
+        files = RunFiles(Path(tmp))
+        scenario.run(files.root, timeout=RUN_TIMEOUT_S)
+        records, _ = read_all(files.metrics)
+        return final_reward([r.data[REWARD_KEY] for r in records if REWARD_KEY in r.data])
 
 
 def _stop(supervisor: Supervisor) -> None:
@@ -214,6 +251,8 @@ def _record(
         lost = None
         if rolled_back and detected is not None:
             lost = detected - (iv.target_step or 0)
+        outcome = next((e.detail.get("outcome") for e in reversed(events) if "outcome" in e.detail), None)
+        reward = outcome.get("reward") if isinstance(outcome, dict) else None
         interventions.append(
             InterventionRecord(
                 number=iv.number,
@@ -237,6 +276,9 @@ def _record(
                 message=incident.message,
                 patch=next((list(e.detail.get("diff", [])) for e in events if e.state == "PATCHED"), []),  # type: ignore[call-overload]
                 states=[e.state for e in events],
+                reward_at_rollback=reward.get("at_rollback") if isinstance(reward, dict) else None,
+                reward_after=reward.get("now") if isinstance(reward, dict) else None,
+                reward_ratio=reward.get("ratio") if isinstance(reward, dict) else None,
             )
         )
     return RunRecord(
@@ -283,12 +325,13 @@ class Spread:
     median: float | None
     p95: float | None
     max: float | None
+    min: float | None = None
 
     @classmethod
     def of(cls, values: Sequence[float]) -> Spread:
         if not values:
             return cls(0, None, None, None)
-        return cls(len(values), statistics.median(values), p95(values), max(values))
+        return cls(len(values), statistics.median(values), p95(values), max(values), min(values))
 
 
 @dataclass
@@ -311,6 +354,9 @@ class ScenarioSummary:
     stop_s: Spread
     startup_s: Spread
     wall_s: float
+    reward_ratio: Spread  # after / at the rollback point, interventions that ended resolved or unresolved
+    final_reward: Spread
+    unguarded_final_reward: Spread
 
     @property
     def recovery_rate(self) -> float:
@@ -341,6 +387,11 @@ def summarise(name: str, runs: Sequence[RunRecord]) -> ScenarioSummary:
         stop_s=Spread.of([iv.stop_s for iv in ivs if iv.stop_s is not None]),
         startup_s=Spread.of([iv.startup_s for iv in ivs if iv.startup_s is not None]),
         wall_s=sum(r.wall_s for r in runs),
+        reward_ratio=Spread.of([iv.reward_ratio for iv in ivs if iv.reward_ratio is not None and iv.state in ENDED]),
+        final_reward=Spread.of([r.final_reward for r in runs if r.final_reward is not None]),
+        unguarded_final_reward=Spread.of(
+            [r.unguarded_final_reward for r in runs if r.unguarded_final_reward is not None]
+        ),
     )
 
 
@@ -386,6 +437,9 @@ def render(runs: Sequence[RunRecord], summaries: Sequence[ScenarioSummary], tota
         "stop s",
         "latency s",
         "start-up s",
+        "reward @rb",
+        "after",
+        "ratio",
         "incident",
     )
     rows: list[list[str]] = []
@@ -399,7 +453,7 @@ def render(runs: Sequence[RunRecord], summaries: Sequence[ScenarioSummary], tota
             f"{r.wall_s:.0f}",
         ]
         if not r.interventions:
-            rows.append([*run_cells, *["-"] * 9, _step(r.save_freq), *["-"] * 4])
+            rows.append([*run_cells, *["-"] * 9, _step(r.save_freq), *["-"] * 7])
             continue
         for k, iv in enumerate(r.interventions):
             cells = run_cells if k == 0 else ["", "", "", "", "", ""]
@@ -420,10 +474,17 @@ def render(runs: Sequence[RunRecord], summaries: Sequence[ScenarioSummary], tota
                     _num(iv.stop_s),
                     _num(iv.latency_s),
                     _num(iv.startup_s, ".1f"),
+                    _num(iv.reward_at_rollback, ".3f"),
+                    _num(iv.reward_after, ".3f"),
+                    _num(iv.reward_ratio),
                     iv.incident_status,
                 ]
             )
-    out = _table(header, rows, right={1, 2, 4, 5, 6, 9, 11, 12, 13, 14, 15, 16, 17, 18})
+    out = _table(header, rows, right={1, 2, 4, 5, 6, 9, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21})
+    finals = [
+        [r.scenario, str(r.seed), _num(r.final_reward, ".3f"), _num(r.unguarded_final_reward, ".3f")] for r in runs
+    ]
+    out += ["", *_table(("scenario", "seed", "final reward, guarded", "unguarded (baseline)"), finals, {1, 2, 3})]
 
     def spread(s: Spread, fmt: str = ".2f", with_p95: bool = True) -> str:
         if not s.n:
@@ -441,6 +502,8 @@ def render(runs: Sequence[RunRecord], summaries: Sequence[ScenarioSummary], tota
         "steps lost med / max (save_freq)",
         "latency s med / p95 / max",
         "stop s med / max",
+        "reward after/@rb med / min",
+        "final reward guarded / unguarded (med)",
     )
     summary_rows = []
     for s in summaries:
@@ -456,6 +519,10 @@ def render(runs: Sequence[RunRecord], summaries: Sequence[ScenarioSummary], tota
                 f"{lost}  ({_step(s.save_freq)})" if s.steps_lost.n else f"-  ({_step(s.save_freq)})",
                 spread(s.latency_s),
                 spread(s.stop_s, with_p95=False),
+                f"{_num(s.reward_ratio.median)} / {_num(s.reward_ratio.min)}  (n={s.reward_ratio.n})"
+                if s.reward_ratio.n
+                else "-",
+                f"{_num(s.final_reward.median, '.3f')} / {_num(s.unguarded_final_reward.median, '.3f')}",
             ]
         )
     out += ["", *_table(summary_header, summary_rows, right={1, 2, 3})]
@@ -482,6 +549,21 @@ def render(runs: Sequence[RunRecord], summaries: Sequence[ScenarioSummary], tota
             f"incident opened -> DETECTED (first intervention per incident): median {_num(reaction.median, '.3f')} s, "
             f"max {_num(reaction.max, '.3f')} s (n={reaction.n})"
         )
+    ratios = [
+        iv.reward_ratio for r in runs for iv in r.interventions if iv.reward_ratio is not None and iv.state in ENDED
+    ]
+    if ratios:
+        status = "ok" if min(ratios) >= TARGET_REWARD_RATIO else "MISSED"
+        out.append(
+            f"reward after the intervention / at the rollback point, every intervention that ended resolved or "
+            f"unresolved: median {_num(statistics.median(ratios))}, min {_num(min(ratios))} (n={len(ratios)}); "
+            f"target >= {TARGET_REWARD_RATIO:g} in every one: {status}"
+        )
+    compared = [(r.final_reward, r.unguarded_final_reward) for r in runs if r.interventions]
+    compared = [(g, u) for g, u in compared if g is not None and u is not None]
+    if compared:
+        better = sum(g >= u for g, u in compared)
+        out.append(f"final reward of a run the guardian acted on >= the same run unguarded: {better}/{len(compared)}")
     if healthy:
         n = sum(len(r.interventions) for r in healthy)
         out.append(
@@ -580,6 +662,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         for seed in args.seeds:
             scenario = bench_scenario(name, seed, args.steps.get(name), args.transient)
             record = run_one(scenario)
+            record.unguarded_final_reward = unguarded_final_reward(scenario)
             runs.append(record)
             progress(
                 f"{name} seed {seed}: exit {record.exit_code}, {len(record.interventions)} intervention(s), "

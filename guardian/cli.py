@@ -13,7 +13,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 
 import orjson
@@ -25,6 +25,7 @@ from guardian.config import ConfigError, GuardianConfig, example_yaml, load_conf
 from guardian.findings import Severity
 from guardian.logs import event, get_logger, init_logging
 from guardian.notify.events import incident_key, intervention_key
+from guardian.outcome import outcome_line
 from guardian.replay import ReplayResult, replay_file
 from guardian.store import InterventionEventView, InterventionView, Store, StoreError, mask_url
 from guardian.store.deliveries import DeliveryView
@@ -225,7 +226,10 @@ def cmd_incidents(args: argparse.Namespace) -> int:
         for iv, timeline in interventions:
             console.print(f"  intervention {iv.number} ({iv.kind}, rung {iv.rung}): {iv.state}")
             for e in timeline:
-                console.print(f"    {e.at:%Y-%m-%d %H:%M:%S} {e.state}")
+                why = e.detail.get("why")
+                console.print(f"    {e.at:%Y-%m-%d %H:%M:%S} {e.state}" + (f" - {why}" if why else ""))
+                if isinstance(outcome := e.detail.get("outcome"), Mapping):
+                    console.print(f"      figures: {outcome_line(outcome)}")
         for d in told:
             error = f" - {d.last_error}" if d.last_error else ""
             console.print(f"  told {d.sink}: {d.event_key} {d.status} ({d.attempts} attempt(s)){error}")

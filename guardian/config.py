@@ -104,7 +104,15 @@ class KlDriftConfig(CheckBase):
     critical_growth: float = Field(
         2.0, gt=1, description="Critical at this growth within the window while reward is not improving."
     )
-    extreme_growth: float = Field(5.0, gt=1, description="Critical at this growth within the window regardless.")
+    extreme_growth: float = Field(
+        5.0, gt=1, description="Critical at this growth within the window whatever the reward does, once KL is ..."
+    )
+    extreme_floor: float = Field(
+        1.0,
+        gt=0,
+        description="... at least this high: KL starts at 0, so a learning run multiplies a small KL fast "
+        "(0.02 -> 0.3 nat/token in 10 steps while the reward climbs is learning, not a blow-up).",
+    )
     floor: float = Field(0.1, gt=0, description="Per-token KL below this is never drift (KL starts at 0 by design).")
 
 

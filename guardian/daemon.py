@@ -257,11 +257,13 @@ class Guardian:
         if self.checkpoints_dir is None:
             return
         last = self.history.last_step
+        onsets: list[int] | None = None  # read once per scan, only when a verdict is needed
         for ckpt in scan_checkpoints(self.checkpoints_dir):
             if last is None or ckpt.step > last:
                 verdict = "unknown"  # saved before its step's metrics line: judged once the line arrives
             else:
-                verdict = "unhealthy" if self._troubled_at(ckpt.step) else "healthy"
+                onsets = self._open_onsets() if onsets is None else onsets
+                verdict = "unhealthy" if any(onset <= ckpt.step for onset in onsets) else "healthy"
             if self._known_checkpoints.get(ckpt.path) == verdict:
                 continue
             self._known_checkpoints[ckpt.path] = verdict
@@ -270,12 +272,15 @@ class Guardian:
                 self.run_id, step=ckpt.step, path=str(ckpt.path), verdict=verdict, now=now, note=note
             )
 
-    def _troubled_at(self, step: int) -> bool:
-        """A critical check whose estimated onset is at or before ``step`` is current."""
-        return any(
-            f.severity == Severity.CRITICAL and f.onset_step is not None and f.onset_step <= step
-            for f in self.tracker.latest.values()
-        )
+    def _open_onsets(self) -> list[int]:
+        """The onsets of the run's open critical incidents: a checkpoint saved at or after one is unhealthy.
+        The incident's onset, not the latest estimate (which moves as steps arrive): the rollback target
+        is chosen against the same step."""
+        return [
+            i.onset_step if i.onset_step is not None else i.opened_step or 0
+            for i in self.store.list_incidents(self.run_id, limit=1000)
+            if i.is_open and i.severity == Severity.CRITICAL
+        ]
 
     def _mark_checkpoints_after(self, onset: int, note: str, now: float) -> None:
         for ckpt in self.store.checkpoints(self.run_id):

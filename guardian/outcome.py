@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_right
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from guardian.checks.trend import reward_trend_at
@@ -96,6 +97,21 @@ class Outcome:
             "validation": None if self.validation is None else self.validation.to_json(),
             "recovered": self.recovered,
         }
+
+
+def outcome_line(document: Mapping[str, object]) -> str:
+    """An outcome as recorded (``Outcome.to_json``), in one line: "critic/score/mean 0.31 -> 0.52 (x1.68,
+    back), signal healthy, 21 steps after the rollback"."""
+    parts = []
+    for name in ("reward", "validation"):
+        c = document.get(name)
+        if isinstance(c, Mapping):
+            ratio = f"x{c['ratio']:.2f}, " if isinstance(c.get("ratio"), float) else ""
+            verdict = "back" if c.get("recovered") else "below the rollback point"
+            parts.append(f"{c.get('key')} {c.get('at_rollback'):.3g} -> {c.get('now'):.3g} ({ratio}{verdict})")
+    parts.append("signal healthy" if document.get("signal_healthy") else f"signal: {document.get('signal_message')}")
+    parts.append(f"{document.get('steps_after')} steps after the rollback")
+    return ", ".join(parts)
 
 
 def measure_outcome(

@@ -132,16 +132,19 @@ class Supervisor(Rescue):
         if exit_status is None or (self.config.mode == "enforce" and not exit_status.ok):
             return None
         # the trainer ended and nothing is left to do: enforce mode finished its job; observe and advise
-        # report an unhealthy run (exit 3) as replay and watch do
+        # report an unhealthy run (exit 3) as replay and watch do, and so does a rescue left unproven
         self._finish_attempt(exit_status)
         self.store.set_run_status(self.run_id, "finished")
+        unproven = [i.id for i in self.store.interventions(self.run_id) if i.state == State.UNRESOLVED.value]
         log.info(
             event(
                 "run_finished",
                 {"run": self.run_id, "last_step": self.guardian.history.last_step, "trainer": exit_status.describe()},
             )
         )
-        return EXIT_UNHEALTHY if incident is not None else 0
+        if unproven:
+            log.critical(event("run_unresolved", {"run": self.run_id, "interventions": unproven}))
+        return EXIT_UNHEALTHY if incident is not None or unproven else 0
 
     # -- deciding ---------------------------------------------------------------------------------
     def _exit_status(self) -> ExitStatus | None:

@@ -15,6 +15,7 @@ from guardian.actions.checkpoints import (
     choose_rollback_target,
     list_quarantine,
     quarantine_after,
+    quarantine_dumps_after,
     restore_quarantine,
     resume_path_for,
 )
@@ -206,3 +207,20 @@ def test_further_back_goes_as_far_as_there_are_healthy_checkpoints() -> None:
         only, onset_step=20, detected_step=21, margin_steps=0, exclude_steps=(), skip_newest=1
     )
     assert chosen is not None and chosen.step == 10
+
+
+def test_the_abandoned_branchs_rollout_dumps_go_to_quarantine(tmp_path: Path) -> None:
+    dumps = tmp_path / "rollouts"
+    dumps.mkdir()
+    for step in (9, 10, 11, 12):
+        (dumps / f"{step}.jsonl").write_text(f'{{"step": {step}}}\n')
+    (dumps / "notes.txt").write_text("the user's own file\n")
+    assert quarantine_dumps_after(dumps, 10, incident_id=3) == (11, 12)
+    assert sorted(p.name for p in dumps.iterdir() if p.is_file()) == ["10.jsonl", "9.jsonl", "notes.txt"]
+    kept = dumps / QUARANTINE_DIR / "incident-3"
+    assert (kept / "12.jsonl").read_text() == '{"step": 12}\n', "moved, never deleted"
+    # the resumed run writes step 11 again; a second rollback of the same incident keeps both versions
+    (dumps / "11.jsonl").write_text('{"step": 11, "branch": 2}\n')
+    assert quarantine_dumps_after(dumps, 10, incident_id=3) == (11,)
+    assert (kept / "11.jsonl.dup1").read_text() == '{"step": 11, "branch": 2}\n'
+    assert quarantine_dumps_after(dumps, 10, incident_id=3) == () and quarantine_dumps_after(tmp_path / "x", 1, 1) == ()

@@ -249,10 +249,11 @@ def test_seed_settings_300_steps(seed_run: Run) -> None:
     assert statistics.fmean(run.egr(281, 300)) < 0.2
     plateau = [run.mean("critic/score/mean", s - 19, s) for s in (100, 200, 300)]
     assert max(plateau) - min(plateau) < 0.15 and max(plateau) < 0.9, "reward plateaus below the ceiling"
-    # KL takes off while the reward is not yet learning at its pace: the guardian's call; the entropy that
-    # runs out later, on a plateau near 0.8 with a steady reward, is convergence: advice, not a rollback
+    # KL takes off while the reward climbs (learning, a warning); the entropy that runs out later, on a
+    # plateau near 0.85, is convergence: advice, not a rollback (the tutorial's rescue buys +0.02 here)
     result = run.replay()
-    assert critical_checks(result) == {"kl_drift"}, [f.to_json() for f in result.raised]
+    assert result.healthy, [f.to_json() for f in result.raised if f.severity == Severity.CRITICAL]
+    assert "kl_drift" in {f.check for f in result.raised}
     converged = [f for f in result.raised if f.check == "entropy_collapse" and f.advice]
     assert converged and "converged" in converged[-1].message
 

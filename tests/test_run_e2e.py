@@ -114,6 +114,42 @@ def test_collapse_is_rolled_back_patched_resumed_and_resolved(tmp_path: Path) ->
     # never deleted: every checkpoint any attempt saved is present or in quarantine
     assert saved_steps(home) <= surviving_steps(ckpt)
     assert len(attempts) >= 2
+    # the evidence is kept: each attempt dumped its rollouts into its own folder, so the abandoned branch's
+    # dumps behind the decision are still there next to the resumed branch's
+    first, second = (home / "runs/collapse/attempt-1/rollouts"), (home / "runs/collapse/attempt-2/rollouts")
+    detected = incident.incident.opened_step
+    assert detected is not None and (first / f"{detected}.jsonl").is_file()
+    assert min(int(p.stem) for p in second.glob("*.jsonl")) == target + 1
+
+
+@pytest.mark.parametrize(("fixed_reward", "state", "exit_code"), [(0.6, State.RESOLVED, 0), (0.4, State.UNRESOLVED, 3)])
+def test_probation_resolves_only_a_fix_whose_reward_comes_back(
+    tmp_path: Path, fixed_reward: float, state: State, exit_code: int
+) -> None:
+    """A scripted trainer collapses, then - patched - holds its entropy and scores ``fixed_reward``: above
+    the rollback point's level the fix is proven; below it the probation cannot prove it, and the run ends
+    UNRESOLVED (the trainer ran on with the patch, a person must look, exit 3) instead of RESOLVED."""
+    home, ckpt = tmp_path / "home", tmp_path / "ckpt"
+    command = [
+        sys.executable,
+        str(Path(__file__).with_name("scripted_trainer.py")),
+        f"trainer.default_local_dir={ckpt}",
+        "trainer.total_training_steps=60",
+        "trainer.save_freq=5",
+        f"{ENTROPY_KEY}=-0.1",
+        f"+script.fixed_reward={fixed_reward}",
+    ]
+    config = config_for(home)
+    assert run_guarded(config, RunRequest(tuple(command), tmp_path, "scripted")) == exit_code
+    with Store.open(config.database_url()) as store:
+        (intervention,) = store.interventions("scripted")
+        assert intervention.state == state and intervention.target_step == 15
+        outcome = store.intervention_events(intervention.id)[-1].detail["outcome"]
+        assert outcome["signal_healthy"] and outcome["reward"]["at_rollback"] == pytest.approx(0.46, abs=0.02)
+        assert outcome["reward"]["now"] == pytest.approx(fixed_reward, abs=0.02)
+        incident = store.get_incident(intervention.incident_id)
+        assert incident is not None and incident.incident.status == state.value.lower()
+        assert len(store.attempts("scripted")) == 2, "the patched trainer ran on to the end"
 
 
 CHAOS_POINTS = [

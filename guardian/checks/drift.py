@@ -84,9 +84,10 @@ def _rise_check(
 
 def kl_drift(ctx: CheckContext, cfg: KlDriftConfig, reward_cfg: RewardCollapseConfig) -> Finding:
     """KL to the reference *accelerating*: it grew ``growth``× within ``window_steps`` while above the
-    floor. KL starts at 0 (the policy is the reference) and healthy learning walks it up slowly (0.001 ->
-    0.013 over 100 steps on GSM8K); a blow-up multiplies it within a few steps (0.8 -> 16 in 8 steps,
-    aopd-1). A level ratio to the first steps cannot tell the two apart; the growth rate can."""
+    floor and the reward was not improving (or ``extreme_growth``× once above ``extreme_floor``). KL starts
+    at 0 (the policy is the reference) and healthy learning walks it up slowly (0.001 -> 0.013 over 100
+    steps on GSM8K); a blow-up multiplies it within a few steps (0.8 -> 16 in 8 steps, aopd-1). A level
+    ratio to the first steps cannot tell the two apart; the growth rate can."""
     h = ctx.history
     if (missing := need(h, KL, Signal.KL)) is not None:
         return missing
@@ -106,11 +107,11 @@ def kl_drift(ctx: CheckContext, cfg: KlDriftConfig, reward_cfg: RewardCollapseCo
         rate = growth(i)
         if not rate >= cfg.warn_growth:
             return Severity.OK
-        if rate >= cfg.extreme_growth:
+        if rate >= cfg.extreme_growth and smooth[i] >= cfg.extreme_floor:
             return Severity.CRITICAL
         reward = reward_trend_at(h, series.steps[i], reward_cfg, ctx.baseline)
-        learning = reward is not None and reward.improving
-        return Severity.CRITICAL if rate >= cfg.critical_growth and not learning else Severity.WARN
+        stuck = reward is None or reward.stuck  # not learning, confidently: an early, unclear trend is not
+        return Severity.CRITICAL if rate >= cfg.critical_growth and stuck else Severity.WARN
 
     verdict = judge(series, level_at, for_steps=cfg.for_steps, first_position=1, departed_at=lambda i: growth(i) >= 1.5)
     last = len(series) - 1
