@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from functools import cached_property
 from pathlib import Path
 from typing import Any, Literal
 
@@ -25,6 +26,12 @@ class ConfigError(ValueError):
 
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
+
+    @cached_property
+    def cache_key(self) -> str:
+        """The settings as text: a key for results derived with them (a string caches its hash; hashing
+        the model itself walks every field on every lookup)."""
+        return repr(self)
 
 
 class CheckBase(_Section):

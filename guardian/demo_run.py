@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import os
+import statistics
 import sys
 import threading
 import time
@@ -33,6 +34,7 @@ from guardian.store import Store
 from guardian.supervisor import Supervisor
 
 # seconds per step added to the trainer, so the story unfolds at a readable pace
+FINAL_STEPS = 10  # the closing line's reward: means of the first and the last this-many steps
 PACE_S = 0.03
 STATUS_EVERY = 25
 # in the demo these faults are transient (a flaky node, a bad batch): a restart from a checkpoint gets past
@@ -197,6 +199,10 @@ def run_demo(config: GuardianConfig, *, scenario: str, json_output: bool) -> int
             last = supervisor.guardian.history.last_step
             outcome = {0: "[bold green]finished[/]", 93: "[bold red]gave up (exit 93: do not requeue)[/]"}
             console.print(f"\nrun {run_id}: {outcome.get(code or 0, f'exit {code}')} at step {last}")
+            reward = [v for v in supervisor.guardian.history.signal(Signal.REWARD).values if math.isfinite(v)]
+            if len(reward) >= 2 * FINAL_STEPS:
+                start, end = statistics.fmean(reward[:FINAL_STEPS]), statistics.fmean(reward[-FINAL_STEPS:])
+                console.print(f"  reward {start:.2f} over the first {FINAL_STEPS} steps, {end:.2f} over the last")
             for i in incidents:
                 console.print(f"  incident #{i.id} {i.check}: {i.status} - guardian incidents show {i.id}")
             console.print(f"history: {store.url}; trainer files: {files.root}")
@@ -205,7 +211,7 @@ def run_demo(config: GuardianConfig, *, scenario: str, json_output: bool) -> int
 
 def _first_line(scenario: str) -> str:
     return {
-        "entropy_collapse": "the seed tutorial's broken settings (LR x50, KL 1e-4, temperature 0.5)",
+        "entropy_collapse": "an entropy bonus whose sign slipped (entropy_coeff=-0.3)",
         "healthy": "sane settings; the guardian should only watch",
         "nan": "weights turn non-finite mid-run",
         "hang": "the trainer stops making progress",

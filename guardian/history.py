@@ -20,7 +20,18 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from guardian.keys import ALIASES, EGR_KEY, NON_FINITE_WATCHED_KEYS, Signal, is_val_score_key, resolve
+from guardian.keys import (
+    ALIASES,
+    EGR_KEY,
+    NON_FINITE_WATCHED_KEYS,
+    VAL_CORE_PREFIX,
+    VAL_MEAN_MARKER,
+    Signal,
+    resolve,
+)
+
+# signals whose values the reward's derived judgments read (checks/trend.py: ceiling and scale)
+SCORE_RANGE_SIGNALS = frozenset({Signal.REWARD_MAX, Signal.REWARD_MIN})
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +92,12 @@ class Series:
         del self.steps[i:]
         del self.values[i:]
         self._forget_smoothed_from(i)
+
+    def forget_from_step(self, step: int) -> None:
+        """Forget what was derived at ``step`` and later (something it depends on changed there)."""
+        position = bisect_left(self.steps, step)
+        if any(len(cached) > position for cached in self._derived.values()):  # the newest step: nothing yet
+            self._forget_smoothed_from(position)
 
     def _forget_smoothed_from(self, position: int) -> None:
         for table in (self._smoothed, self._peaks, self._derived):
@@ -204,6 +221,9 @@ class RunHistory:
                 if value is not None:
                     self.series[signal].set(step, value)
                     self.source_keys[signal] = key
+                    if signal in SCORE_RANGE_SIGNALS:
+                        # the reward's trend is judged against the best and worst sample scores so far
+                        self.series[Signal.REWARD].forget_from_step(step)
                     break
 
     def _derive(self, step: int, data: Mapping[str, float]) -> None:
@@ -215,7 +235,9 @@ class RunHistory:
         turns = resolve(Signal.NUM_TURNS, data)
         if turns is not None and resolve(Signal.TOOL_CALLS, data) is None:
             self.series[Signal.TOOL_CALLS].set(step, tool_calls_from_turns(turns[1]))
-        val = [v for k, v in data.items() if is_val_score_key(k) and math.isfinite(v)]
+        val = [
+            v for k, v in data.items() if k.startswith(VAL_CORE_PREFIX) and VAL_MEAN_MARKER in k and math.isfinite(v)
+        ]
         if val:
             self.series[Signal.VAL_SCORE].set(step, sum(val) / len(val))
         evicted = resolve(Signal.FILTER_EVICTED, data)

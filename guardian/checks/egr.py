@@ -77,7 +77,13 @@ def egr_collapse(ctx: CheckContext, cfg: EgrCollapseConfig, reward_cfg: RewardCo
         low = state.egr < cfg.critical_below and relative_ok and not state.saturated
         return Severity.CRITICAL if low and not learning_or_converged(series.steps[i]) else Severity.WARN
 
-    verdict = judge(series, level_at, for_steps=cfg.for_steps, first_position=0)
+    verdict = judge(
+        series,
+        level_at,
+        for_steps=cfg.for_steps,
+        first_position=0,
+        departed_at=lambda i: series.values[i] < cfg.warn_below,
+    )
     state = egr_state_at(h, series.steps[-1], cfg)
     assert state is not None
     evidence: dict[str, EvidenceValue] = {

@@ -92,15 +92,26 @@ def entropy_collapse(
         return waiting(COLLAPSE, h.last_step)
     smooth = series.smoothed(ctx.baseline.smooth_steps)
 
+    assessed: dict[int, _Assessment] = {}  # the hysteresis and the evidence read the newest point twice
+
     def assess(i: int) -> _Assessment:
+        if i not in assessed:
+            assessed[i] = _assess(i)
+        return assessed[i]
+
+    def _assess(i: int) -> _Assessment:
         value = series.values[i]
         step = series.steps[i]
         ratio = value / base if math.isfinite(value) else math.nan
-        reward = reward_trend_at(h, step, reward_cfg, ctx.baseline)
-        egr = egr_state_at(h, step, egr_cfg)
         if not math.isfinite(ratio):
-            return _Assessment(Severity.UNKNOWN, "ok", ratio, None, reward, egr, None)
+            return _Assessment(Severity.UNKNOWN, "ok", ratio, None, None, None, None)
+        if ratio >= cfg.fast_ratio and ratio >= cfg.warn_ratio:  # the common case: nothing to weigh
+            return _Assessment(Severity.OK, "ok", ratio, None, None, None, None)
+        reward = reward_trend_at(h, step, reward_cfg, ctx.baseline)
         fall = _fast_fall(series, i, cfg, base, reward, lambda s: reward_trend_at(h, s, reward_cfg, ctx.baseline))
+        if ratio >= cfg.warn_ratio and fall is None:
+            return _Assessment(Severity.OK, "ok", ratio, None, reward, None, None)
+        egr = egr_state_at(h, step, egr_cfg)
         logs_reward = h.has(Signal.REWARD)
         recent_loss = _loss_over(series, smooth, i, reward_cfg.window_max_steps)
         improving = reward is not None and reward.improving
@@ -139,19 +150,21 @@ def entropy_collapse(
     if verdict.severity >= Severity.WARN:
         verdict = Verdict(verdict.severity, _collapse_onset(ctx, reward_cfg, series, now, verdict))
     key, reward_key = h.key_of(Signal.ENTROPY), h.key_of(Signal.REWARD)
+    reward = now.reward or reward_trend_at(h, series.steps[last], reward_cfg, ctx.baseline)
+    egr = now.egr or egr_state_at(h, series.steps[last], egr_cfg)
     evidence: dict[str, EvidenceValue] = {
         "key": key,
         "entropy": rounded(series.values[last]),
         "entropy_baseline": rounded(base),
         "entropy_ratio": rounded(now.ratio),
         "entropy_lost_over_window": rounded(now.recent_loss),
-        "reward": rounded(now.reward.level) if now.reward else None,
-        "reward_noise": rounded(now.reward.noise) if now.reward else None,
-        "reward_gain": rounded(now.reward.gain) if now.reward else None,
-        "reward_window_steps": now.reward.window if now.reward else None,
-        "reward_improving": _flag(now.reward.improving) if now.reward else None,
-        "reward_saturated": _flag(now.reward.saturated) if now.reward else None,
-        "egr": rounded(now.egr.egr) if now.egr else None,
+        "reward": rounded(reward.level) if reward else None,
+        "reward_noise": rounded(reward.noise) if reward else None,
+        "reward_gain": rounded(reward.gain) if reward else None,
+        "reward_window_steps": reward.window if reward else None,
+        "reward_improving": _flag(reward.improving) if reward else None,
+        "reward_saturated": _flag(reward.saturated) if reward else None,
+        "egr": rounded(egr.egr) if egr else None,
     }
     if now.fall is not None:
         evidence.update(

@@ -133,7 +133,13 @@ def truncation(ctx: CheckContext, cfg: LengthConfig, reward_cfg: RewardCollapseC
         many = share >= cfg.truncation_critical and share >= base + cfg.truncation_rise
         return Severity.CRITICAL if many and _hurting(ctx, reward_cfg, series.steps[i]) else Severity.WARN
 
-    verdict = judge(series, level_at, for_steps=cfg.for_steps, first_position=baseline_end(ctx.baseline))
+    verdict = judge(
+        series,
+        level_at,
+        for_steps=cfg.for_steps,
+        first_position=baseline_end(ctx.baseline),
+        departed_at=lambda i: smooth[i] >= cfg.truncation_warn,
+    )
     cap = h.length_cap
     evidence: dict[str, EvidenceValue] = {
         "truncated_share": rounded(smooth[-1]),

@@ -36,7 +36,7 @@ from itertools import pairwise
 
 from guardian.checks.base import ONSET_LOOKBACK, baseline
 from guardian.config import BaselineConfig, RewardCollapseConfig
-from guardian.history import RunHistory, Series, median
+from guardian.history import RunHistory, Series
 from guardian.keys import Signal
 
 # robust sigma of one value from the median absolute deviation of first differences: MAD * 1.4826 is the
@@ -67,11 +67,11 @@ def _points(series: Series, cfg: RewardCollapseConfig, bcfg: BaselineConfig) -> 
         before = earlier[-1] if earlier else None
         count = (before.count if before else 0) + (1 if math.isfinite(series.values[i]) else 0)
         level = _mean(recent[-k:])
-        diffs = [b - a for a, b in pairwise(recent[-(n_noise + 1) :])]
+        diffs = sorted([b - a for a, b in pairwise(recent[-(n_noise + 1) :])])
         noise = math.nan
         if len(diffs) >= MIN_NOISE_POINTS:
-            centre = median(diffs)
-            noise = _MAD_TO_SIGMA * median(abs(d - centre) for d in diffs)
+            centre = _middle(diffs)
+            noise = _MAD_TO_SIGMA * _middle(sorted([abs(d - centre) for d in diffs]))
         peak, peak_step = (before.peak, before.peak_step) if before else (math.nan, None)
         if i >= start and count >= k and not level <= peak:
             peak, peak_step = level, series.steps[i]
@@ -81,12 +81,21 @@ def _points(series: Series, cfg: RewardCollapseConfig, bcfg: BaselineConfig) -> 
     return series.derived(("reward-trend", k, n_noise, start), compute)
 
 
+def _middle(ordered: list[float]) -> float:
+    """The median of an already sorted, non-empty list."""
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else 0.5 * (ordered[mid - 1] + ordered[mid])
+
+
 def _mean(values: list[float]) -> float:
     return sum(values) / len(values) if values else math.nan
 
 
 def _finite_back(values: list[float], i: int, n: int) -> list[float]:
     """The last ``n`` finite values at or before position ``i``, oldest first."""
+    recent = [v for v in values[max(i - n + 1, 0) : i + 1] if math.isfinite(v)]
+    if len(recent) == n or i < n:  # the common case: no NaN among the last n
+        return recent
     out: list[float] = []
     j = i
     while j >= 0 and len(out) < n:
@@ -130,9 +139,7 @@ def reward_scale(h: RunHistory, step: int, bcfg: BaselineConfig) -> float | None
     if best is not None and worst is not None and best > worst:
         return best - worst
     reward = h.signal(Signal.REWARD)
-    i = bisect_right(reward.steps, step)
-    seen = max((abs(v) for v in reward.values[:i] if math.isfinite(v)), default=0.0)
-    return seen if seen > 0 else None
+    return _own_scale(reward, bisect_right(reward.steps, step) - 1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -204,13 +211,28 @@ def reward_trend_at(
     h: RunHistory, step: int, cfg: RewardCollapseConfig, bcfg: BaselineConfig, signal: Signal | None = None
 ) -> Trend | None:
     """The trend of the reward (or of ``signal``, e.g. the validation score) at ``step``; None until the
-    baseline and the noise are known."""
+    baseline and the noise are known. Every check asks it of the last few steps on every tick, so each
+    position's answer is cached on the series (the history forgets it when the series, or the best and
+    worst sample scores it was judged against, change at or before that step)."""
     series = h.signal(signal or Signal.REWARD)
     i = bisect_right(series.steps, step) - 1
     if i < 0:
         return None
+    own = signal in (None, Signal.REWARD)
+
+    def compute(j: int, _earlier: list[Trend | None]) -> Trend | None:
+        at = series.steps[j]
+        scale = reward_scale(h, at, bcfg) if own else _own_scale(series, j)
+        return _trend(series, j, scale, best_sample_score(h, at) if own else None, cfg, bcfg)
+
+    trend: Trend | None = series.derived(f"trend {cfg.cache_key} {bcfg.cache_key}", compute)[i]
+    return trend
+
+
+def _trend(
+    series: Series, i: int, scale: float | None, best: float | None, cfg: RewardCollapseConfig, bcfg: BaselineConfig
+) -> Trend | None:
     base = baseline(series, bcfg)
-    scale = reward_scale(h, step, bcfg) if signal in (None, Signal.REWARD) else _own_scale(series, i)
     points = _points(series, cfg, bcfg)
     point = points[i]
     if base is None or scale is None or not math.isfinite(point.noise) or not math.isfinite(point.level):
@@ -239,7 +261,6 @@ def reward_trend_at(
     )
     collapsed = _lost_or_below_start(series, point, noise, scale, cfg, bcfg)
     fell = gain is not None and -gain > cfg.drop_z * level_sigma and -gain >= cfg.warn_drop * scale
-    best = best_sample_score(h, step) if signal in (None, Signal.REWARD) else None
     saturated = best is not None and point.level >= best - cfg.saturation_margin * scale
     return Trend(
         step=series.steps[i],
@@ -300,8 +321,15 @@ def _lost_or_below_start(
 
 
 def _own_scale(series: Series, i: int) -> float | None:
-    seen = max((abs(v) for v in series.values[: i + 1] if math.isfinite(v)), default=0.0)
-    return seen if seen > 0 else None
+    """The largest magnitude of the series up to position ``i``: the scale of a score without a known range."""
+    if i < 0:
+        return None
+    seen = _running(series, _larger_magnitude)[i]
+    return abs(seen) if math.isfinite(seen) and seen != 0 else None
+
+
+def _larger_magnitude(a: float, b: float) -> float:
+    return a if abs(a) >= abs(b) else b
 
 
 def plateau_start(h: RunHistory, step: int, cfg: RewardCollapseConfig, bcfg: BaselineConfig) -> int | None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -130,7 +131,7 @@ def parse_metrics_line(line: bytes, keys: frozenset[str] | None = None) -> StepR
     if not isinstance(raw, dict):
         raise BadLine(f"'data' must be an object, got {_excerpt(raw)}")
     data: dict[str, float] = {}
-    pairs = raw.items() if keys is None else _kept(raw, keys)
+    pairs = raw.items() if keys is None else _kept(raw, keys, prefixed=_PREFIX_BYTES.search(line) is not None)
     for key, value in pairs:
         kind = type(value)
         if kind is float:  # the common case first: no call per value on 300-key lines
@@ -142,10 +143,15 @@ def parse_metrics_line(line: bytes, keys: frozenset[str] | None = None) -> StepR
     return StepRecord(step=step, data=data)
 
 
-def _kept(raw: dict[str, Any], keys: frozenset[str]) -> list[tuple[str, Any]]:
-    """The pairs of ``raw`` whose key is in ``keys`` or starts with one of ``CHECKED_PREFIXES``."""
+# a line holds a prefixed key only if its bytes do: one search instead of a test per key of 300-key lines
+_PREFIX_BYTES = re.compile(b"|".join(re.escape(p.encode()) for p in CHECKED_PREFIXES))
+
+
+def _kept(raw: dict[str, Any], keys: frozenset[str], *, prefixed: bool) -> list[tuple[str, Any]]:
+    """The pairs of ``raw`` whose key is in ``keys`` or (``prefixed``) starts with one of ``CHECKED_PREFIXES``."""
     kept = [(k, raw[k]) for k in keys if k in raw]
-    kept.extend((k, v) for k, v in raw.items() if k.startswith(CHECKED_PREFIXES))
+    if prefixed:
+        kept.extend((k, v) for k, v in raw.items() if k.startswith(CHECKED_PREFIXES))
     return kept
 
 
