@@ -27,6 +27,8 @@ test: lint
 	$(BIN)/pytest -q
 
 bench: install
+	# the detection bench compares with a peer on the same data: rlwatch (alert-only)
+	$(BIN)/pip install --quiet 'rlwatch==0.5.1'
 	$(BIN)/python bench/detection.py
 	$(BIN)/python bench/ingest.py
 	$(BIN)/python bench/trainer.py
