@@ -51,10 +51,6 @@ def baseline_end(cfg: BaselineConfig) -> int:
     return cfg.warmup_steps + cfg.steps
 
 
-def smoothed_at(series: Series, position: int, cfg: BaselineConfig) -> float:
-    return series.smoothed(cfg.smooth_steps)[position]
-
-
 def unknown(check: str, step: int | None, why: str) -> Finding:
     return Finding(check=check, severity=Severity.UNKNOWN, step=step, message=why)
 
@@ -185,3 +181,14 @@ def signal_ratio(
     if ratio_of is None:
         return waiting(check, ctx.history.last_step)
     return series, ratio_of
+
+
+def signal_baseline(ctx: CheckContext, check: str, signal: Signal) -> tuple[Series, float] | Finding:
+    """The signal's series and its (positive) baseline, or the UNKNOWN finding that says why not."""
+    if (missing := need(ctx.history, check, signal)) is not None:
+        return missing
+    series = ctx.history.signal(signal)
+    base = baseline(series, ctx.baseline)
+    if base is None or base <= 0:
+        return waiting(check, ctx.history.last_step)
+    return series, base

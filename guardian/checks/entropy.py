@@ -30,13 +30,11 @@ from dataclasses import dataclass
 from guardian.checks.base import (
     CheckContext,
     Verdict,
-    baseline,
     baseline_end,
     conclude,
     judge,
-    need,
     rounded,
-    waiting,
+    signal_baseline,
 )
 from guardian.checks.egr import EgrState, egr_state_at
 from guardian.checks.trend import Trend, plateau_start, reward_trend_at
@@ -84,12 +82,10 @@ def entropy_collapse(
     egr_cfg: EgrCollapseConfig,
 ) -> Finding:
     h = ctx.history
-    if (missing := need(h, COLLAPSE, Signal.ENTROPY)) is not None:
-        return missing
-    series = h.signal(Signal.ENTROPY)
-    base = baseline(series, ctx.baseline)
-    if base is None or base <= 0:
-        return waiting(COLLAPSE, h.last_step)
+    got = signal_baseline(ctx, COLLAPSE, Signal.ENTROPY)
+    if isinstance(got, Finding):
+        return got
+    series, base = got
     smooth = series.smoothed(ctx.baseline.smooth_steps)
 
     assessed: dict[int, _Assessment] = {}  # the hysteresis and the evidence read the newest point twice
@@ -299,12 +295,10 @@ def entropy_explosion(ctx: CheckContext, cfg: EntropyExplosionConfig, reward_cfg
     raw series has already left is over), critical only above an absolute floor of nats per token and
     while the reward is not improving."""
     h = ctx.history
-    if (missing := need(h, EXPLOSION, Signal.ENTROPY)) is not None:
-        return missing
-    series = h.signal(Signal.ENTROPY)
-    base = baseline(series, ctx.baseline)
-    if base is None or base <= 0:
-        return waiting(EXPLOSION, h.last_step)
+    got = signal_baseline(ctx, EXPLOSION, Signal.ENTROPY)
+    if isinstance(got, Finding):
+        return got
+    series, base = got
     smooth = series.smoothed(ctx.baseline.smooth_steps)
 
     def held(i: int) -> float:

@@ -142,6 +142,7 @@ def truncation(ctx: CheckContext, cfg: LengthConfig, reward_cfg: RewardCollapseC
     )
     cap = h.length_cap
     evidence: dict[str, EvidenceValue] = {
+        "key": h.key_of(Signal.LENGTH_CLIP_RATIO),
         "truncated_share": rounded(smooth[-1]),
         "truncated_share_baseline": rounded(base),
         "length_cap": rounded(cap),
