@@ -1,4 +1,4 @@
-"""The demo's files have the shapes of the real verl 0.9.1 run in ../shared/verl-0.9.1-run."""
+"""The demo's files have the shapes of the real verl 0.9.1 run in tests/fixtures/verl-0.9.1-run."""
 
 from __future__ import annotations
 
