@@ -130,7 +130,7 @@ def best_sample_score(h: RunHistory, step: int) -> float | None:
     return _at(series, _running(series, max), step)
 
 
-def reward_scale(h: RunHistory, step: int, bcfg: BaselineConfig) -> float | None:
+def reward_scale(h: RunHistory, step: int) -> float | None:
     """The spread of one sample's score seen up to ``step``: the best minus the worst sample (verl's
     ``critic/score/max`` and ``/min``), or, for a run that does not log them, the largest magnitude."""
     best = best_sample_score(h, step)
@@ -222,7 +222,7 @@ def reward_trend_at(
 
     def compute(j: int, _earlier: list[Trend | None]) -> Trend | None:
         at = series.steps[j]
-        scale = reward_scale(h, at, bcfg) if own else _own_scale(series, j)
+        scale = reward_scale(h, at) if own else _own_scale(series, j)
         return _trend(series, j, scale, best_sample_score(h, at) if own else None, cfg, bcfg)
 
     trend: Trend | None = series.derived(f"trend {cfg.cache_key} {bcfg.cache_key}", compute)[i]
