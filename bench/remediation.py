@@ -67,7 +67,7 @@ from common import json_safe
 from guardian.actions.process import StopPolicy
 from guardian.config import GuardianConfig
 from guardian.demo.scenarios import SCENARIOS, RunFiles, Scenario
-from guardian.demo_run import demo_config
+from guardian.demo_run import FINAL_STEPS, demo_config
 from guardian.keys import VERL_ALIASES, Signal
 from guardian.run import local_supervisor, register_run
 from guardian.sources.jsonl import read_all
@@ -77,7 +77,6 @@ from guardian.supervisor import Supervisor
 
 DEFAULT_SEEDS = (1, 2, 3)
 DEFAULT_SCENARIOS = ("entropy_collapse", "seed_settings", "healthy", "crash", "nan", "kl_blowup")
-FINAL_STEPS = 10  # a run's final reward: the mean of its last this-many steps
 TARGET_REWARD_RATIO = 1.0
 ENDED = ("RESOLVED", "UNRESOLVED")  # interventions whose probation ran to its end (a relapse's figures do not count)
 # run lengths other than the scenario's own (none by default: the default invocation is ~2 min on 2 cores)

@@ -109,7 +109,9 @@ class KlDriftConfig(CheckBase):
     window_steps: int = Field(10, ge=2, description="KL growth is measured over this many steps.")
     warn_growth: float = Field(2.0, gt=1, description="Warn when smoothed KL grew this much within the window.")
     critical_growth: float = Field(
-        2.0, gt=1, description="Critical at this growth within the window while reward is not improving."
+        2.0,
+        gt=1,
+        description="Critical at this growth within the window while the reward is stuck (stalled or falling).",
     )
     extreme_growth: float = Field(
         5.0, gt=1, description="Critical at this growth within the window whatever the reward does, once KL is ..."

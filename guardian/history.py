@@ -20,15 +20,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from guardian.keys import (
-    ALIASES,
-    EGR_KEY,
-    NON_FINITE_WATCHED_KEYS,
-    VAL_CORE_PREFIX,
-    VAL_MEAN_MARKER,
-    Signal,
-    resolve,
-)
+from guardian.keys import ALIASES, EGR_KEY, NON_FINITE_WATCHED_KEYS, Signal, is_val_score_key, resolve
 
 # signals whose values the reward's derived judgments read (checks/trend.py: ceiling and scale)
 SCORE_RANGE_SIGNALS = frozenset({Signal.REWARD_MAX, Signal.REWARD_MIN})
@@ -235,9 +227,7 @@ class RunHistory:
         turns = resolve(Signal.NUM_TURNS, data)
         if turns is not None and resolve(Signal.TOOL_CALLS, data) is None:
             self.series[Signal.TOOL_CALLS].set(step, tool_calls_from_turns(turns[1]))
-        val = [
-            v for k, v in data.items() if k.startswith(VAL_CORE_PREFIX) and VAL_MEAN_MARKER in k and math.isfinite(v)
-        ]
+        val = [v for k, v in data.items() if is_val_score_key(k) and math.isfinite(v)]
         if val:
             self.series[Signal.VAL_SCORE].set(step, sum(val) / len(val))
         evicted = resolve(Signal.FILTER_EVICTED, data)

@@ -84,7 +84,8 @@ def _rise_check(
 
 def kl_drift(ctx: CheckContext, cfg: KlDriftConfig, reward_cfg: RewardCollapseConfig) -> Finding:
     """KL to the reference *accelerating*: it grew ``growth``× within ``window_steps`` while above the
-    floor and the reward was not improving (or ``extreme_growth``× once above ``extreme_floor``). KL starts
+    floor and the reward was stuck - confidently stalled or falling (or ``extreme_growth``× once above
+    ``extreme_floor``). KL starts
     at 0 (the policy is the reference) and healthy learning walks it up slowly (0.001 -> 0.013 over 100
     steps on GSM8K); a blow-up multiplies it within a few steps (0.8 -> 16 in 8 steps, aopd-1). A level
     ratio to the first steps cannot tell the two apart; the growth rate can."""
