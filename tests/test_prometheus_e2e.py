@@ -2,9 +2,11 @@
 ``guardian demo --export PORT`` while the demo runs its entropy_collapse story, evaluates a copy of
 alerts/guardian.rules.yml and sends its alerts to an Alertmanager running alerts/alertmanager.example.yml (its
 receivers pointed at a loopback receiver). The tests then ask Prometheus's HTTP API: every panel query of
-dashboards/guardian-training.json has data for the demo's run, the KL-drift and entropy-collapse alerts fired
-during their incidents with the run's labels, GuardianGaveUp never fired, a clean end does not page; and the
-receiver: critical alerts reached the pager route, the rest the webhook.
+dashboards/guardian-training.json has data for the demo's run (or is exempt, with the reason), the
+entropy-collapse alert fired during its incident with the run's labels, GuardianGaveUp never fired, a clean end
+does not page; and the receiver: critical alerts reached the pager route, the rest the webhook. The KL-drift
+alert's expression is covered by promtool's unit tests (tests/test_alert_rules.py): the demo trains without a
+KL loss.
 
 One Prometheus, one Alertmanager and one demo (~40 s) serve every test in the module. Skips locally without the
 servers on PATH, fails under CI (.ci/run installs them).
@@ -56,13 +58,13 @@ LINGER_S = 2.0
 # guardian metric it reads is listed here; it must then have no data (so a stale entry shows up too).
 NO_DATA_IN_DEMO = {
     "guardian_reward_component_mean": "the demo's reward function returns no extra (per-dimension) fields",
+    "guardian_kl_to_reference": "the demo's run trains without a KL loss (use_kl_loss=false, verl's default): "
+    "its trainer logs no actor/kl_loss",
 }
 
 # Alerts the demo must fire (for: 0s, 200 ms scrapes), with why each one is reliable.
 MUST_FIRE = {
-    "GuardianKlDrift": "kl_drift goes critical at ~step 13 and stays critical through stop, rollback and restart "
-    "(~0.7 s, twice: the first rescue relapses)",
-    "GuardianInterventionInProgress": "three rescues of 0.8-2 s each",
+    "GuardianInterventionInProgress": "one rescue of 1-2 s (stop, rollback, patched restart)",
     "GuardianEntropyCollapse": "its incident is open (critical) from detection until probation resolves it, "
     "seconds in the demo: guardian_open_incident_severity holds 2 all that time",
 }
@@ -255,14 +257,14 @@ def test_rules_load_and_evaluate_cleanly(demo: DemoInPrometheus) -> None:
         assert rule["health"] == "ok" and not rule.get("lastError"), (rule["name"], rule.get("lastError"))
 
 
-def test_kl_drift_alert_fires_during_its_incident(demo: DemoInPrometheus) -> None:
-    (incident,) = [i for i in demo.report["incidents"] if i["check"] == "kl_drift"]
-    firing = demo.raw('ALERTS{alertname="GuardianKlDrift",alertstate="firing"}')
-    assert firing, f"GuardianKlDrift never fired\n{demo.context()}"
+def test_entropy_collapse_alert_fires_during_its_incident(demo: DemoInPrometheus) -> None:
+    (incident,) = [i for i in demo.report["incidents"] if i["check"] == "entropy_collapse"]
+    firing = demo.raw('ALERTS{alertname="GuardianEntropyCollapse",alertstate="firing"}')
+    assert firing, f"GuardianEntropyCollapse never fired\n{demo.context()}"
     for series in firing:
         labels = series["metric"]
         assert labels["run_id"] == demo.run_id and labels["experiment"]
-        assert (labels["severity"], labels["check"], labels["job"]) == ("critical", "kl_drift", "guardian")
+        assert (labels["severity"], labels["check"], labels["job"]) == ("critical", "entropy_collapse", "guardian")
     first = min(float(t) for series in firing for t, _ in series["values"])
     # fired while the incident was open (the first sample comes one scrape + one evaluation after it opened)
     assert _at(incident["opened_at"]) <= first <= _at(incident["closed_at"]) + 1, (first, incident)
@@ -280,10 +282,9 @@ def test_fired_alerts_are_the_expected_ones_and_gave_up_never_fires(demo: DemoIn
 
 
 def test_incidents_and_interventions_match_the_demo(demo: DemoInPrometheus) -> None:
-    """The counters reach what the demo reports, so the entropy collapse is visible in Prometheus even when its
-    status alert is missed (see MAY_FIRE)."""
+    """The incident and intervention counters reach what the demo reports."""
     incidents = demo.report["incidents"]
-    assert {i["check"] for i in incidents} >= {"kl_drift", "entropy_collapse"}
+    assert "entropy_collapse" in {i["check"] for i in incidents}
     for check in {i["check"] for i in incidents}:
         want = sum(i["check"] == check for i in incidents)
         got = demo.prometheus.query(
@@ -325,7 +326,7 @@ def test_alertmanager_routes_the_collapse_to_the_pager_and_the_rest_to_the_webho
     paged, other = alerts("/ok/slack"), alerts("/ok/webhook")
     assert paged, f"no critical alert reached the Slack receiver\n{demo.context()}"
     assert {a["labels"]["severity"] for a in paged} == {"critical"}
-    assert {a["labels"]["alertname"] for a in paged} >= {"GuardianKlDrift", "GuardianEntropyCollapse"}
+    assert "GuardianEntropyCollapse" in {a["labels"]["alertname"] for a in paged}
     collapse = next(a for a in paged if a["labels"]["alertname"] == "GuardianEntropyCollapse")
     assert collapse["labels"]["run_id"] == demo.run_id and collapse["status"] in ("firing", "resolved")
     assert collapse["annotations"]["runbook_url"] == "docs/runbooks.md#entropy-collapse"
