@@ -1,0 +1,56 @@
+"""``guardian`` command line: one module per command, each ``register``-ing its parser. Every command is
+``main(argv) -> exit code``.
+
+Exit codes: 0 ok / healthy, 1 error, 2 usage, 3 unhealthy run (replay, watch).
+``--json`` prints one JSON document on stdout; logs go to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+
+from guardian import __version__
+from guardian.actions.verl_keys import PatchError
+from guardian.cli import checkpoints, dashboards, incidents, replay, run, setup, watch
+from guardian.cli.common import EXIT_ERROR, EXIT_OK, EXIT_UNHEALTHY, EXIT_USAGE, log
+from guardian.config import ConfigError
+from guardian.logs import event, init_logging
+from guardian.store import StoreError
+
+__all__ = ["EXIT_ERROR", "EXIT_OK", "EXIT_UNHEALTHY", "EXIT_USAGE", "build_parser", "main"]
+COMMANDS = (replay, watch, incidents, checkpoints, setup, run, dashboards)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="guardian", description="Guard a verl RL training run.")
+    parser.add_argument("--version", action="version", version=f"verl-guardian {__version__}")
+    parser.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING, ERROR (default INFO)")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    def add(name: str, help_text: str) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        p.add_argument("--config", help="guardian.yaml (default: built-in defaults + env overrides)")
+        return p
+
+    for command in COMMANDS:
+        command.register(add)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    init_logging(args.log_level)
+    try:
+        code: int = args.func(args)
+        return code
+    except ConfigError as exc:
+        log.error(str(exc))
+        return EXIT_USAGE
+    except PatchError as exc:  # a training command the guardian cannot read or patch
+        log.error(event("bad_command", {"message": str(exc)}))
+        return EXIT_USAGE
+    except StoreError as exc:
+        log.error(event("store_error", {"message": str(exc)}))
+        return EXIT_ERROR

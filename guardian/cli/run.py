@@ -1,0 +1,69 @@
+"""``guardian run`` (launch and guard a training command) and ``guardian demo`` (the same on CPU)."""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from guardian.cli.common import EXIT_USAGE, AddCommand, log, resolved_config
+from guardian.logs import event
+
+
+def register(add: AddCommand) -> None:
+    p = add("run", "Launch a training command and guard it (enforce: stop, roll back, patch, resume).")
+    p.add_argument("--mode", choices=("observe", "advise", "enforce"), help="default: config mode (enforce)")
+    p.add_argument("--run-id", help="run id (default: derived from the command and the working directory)")
+    p.add_argument("--attach", metavar="RUN_ID", help="re-attach to a run this store knows (after a guardian restart)")
+    p.add_argument("--dry-run", action="store_true", help="print the command the first attempt would run, and exit")
+    p.add_argument("--no-live", action="store_true", help="no live terminal view (logs only)")
+    p.add_argument("--export", type=int, metavar="PORT", help="serve Prometheus metrics on 127.0.0.1:PORT")
+    p.add_argument("command", nargs=argparse.REMAINDER, help="-- python -m verl.trainer.main_ppo key=value ...")
+    p.set_defaults(func=cmd_run)
+
+    p = add("demo", "The closed loop on CPU: a tiny verl-compatible GRPO run, guarded in enforce mode.")
+    p.add_argument(
+        "--scenario",
+        default="entropy_collapse",
+        choices=("entropy_collapse", "nan", "hang", "crash", "healthy"),
+        help="what goes wrong (default entropy_collapse)",
+    )
+    p.add_argument("--json", action="store_true", help="print the incident timeline as JSON")
+    p.add_argument("--export", type=int, metavar="PORT", help="serve Prometheus metrics on 127.0.0.1:PORT")
+    p.set_defaults(func=cmd_demo)
+
+
+def default_run_id(command: Sequence[str], cwd: Path) -> str:
+    digest = hashlib.sha1("\0".join([str(cwd), *command]).encode()).hexdigest()[:10]
+    return f"run-{digest}"
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from guardian.run import RunRequest, run_guarded
+
+    config = resolved_config(args)
+    if args.mode:
+        config = config.model_copy(update={"mode": args.mode})
+    command = list(args.command)
+    if command and command[0] == "--":
+        command = command[1:]
+    if not command and not args.attach:
+        log.error(event("usage", {"message": "give the training command after --, or --attach RUN_ID"}))
+        return EXIT_USAGE
+    request = RunRequest(
+        command=tuple(command),
+        cwd=Path.cwd(),
+        run_id=args.attach or args.run_id or default_run_id(command, Path.cwd()),
+        attach=bool(args.attach),
+        dry_run=args.dry_run,
+        live=sys.stdout.isatty() and not args.no_live,
+    )
+    return run_guarded(config, request)
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from guardian.demo_run import run_demo
+
+    return run_demo(resolved_config(args), scenario=args.scenario, json_output=args.json)
