@@ -61,6 +61,8 @@ class Guardian:
     # observe mode closes an incident when its check clears; under `guardian run --mode enforce` the
     # intervention owns the incident's end (a rollback clears checks without anything being fixed)
     close_on_clear: bool = True
+    # whether the trainer process still runs (None: no process known - `watch` without --pid)
+    trainer_alive: Callable[[], bool | None] = lambda: None
 
     def __post_init__(self) -> None:
         self.history = RunHistory(
@@ -183,7 +185,13 @@ class Guardian:
                 return steps
 
     def _context(self, now: float | None) -> CheckContext:
-        return CheckContext(self.history, self.config.checks.baseline, now=now, started_at=self.started_at)
+        return CheckContext(
+            self.history,
+            self.config.checks.baseline,
+            now=now,
+            started_at=self.started_at,
+            trainer_alive=self.trainer_alive(),
+        )
 
     def _flush(self, pending: list[StepRecord], now: float, branch: int | None = None) -> None:
         if pending and self._attempt_id is not None:

@@ -81,10 +81,16 @@ class Supervisor(Rescue):
             rollouts=RolloutDir(first.rollout_dir),
             checkpoints_dir=self.checkpoint_dir,
             close_on_clear=self.config.mode != "enforce",
+            trainer_alive=self._trainer_alive,
         )
         self.attempt: Attempt | None = None
         self._advised: set[int] = set()
         self.exit_code: int | None = None
+
+    def _trainer_alive(self) -> bool | None:
+        if self.attempt is None or self.attempt.handle is None:
+            return None
+        return self.control.is_running(self.attempt.handle)
 
     # -- start or re-attach -----------------------------------------------------------------------
     def start(self) -> None:

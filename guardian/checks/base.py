@@ -25,12 +25,15 @@ HOLD_LOOKBACK = 4
 
 @dataclass(frozen=True, slots=True)
 class CheckContext:
-    """Everything a check may read. ``now``/``started_at`` are wall-clock seconds; None in replay."""
+    """Everything a check may read. ``now``/``started_at`` are wall-clock seconds; None in replay.
+    ``trainer_alive``: whether the trainer process is still running; None when no process is known (``watch``
+    without ``--pid``, replay)."""
 
     history: RunHistory
     baseline: BaselineConfig
     now: float | None = None
     started_at: float | None = None
+    trainer_alive: bool | None = None
 
 
 @dataclass(frozen=True, slots=True)
