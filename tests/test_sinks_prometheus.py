@@ -8,6 +8,7 @@ import json
 import math
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -285,16 +286,65 @@ def test_promtool_check_metrics_passes(served: tuple[FixedSource, str]) -> None:
     assert checked.stdout.strip() == "" and checked.stderr.strip() == ""
 
 
-@pytest.mark.parametrize("host", ["0.0.0.0", "::", "[::]", "", " 0.0.0.0 ", "0:0:0:0:0:0:0:0"])
+@pytest.mark.parametrize(
+    "host",
+    [
+        "0.0.0.0",
+        "::",
+        "[::]",
+        "",
+        " 0.0.0.0 ",
+        "0:0:0:0:0:0:0:0",
+        "0",
+        "0.0",
+        "0x0",
+        "::ffff:0.0.0.0",
+        "[::ffff:0.0.0.0]",
+    ],
+)
 def test_serving_on_every_interface_is_refused_unless_asked(host: str) -> None:
+    """Every spelling of "every interface" is caught: the decision is made on the resolved address."""
     assert is_public_host(host)
     with pytest.raises(ValueError, match="allow_public"):
         serve(build_registry(FixedSource([])), host, 0)
 
 
-@pytest.mark.parametrize("host", ["127.0.0.1", "::1", "localhost", "10.1.2.3", "metrics.internal"])
-def test_specific_hosts_are_not_public(host: str) -> None:
+@pytest.mark.parametrize("host", ["127.0.0.1", "::1", "localhost", "127.1", "::ffff:127.0.0.1", "10.1.2.3", "fe80::1"])
+def test_loopback_and_explicit_interface_addresses_are_not_public(host: str) -> None:
     assert not is_public_host(host)
+
+
+def test_a_host_name_is_public_unless_it_resolves_to_loopback_only() -> None:
+    names = {
+        "metrics.internal": ["10.1.2.3"],
+        "dual.internal": ["127.0.0.1", "10.1.2.3"],
+        "wildcard.internal": ["0.0.0.0"],
+        "local.internal": ["127.0.0.1", "::1"],
+    }
+    resolve = names.__getitem__
+    assert is_public_host("metrics.internal", resolve) and is_public_host("dual.internal", resolve)
+    assert is_public_host("wildcard.internal", resolve)
+    assert not is_public_host("local.internal", resolve)
+    with pytest.raises(ValueError, match=r"metrics\.internal.*resolving to 10\.1\.2\.3.*allow_public"):
+        serve(build_registry(FixedSource([])), "metrics.internal", 0, resolve=resolve)
+
+
+def test_the_address_bound_is_the_one_decided_on() -> None:
+    """A name is resolved once: the server listens on the address that was judged loopback."""
+    server, thread = serve(build_registry(FixedSource([RUN_A])), "loop.internal", 0, resolve=lambda _: ["127.0.0.1"])
+    try:
+        assert server.server_address[0] == "127.0.0.1"
+        assert "guardian_up" in scrape(f"http://127.0.0.1:{server.server_port}/metrics")[0]
+    finally:
+        shutdown(server, thread)
+
+
+def test_an_unresolvable_host_is_a_clear_error() -> None:
+    def unknown(host: str) -> list[str]:
+        raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+
+    with pytest.raises(ValueError, match=r"'no-such-host\.invalid' does not resolve.*not known"):
+        is_public_host("no-such-host.invalid", unknown)
 
 
 def test_allow_public_serves_and_shutdown_closes_the_port() -> None:

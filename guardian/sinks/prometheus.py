@@ -54,8 +54,10 @@ from __future__ import annotations
 
 import ipaddress
 import math
+import socket
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 from typing import Final
 from wsgiref.simple_server import WSGIServer
 
@@ -252,15 +254,78 @@ def build_registry(source: ExportSource) -> CollectorRegistry:
 # ------------------------------------------------------------------------------------------- serving
 
 
-def is_public_host(host: str) -> bool:
-    """Whether binding ``host`` listens on every interface (``0.0.0.0``, ``::``, empty)."""
-    bare = host.strip().strip("[]")
+Resolver = Callable[[str], list[str]]
+
+
+def resolve_host(host: str) -> list[str]:
+    """The addresses ``host`` names, as ``socket.getaddrinfo`` (what a bind uses) resolves it."""
+    infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+    return list(dict.fromkeys(str(info[4][0]) for info in infos))
+
+
+@dataclass(frozen=True, slots=True)
+class BindTarget:
+    """Where ``host`` would listen: ``address`` is what gets bound (the first resolved address, as the
+    HTTP server itself would pick); ``public`` says whether that needs ``allow_public``."""
+
+    host: str
+    address: str
+    public: bool
+    reason: str
+
+
+def bind_target(host: str, resolve: Resolver = resolve_host) -> BindTarget:
+    """Decide on the *resolved* addresses, never the spelling, whether listening on ``host`` is public.
+
+    - Empty, or any address that is unspecified (``0.0.0.0``, ``::``, ``::ffff:0.0.0.0``; also spelt
+      ``0``, ``0.0``, ``0x0``, ``0:0:0:0:0:0:0:0``): every interface, public.
+    - Every address loopback (``127.0.0.0/8``, ``::1``, ``::ffff:127.0.0.1``; ``localhost``): not public.
+    - One canonical IP literal (``10.1.2.3``, ``fe80::1``): that one interface, chosen explicitly: not
+      public (hosts on that network can connect; that is what naming the address asks for).
+    - Anything else (a host name, a non-canonical number such as ``0x0a010203``) resolving to a
+      non-loopback address: public. A name can resolve differently tomorrow, so only an explicit
+      ``allow_public`` lets it expose the exporter beyond this machine.
+
+    Raises ``ValueError`` naming the host when it does not resolve.
+    """
+    bare = host.strip().removeprefix("[").removesuffix("]")
     if not bare:
-        return True
+        return BindTarget(host, "", True, "empty host listens on every interface")
     try:
-        return ipaddress.ip_address(bare).is_unspecified
+        resolved = [ipaddress.ip_address(address) for address in resolve(bare)]
+    except (OSError, UnicodeError, ValueError) as exc:
+        raise ValueError(f"exporter host {host!r} does not resolve to an address: {exc}") from None
+    if not resolved:
+        raise ValueError(f"exporter host {host!r} does not resolve to an address")
+    plain = [_unmapped(address) for address in resolved]
+    first = str(resolved[0])
+    if any(address.is_unspecified for address in plain):
+        return BindTarget(host, first, True, "resolves to every interface")
+    if all(address.is_loopback for address in plain):
+        return BindTarget(host, first, False, "loopback")
+    if _is_literal(bare) and len(resolved) == 1:
+        return BindTarget(host, first, False, "one interface address, named explicitly")
+    return BindTarget(host, first, True, f"host name resolving to {first}, reachable from other hosts")
+
+
+def _unmapped(address: ipaddress.IPv4Address | ipaddress.IPv6Address) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
+    """``::ffff:a.b.c.d`` as ``a.b.c.d`` (a dual-stack socket bound to it listens on the IPv4 address)."""
+    mapped = getattr(address, "ipv4_mapped", None)
+    return mapped if mapped is not None else address
+
+
+def _is_literal(text: str) -> bool:
+    """Whether ``text`` is an IP address in its canonical spelling (``ipaddress`` rejects ``0x0``, ``0``)."""
+    try:
+        ipaddress.ip_address(text)
     except ValueError:
-        return False  # a host name or a specific address
+        return False
+    return True
+
+
+def is_public_host(host: str, resolve: Resolver = resolve_host) -> bool:
+    """Whether listening on ``host`` needs ``allow_public`` (see ``bind_target``)."""
+    return bind_target(host, resolve).public
 
 
 def serve(
@@ -269,20 +334,29 @@ def serve(
     port: int = DEFAULT_PORT,
     *,
     allow_public: bool = False,
+    resolve: Resolver = resolve_host,
 ) -> tuple[WSGIServer, threading.Thread]:
     """Serve ``registry`` at ``http://host:port/metrics`` from a daemon thread.
 
-    Listening on every interface (``0.0.0.0``, ``::``) exposes run names and health to the network,
-    so it is refused unless ``allow_public`` is set. Port 0 picks a free port: read it from the
-    returned server's ``server_port``. Stop with ``shutdown(server, thread)``.
+    ``host`` is resolved once (``bind_target``): listening beyond loopback (every interface, or a host
+    name that resolves to an interface address) exposes run names and health to the network, so it is
+    refused unless ``allow_public`` is set; the address decided on is the one bound, so the name cannot
+    resolve to something else in between. Port 0 picks a free port: read it from the returned server's
+    ``server_port``. Stop with ``shutdown(server, thread)``.
     """
-    if is_public_host(host) and not allow_public:
+    target = bind_target(host, resolve)
+    if target.public and not allow_public:
         raise ValueError(
-            f"refusing to serve metrics on {host!r} (every interface); bind 127.0.0.1 or a specific "
-            "address, or pass allow_public=True"
+            f"refusing to serve metrics on {host!r} ({target.reason}); bind 127.0.0.1 or a specific "
+            "interface address, or set exporter.allow_public"
         )
-    server, thread = start_http_server(port, addr=host, registry=registry)
-    log.info(event("metrics_serving", {"host": host, "port": server.server_port}))
+    server, thread = start_http_server(port, addr=target.address or host, registry=registry)
+    log.info(
+        event(
+            "metrics_serving",
+            {"host": host, "address": target.address, "port": server.server_port, "public": target.public},
+        )
+    )
     return server, thread
 
 
