@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import gc
+import logging
 import os
-import time
 import tracemalloc
+import warnings
 from pathlib import Path
 
 import pytest
@@ -139,6 +141,82 @@ def test_deleted_file_keeps_state_and_recreation_is_a_new_segment(tmp_path: Path
     assert tail.poll().items == [NewSegment(1), b"a", b"b"]
 
 
+def test_a_file_renamed_over_is_read_to_its_end_first(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """The writer logs 3 more steps, then the file is replaced before the guardian polls: every line of
+    both files arrives exactly once, the old file's in order before the new segment."""
+    path = tmp_path / "m.jsonl"
+    tail = LineTail(path)
+    path.write_bytes(b"1\n2\n")
+    assert tail.poll().items == [NewSegment(0), b"1", b"2"]
+    append(path, b"3\n4\n5\n")  # unread when the file is replaced
+    staged = tmp_path / "staged"
+    staged.write_bytes(b"1\n2\n")
+    os.replace(staged, path)
+    with caplog.at_level(logging.INFO, logger="guardian"):
+        assert tail.poll().items == [b"3", b"4", b"5", NewSegment(1), b"1", b"2"]
+    assert [r.getMessage() for r in caplog.records if "metrics_file_replaced" in r.getMessage()] == [
+        f"event=metrics_file_replaced path={path} segment=0 drained_lines=3"
+    ]
+    append(path, b"3\n")
+    assert tail.poll().items == [b"3"]  # the new file is followed from where it was read
+
+
+def test_a_replaced_file_s_unterminated_last_line_is_a_line(tmp_path: Path) -> None:
+    """A file renamed away grows no more: its last line is as complete as it will ever be."""
+    path = tmp_path / "m.jsonl"
+    tail = LineTail(path)
+    path.write_bytes(b"a\nb")
+    assert tail.poll().items == [NewSegment(0), b"a"]
+    os.rename(path, tmp_path / "m.jsonl.1")  # rotated away
+    path.write_bytes(b"c\n")
+    assert tail.poll().items == [b"b", NewSegment(1), b"c"]
+    assert tail.buffered_bytes == 0
+
+
+def test_draining_a_replaced_file_respects_the_poll_budget(tmp_path: Path) -> None:
+    path = tmp_path / "m.jsonl"
+    tail = LineTail(path, chunk_bytes=64, max_poll_bytes=100)
+    path.write_bytes(b"start\n")
+    tail.poll()
+    old = [f"old-{i:03d}".encode() for i in range(50)]  # 400 bytes: four polls' worth
+    append(path, b"\n".join(old) + b"\n")
+    staged = tmp_path / "staged"
+    staged.write_bytes(b"new\n")
+    os.replace(staged, path)
+    items = drain(tail)
+    assert items == [*old, NewSegment(1), b"new"]
+
+
+def test_a_deleted_file_is_still_followed_while_its_writer_appends(tmp_path: Path) -> None:
+    path = tmp_path / "m.log"
+    tail = LineTail(path)
+    with open(path, "wb", buffering=0) as writer:
+        writer.write(b"a\n")
+        assert tail.poll().items == [NewSegment(0), b"a"]
+        path.unlink()
+        writer.write(b"b\n")  # the writer still holds the file
+        assert tail.poll().items == [b"b"]
+        writer.write(b"c\n")
+        path.write_bytes(b"x\n")  # a new file appears: the old one is finished first
+        assert tail.poll().items == [b"c", NewSegment(1), b"x"]
+
+
+def test_close_releases_the_file_and_a_dropped_tail_closes_it_too(tmp_path: Path) -> None:
+    path = tmp_path / "m.jsonl"
+    path.write_bytes(b"a\n")
+    tail = LineTail(path)
+    tail.poll()
+    tail.close()
+    tail.close()  # idempotent
+    append(path, b"b\n")
+    assert tail.poll().items == [b"b"]  # reopened: the same file, the same segment
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        del tail
+        gc.collect()
+    assert [w for w in caught if issubclass(w.category, ResourceWarning)] == []
+
+
 def test_oversized_lines_are_dropped_counted_and_bounded(tmp_path: Path) -> None:
     path = tmp_path / "m.log"
     tail = LineTail(path, chunk_bytes=8, max_line_bytes=10)
@@ -185,7 +263,6 @@ def test_fifty_megabytes_stream_with_bounded_memory(tmp_path: Path) -> None:
         handle.write(line * (count % 256))
     chunk = 1 << 20
     tail = LineTail(path, chunk_bytes=chunk, max_line_bytes=64 << 10, max_poll_bytes=2 * chunk)
-    started = time.perf_counter()
     tracemalloc.start()
     try:
         seen = 0
@@ -203,4 +280,3 @@ def test_fifty_megabytes_stream_with_bounded_memory(tmp_path: Path) -> None:
     assert tail.offset == path.stat().st_size
     # one poll's lines (2 chunks) + the chunk being split + one partial line, with slack
     assert peak < 6 * chunk, f"peak {peak} bytes"
-    assert time.perf_counter() - started < 3.0

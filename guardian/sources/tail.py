@@ -13,6 +13,12 @@ A *segment* is one uninterrupted life of the file. A new segment starts when the
 - was truncated and rewritten to at least the old size between two polls (its first bytes, up to
   ``HEAD_BYTES``, no longer match what was read before).
 
+The file being read stays open between polls, so no line is lost to a replacement: when the path
+names another file, the old one is read to its end first (a file renamed away or deleted grows no
+more, so its unterminated last line counts as a line), and ``event=metrics_file_replaced`` reports
+how many lines that drain returned. While the path names no file, the open one is still followed (the
+writer may still hold it). Call ``close`` when done (a dropped ``LineTail`` closes its file too).
+
 A rewrite whose first ``HEAD_BYTES`` bytes equal the old ones and that is at least as long is not
 detectable from the outside; that is the limit of this design.
 """
@@ -20,9 +26,14 @@ detectable from the outside; that is the limit of this design.
 from __future__ import annotations
 
 import os
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
+
+from guardian.logs import event, get_logger
+
+log = get_logger("tail")
 
 # How many leading bytes fingerprint a segment (compared on every poll to catch same-size rewrites).
 HEAD_BYTES = 256
@@ -95,6 +106,9 @@ class LineTail:
         self._head = b""  # the file's first min(HEAD_BYTES, offset) bytes, as read
         self._partial = bytearray()  # the unterminated last line so far
         self._skipping = False  # inside an oversized line: discard bytes until its newline
+        self._handle: BinaryIO | None = None  # the file being read, open between polls
+        self._closer: weakref.finalize[[], LineTail] | None = None  # closes it when this tail is dropped unclosed
+        self._drained = 0  # lines read from a replaced file since it was found replaced
 
     @property
     def path(self) -> Path:
@@ -115,6 +129,13 @@ class LineTail:
         """Size of the partial line held in memory (never more than ``max_line_bytes``)."""
         return len(self._partial)
 
+    def close(self) -> None:
+        """Close the file being read; a later ``poll`` opens the path again (as a new segment if it is
+        another file by then)."""
+        if self._closer is not None:
+            self._closer()
+        self._handle = self._closer = None
+
     def poll(self, *, final: bool = False) -> TailBatch:
         """Read what was appended since the last poll and return the complete lines.
 
@@ -122,34 +143,74 @@ class LineTail:
         (no trailing newline) is returned as a line too. A missing file gives an empty batch.
         """
         out: list[TailItem] = []
-        try:
-            # Reading an open descriptor cannot raise these; only the open itself can.
-            with open(self._path, "rb", buffering=0) as handle:
-                more = self._poll_open(handle, out)
-        except (FileNotFoundError, NotADirectoryError):
-            return TailBatch(items=out)  # not there (yet): not an error
+        budget = self._max_poll
+        current = _identity(self._path)
+        if self._handle is not None and current is not None and current != self._ident:
+            budget = self._drain_replaced(out, budget)
+            if budget == 0:  # the old file holds more than one poll may read: finish it first
+                return _batch(out, more=True)
+        if self._handle is None and not self._open(out):
+            return _batch(out)  # not there (yet): not an error
+        assert self._handle is not None
+        more = self._read_new(self._handle, budget, out)
         if final and not more and self._partial and not self._skipping:
             out.append(bytes(self._partial))
             self._partial.clear()
-        oversized = sum(1 for item in out if isinstance(item, OversizedLine))
-        return TailBatch(items=out, oversized_lines=oversized, more=more)
+        return _batch(out, more=more)
 
-    def _poll_open(self, handle: BinaryIO, out: list[TailItem]) -> bool:
-        """Segment bookkeeping and reading for an open file; returns True if bytes were left unread."""
+    def _drain_replaced(self, out: list[TailItem], budget: int) -> int:
+        """Read the replaced file to its end (within ``budget`` bytes; returns what is left of it) and
+        close it once done, its unterminated last line returned as a line."""
+        assert self._handle is not None
+        before = len(out)
+        left = budget - self._read(self._handle, budget, out)
+        if left == 0 and self._offset < os.fstat(self._handle.fileno()).st_size:
+            self._drained += len(out) - before
+            return 0
+        if self._partial and not self._skipping:
+            out.append(bytes(self._partial))
+        self._partial.clear()
+        self._skipping = False
+        self._drained += len(out) - before
+        log.info(
+            event(
+                "metrics_file_replaced", {"path": self._path, "segment": self._segment, "drained_lines": self._drained}
+            )
+        )
+        self._drained = 0
+        self.close()
+        return left
+
+    def _open(self, out: list[TailItem]) -> bool:
+        """Open the path (a new segment if it is not the file read before); False if there is none."""
+        try:
+            handle: BinaryIO = open(self._path, "rb", buffering=0)  # noqa: SIM115 - kept open between polls
+        except (FileNotFoundError, NotADirectoryError):
+            return False
+        self._handle = handle
+        self._closer = weakref.finalize(self, handle.close)
         st = os.fstat(handle.fileno())
         ident = (st.st_dev, st.st_ino)
-        size = st.st_size
-        if self._started and self._is_new_segment(handle, ident, size):
+        if self._started and ident != self._ident:
             self._start_segment(self._segment + 1, out)
         self._ident = ident
+        return True
+
+    def _read_new(self, handle: BinaryIO, budget: int, out: list[TailItem]) -> bool:
+        """Segment bookkeeping, then read at most ``budget`` bytes; True if bytes were left unread."""
+        size = os.fstat(handle.fileno()).st_size
+        if self._started and self._rewritten(handle, size):
+            self._start_segment(self._segment + 1, out)
         if not self._started:
             if size == 0:
                 return False
             self._start_segment(0, out)
-        return self._read_new(handle, size, out)
+        self._read(handle, budget, out)
+        return self._offset < size
 
-    def _is_new_segment(self, handle: BinaryIO, ident: tuple[int, int], size: int) -> bool:
-        if ident != self._ident or size < self._offset:
+    def _rewritten(self, handle: BinaryIO, size: int) -> bool:
+        """Whether the open file was truncated (or truncated and rewritten) under the offset read."""
+        if size < self._offset:
             return True
         if not self._head:
             return False
@@ -165,19 +226,20 @@ class LineTail:
         self._skipping = False
         out.append(NewSegment(segment))
 
-    def _read_new(self, handle: BinaryIO, size: int, out: list[TailItem]) -> bool:
-        remaining = min(size - self._offset, self._max_poll)
+    def _read(self, handle: BinaryIO, budget: int, out: list[TailItem]) -> int:
+        """Read from the offset to the end of the file, at most ``budget`` bytes; returns the bytes read."""
         handle.seek(self._offset)
-        while remaining > 0:
-            data = handle.read(min(self._chunk, remaining))
+        read = 0
+        while read < budget:
+            data = handle.read(min(self._chunk, budget - read))
             if not data:
                 break
             if len(self._head) < HEAD_BYTES:
                 self._head += data[: HEAD_BYTES - len(self._head)]
             self._offset += len(data)
-            remaining -= len(data)
+            read += len(data)
             self._split(data, out)
-        return self._offset < size
+        return read
 
     def _split(self, data: bytes, out: list[TailItem]) -> None:
         """Cut one chunk into lines, continuing the partial line from the previous chunk."""
@@ -217,3 +279,17 @@ class LineTail:
             out.append(OversizedLine(self._segment))
         else:
             self._partial += piece
+
+
+def _identity(path: Path) -> tuple[int, int] | None:
+    """``(st_dev, st_ino)`` of the file ``path`` names now, or None if it names none."""
+    try:
+        st = os.stat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    return (st.st_dev, st.st_ino)
+
+
+def _batch(items: list[TailItem], *, more: bool = False) -> TailBatch:
+    oversized = sum(1 for item in items if isinstance(item, OversizedLine))
+    return TailBatch(items=items, oversized_lines=oversized, more=more)
