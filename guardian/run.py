@@ -25,7 +25,7 @@ from guardian.actions.dirlock import DirLockedError, holding
 from guardian.actions.process import LocalProcessControl
 from guardian.config import GuardianConfig
 from guardian.logs import event, get_logger
-from guardian.notify.setup import notifying, sink_names
+from guardian.notify.setup import check_sinks, notifying, sink_names
 from guardian.sinks.export import exporting
 from guardian.store import Store
 from guardian.supervisor import Supervisor
@@ -125,6 +125,7 @@ def _render(supervisor: Supervisor) -> Group:
 
 def run_guarded(config: GuardianConfig, request: RunRequest, *, stop: threading.Event | None = None) -> int:
     stop = stop or threading.Event()
+    check_sinks(config, os.environ)  # a missing webhook URL or token refuses before anything is written
     with Store.open(config.database_url()) as store:
         known = store.get_run(request.run_id)
         command, cwd = request.command, request.cwd

@@ -23,6 +23,13 @@ REPO = Path(__file__).resolve().parents[1]
 FIXTURES = REPO / "tests" / "fixtures"
 
 
+@pytest.fixture(autouse=True)
+def _outside_the_repository(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every test runs in a fresh empty working directory: a relative path (verl's default checkpoint dir
+    ``checkpoints/...``, a default output folder) never lands in the repository's tree."""
+    monkeypatch.chdir(tmp_path_factory.mktemp("cwd"))
+
+
 def missing(message: str) -> NoReturn:
     """Something a test needs is absent: skip locally with ``message``, fail in CI (where it must be there)."""
     if os.environ.get("CI"):

@@ -142,6 +142,8 @@ def test_guardian_run_refuses_to_launch_without_the_webhook_url(tmp_path: Path) 
     script.write_text(f"open({str(marker)!r}, 'w').close()\n")
     assert main(["run", "--config", str(config), "--", sys.executable, str(script)]) == 2
     assert not marker.exists()
+    # refused before touching the disk: no store, no run folder, no checkpoint-dir lock in the working directory
+    assert not (tmp_path / "home").exists() and not Path("checkpoints").exists()
 
 
 def test_a_command_the_guardian_cannot_patch_is_a_usage_error(

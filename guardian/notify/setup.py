@@ -91,6 +91,17 @@ def sink_names(config: GuardianConfig) -> list[str]:
     return names + (["grafana"] if config.grafana.url is not None else [])
 
 
+def check_sinks(config: GuardianConfig, env: Mapping[str, str]) -> None:
+    """Raise the ConfigError that ``build_sinks`` would (a webhook URL or the Grafana token missing or unusable)
+    without building anything: ``guardian run`` refuses before it touches the disk or launches a trainer."""
+    for hook in config.notify.webhooks:
+        try:
+            WebhookNotifier(webhook_url(hook, env), timeout_s=hook.timeout_s, name=hook.name)
+        except ValueError as exc:
+            raise ConfigError(f"notify.webhooks[{hook.name}]: {exc}") from None
+    annotations_sink(config.grafana, env)
+
+
 def build_sinks(config: GuardianConfig, store: Store, run_id: str, env: Mapping[str, str]) -> list[Sink]:
     notify = config.notify
     sinks: list[Sink] = [NotifierSink(LogNotifier(), _level(notify.log_level), 0.0)]
