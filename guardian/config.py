@@ -19,6 +19,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from guardian.actions.ladder import RemediationConfig
 
+MAX_CONFIG_BYTES = 1 << 20  # a guardian.yaml is a few KiB; a larger file is the wrong file
+
 
 class ConfigError(ValueError):
     """The configuration cannot be used; the message names the file and the field."""
@@ -394,10 +396,7 @@ def load_config(path: Path | None = None, env: Mapping[str, str] | None = None) 
     origin = "defaults"
     if path is not None:
         origin = str(path)
-        try:
-            text = path.read_text(encoding="utf-8")
-        except OSError as exc:
-            raise ConfigError(f"cannot read config file {path}: {exc.strerror or exc}") from exc
+        text = _read_config_text(path)
         try:
             loaded = yaml.safe_load(text)
         except yaml.YAMLError as exc:
@@ -413,6 +412,25 @@ def load_config(path: Path | None = None, env: Mapping[str, str] | None = None) 
         return GuardianConfig.model_validate(raw)
     except ValidationError as exc:
         raise ConfigError(_format_validation_error(exc, origin)) from None
+
+
+def _read_config_text(path: Path) -> str:
+    """The text of a config file; ``ConfigError`` naming the file when it is no readable YAML text."""
+    if path.is_dir():
+        raise ConfigError(f"config file {path} is a directory, expected a guardian.yaml file")
+    try:
+        with path.open("rb") as handle:
+            data = handle.read(MAX_CONFIG_BYTES + 1)
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc.strerror or exc}") from None
+    if len(data) > MAX_CONFIG_BYTES:
+        raise ConfigError(f"config file {path} is larger than {MAX_CONFIG_BYTES >> 20} MiB: not a guardian.yaml")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(
+            f"config file {path} is not UTF-8 text (byte 0x{data[exc.start]:02x} at offset {exc.start})"
+        ) from None
 
 
 def _without_empty(value: Any) -> Any:

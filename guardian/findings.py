@@ -6,7 +6,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import IntEnum
 
-EvidenceValue = float | int | str | None
+# a flag is a bool (JSON true/false), never the string "true"
+EvidenceValue = bool | float | int | str | None
 
 
 class Severity(IntEnum):

@@ -1,6 +1,10 @@
 """Run the checks over a finished log as if it were live: one step at a time, each step judged when its
 metrics line arrives and again when its rollout statistics do (``feed_step``). Used by ``guardian
-replay``, the benchmarks and a guardian rebuilding its view after a restart."""
+replay``, the benchmarks and a guardian rebuilding its view after a restart.
+
+The log is verl's file-logger JSONL, or a captured stdout log read as console lines (``replay_trace``
+reads a file as one when asked, or when the JSONL reading found no step but the file holds verl console
+lines). A replay that read no step keeps what the file looked like (``ReplayResult.shape``)."""
 
 from __future__ import annotations
 
@@ -13,8 +17,10 @@ from guardian.config import ChecksConfig
 from guardian.findings import Finding, Severity
 from guardian.history import Arrival, RunHistory, StepRecord
 from guardian.keys import CHECKED_KEYS, signals_present
+from guardian.sources.console import iter_console_records
 from guardian.sources.jsonl import BadLineReport, iter_records
 from guardian.sources.rollouts import read_finished
+from guardian.sources.sniff import TraceKind, TraceShape, read_sample, sniff
 from guardian.tracker import Change, StatusTracker, Transition
 
 
@@ -27,6 +33,8 @@ class ReplayResult:
     bad_lines: list[BadLineReport] = field(default_factory=list)
     rollout_problems: list[str] = field(default_factory=list)
     rewinds: int = 0
+    console: bool = False  # read as verl console lines
+    shape: TraceShape | None = None  # what the file looked like, when no step was read as JSONL
 
     @property
     def raised(self) -> list[Finding]:
@@ -49,7 +57,9 @@ class ReplayResult:
             "findings": [f.to_json() for f in self.raised],
             "verdict": "healthy" if self.healthy else "unhealthy",
             "first_critical_step": self.first_critical.step if self.first_critical else None,
+            "format": "console" if self.console else "jsonl",
             "bad_lines": len(self.bad_lines),
+            "rollout_problems": len(self.rollout_problems),
             "rewinds": self.rewinds,
         }
 
@@ -106,13 +116,16 @@ def replay_file(
     rules: str | None = None,
     rollouts: Path | None = None,
     history: RunHistory | None = None,
+    console: bool = False,
 ) -> ReplayResult:
-    """Replay a metrics JSONL file (streamed), with rollout dumps from ``rollouts`` if given."""
+    """Replay a metrics JSONL file (or, ``console``, a stdout log) streamed, with rollout dumps from
+    ``rollouts`` if given."""
     stats, problems = read_finished(rollouts) if rollouts is not None else ({}, [])
     bad: list[BadLineReport] = []
+    chunks = iter_console_records(path) if console else iter_records(path, keys=CHECKED_KEYS)
 
     def records() -> Iterable[StepRecord]:
-        for chunk, chunk_bad in iter_records(path, keys=CHECKED_KEYS):
+        for chunk, chunk_bad in chunks:
             bad.extend(chunk_bad)
             yield from chunk
 
@@ -126,4 +139,26 @@ def replay_file(
     )
     result.bad_lines = bad
     result.rollout_problems = problems
+    result.console = console
+    return result
+
+
+def replay_trace(
+    path: Path,
+    checks_config: ChecksConfig,
+    *,
+    console: bool = False,
+    rules: str | None = None,
+    rollouts: Path | None = None,
+) -> ReplayResult:
+    """``replay_file``, reading the file as a console log when asked or when its JSONL held no step but
+    its head has verl console lines; a result without steps says what the file looked like (``shape``)."""
+    result = replay_file(path, checks_config, rules=rules, rollouts=rollouts, console=console)
+    if result.steps:
+        return result
+    sample, truncated = read_sample(path)
+    shape = sniff(sample, truncated=truncated)
+    if not console and shape.kind is TraceKind.CONSOLE:
+        result = replay_file(path, checks_config, rules=rules, rollouts=rollouts, console=True)
+    result.shape = shape
     return result

@@ -8,12 +8,13 @@ Exit codes: 0 ok / healthy, 1 error, 2 usage, 3 unhealthy run (replay, watch).
 from __future__ import annotations
 
 import argparse
+import time
 from collections.abc import Sequence
 
 from guardian import __version__
 from guardian.actions.verl_keys import PatchError
 from guardian.cli import checkpoints, dashboards, incidents, replay, run, setup, watch
-from guardian.cli.common import EXIT_ERROR, EXIT_OK, EXIT_UNHEALTHY, EXIT_USAGE, log
+from guardian.cli.common import EXIT_ERROR, EXIT_OK, EXIT_UNHEALTHY, EXIT_USAGE, guardian_home, log, write_traceback
 from guardian.config import ConfigError
 from guardian.logs import event, init_logging
 from guardian.store import StoreError
@@ -41,7 +42,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    init_logging(args.log_level)
+    try:
+        init_logging(args.log_level)
+    except ValueError:
+        parser.error(f"--log-level {args.log_level!r}: not a level (DEBUG, INFO, WARNING, ERROR)")
     try:
         code: int = args.func(args)
         return code
@@ -53,4 +57,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE
     except StoreError as exc:
         log.error(event("store_error", {"message": str(exc)}))
+        return EXIT_ERROR
+    except OSError as exc:  # last resort: a file the command could not use, named with the error
+        log.error(event("os_error", {"file": exc.filename, "error": exc.strerror or str(exc)}))
+        return EXIT_ERROR
+    except Exception as exc:  # last resort: one line here, the traceback in a file under the guardian home
+        where = write_traceback(guardian_home(args), exc, time.time())
+        message = f"internal error: {type(exc).__name__}: {exc}"
+        log.error(event("internal_error", {"message": message, "traceback": where or "not written"}))
         return EXIT_ERROR

@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+import tempfile
+import traceback
 from collections.abc import Callable
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Protocol
 
 import orjson
 
-from guardian.config import GuardianConfig, load_config
+from guardian.atomic import write_atomically
+from guardian.config import ConfigError, GuardianConfig, load_config
 from guardian.logs import get_logger
 from guardian.store import Store
 
@@ -44,3 +49,49 @@ def resolved_config(args: argparse.Namespace) -> GuardianConfig:
 
 def open_store(config: GuardianConfig) -> Store:
     return Store.open(config.database_url())
+
+
+def file_problem(path: Path, what: str) -> str | None:
+    """Why ``path`` cannot be read as the file ``what`` names (None when it is a file)."""
+    if path.is_file():
+        return None
+    if path.is_dir():
+        return f"{what} {path} is a directory, expected a file"
+    if path.exists():
+        return f"{what} {path} is not a regular file"
+    return f"{what} {path} does not exist"
+
+
+def dir_problem(path: Path, what: str) -> str | None:
+    """Why ``path`` cannot be read as the folder ``what`` names (None when it is a folder)."""
+    if path.is_dir():
+        return None
+    if path.exists():
+        return f"{what} {path} is not a directory"
+    return f"{what} {path} does not exist"
+
+
+def guardian_home(args: argparse.Namespace) -> Path:
+    """The guardian home the command used (its ``--config``, else the defaults with env overrides)."""
+    config = getattr(args, "config", None)
+    for path in (Path(config) if config else None, None):
+        try:
+            return load_config(path).home
+        except ConfigError:
+            continue
+    return Path(tempfile.gettempdir())
+
+
+def write_traceback(home: Path, exc: BaseException, now: float) -> Path | None:
+    """Write ``exc``'s full traceback to ``<home>/logs/`` (the temp folder if that cannot be written);
+    the file written, None if neither could be."""
+    text = "".join(traceback.format_exception(exc)).encode()
+    name = f"internal-error-{datetime.fromtimestamp(now, tz=UTC):%Y%m%dT%H%M%SZ}-{os.getpid()}.log"
+    for folder in (home / "logs", Path(tempfile.gettempdir())):
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            write_atomically(folder / name, text)
+        except OSError:
+            continue
+        return folder / name
+    return None

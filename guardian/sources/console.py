@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Iterator
+from pathlib import Path
 
 from guardian.history import StepRecord
-from guardian.sources.jsonl import BadLine, MetricsFile
+from guardian.sources.jsonl import BadLine, BadLineReport, MetricsFile
 from guardian.sources.tail import OversizedLine
 
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
@@ -70,3 +72,17 @@ class ConsoleFile(MetricsFile):
         if isinstance(item, OversizedLine):
             raise BadLine(f"line longer than {self._max_line} bytes, skipped")
         return parse_console_line(item.decode("utf-8", errors="replace"))
+
+
+def iter_console_records(
+    path: Path, *, max_poll_bytes: int = 4 << 20
+) -> Iterator[tuple[list[StepRecord], list[BadLineReport]]]:
+    """Replay a finished stdout log in bounded pieces, like ``jsonl.iter_records`` does for the JSONL."""
+    if not path.is_file():
+        raise FileNotFoundError(f"console log {path} does not exist")
+    source = ConsoleFile(path, max_poll_bytes=max_poll_bytes)
+    while True:
+        batch = source.poll(final=True)
+        yield [item for item in batch.items if isinstance(item, StepRecord)], batch.bad_lines
+        if not batch.more:
+            return
