@@ -1,4 +1,4 @@
-"""``guardian watch``: attach to a live run in observe mode."""
+"""``guardian watch``: attach to a run it did not start, in observe mode, until the run ends."""
 
 from __future__ import annotations
 
@@ -9,23 +9,65 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
 
-from guardian.cli.common import EXIT_OK, EXIT_UNHEALTHY, AddCommand, log, open_store, resolved_config
-from guardian.findings import Severity
+from guardian.cli.common import EXIT_ERROR, EXIT_OK, EXIT_UNHEALTHY, AddCommand, log, open_store, resolved_config
+from guardian.config import ConfigError, GuardianConfig
+from guardian.keys import signals_present
 from guardian.logs import event
+from guardian.sources.hydra_config import config_beside, total_training_steps
+from guardian.store import Store
+from guardian.trainer_pid import TrainerLiveness
+from guardian.watch_summary import IncidentLine, Verdict, VerdictTracker, WatchSummary, summary_lines
+
+EXIT_CODES = {Verdict.HEALTHY: EXIT_OK, Verdict.UNHEALTHY: EXIT_UNHEALTHY, Verdict.NO_STEPS: EXIT_ERROR}
+EPILOG = """\
+when the watch ends:
+  --no-follow            at the end of the file.
+  following (default)    when the run is over: the process --pid names has exited (the file is read
+                         to its end first), or the last step reached the run's total steps: --total-steps,
+                         else trainer.total_training_steps of --run-config, else of .hydra/config.yaml in
+                         the metrics file's folder (verl's default, null, leaves it unknown). Otherwise
+                         it follows until Ctrl-C or SIGTERM. Every ending prints the summary.
+verdict and exit code:
+  0 HEALTHY      no check was critical at any step read (warnings do not count: a file that went
+                 silent with no --pid to ask is a warning that the run may have finished, crashed or hung)
+  3 UNHEALTHY    a check was critical at some step read, even if it cleared later; a stall is critical
+                 only while the --pid process runs, so the verdict on a finished file does not depend on
+                 how long it was watched
+  1 error        the path cannot be read, or no step was read (nothing to judge)
+  2 usage        bad arguments, an unreadable --config or --run-config
+output: a live table on a terminal; otherwise (or --no-live) plain lines on stdout - "waiting for FILE",
+  a line per finding raised or cleared, progress every 10 steps or 30 s - then the summary."""
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
 
 
 def register(add: AddCommand) -> None:
-    p = add("watch", "Attach to a live run in observe mode: findings and incidents to the store.")
+    p = add("watch", "Attach to a run in observe mode until it ends; print the verdict (exit 0 healthy, 3 not).")
+    p.epilog = EPILOG
+    p.formatter_class = argparse.RawDescriptionHelpFormatter
     source = p.add_mutually_exclusive_group(required=True)
     source.add_argument("--metrics", help="the run's file-logger JSONL (VERL_FILE_LOGGER_PATH)")
     source.add_argument("--console", help="the run's stdout log, parsed as verl console lines (fallback)")
     p.add_argument("--rollouts", help="trainer.rollout_data_dir")
     p.add_argument("--checkpoints", help="trainer.default_local_dir (global_step_N folders)")
     p.add_argument("--run-id", help="run id in the store (default: derived from the metrics path)")
-    p.add_argument("--no-live", action="store_true", help="no live terminal view (logs only)")
+    p.add_argument("--no-follow", action="store_true", help="read to the end of the file, judge and exit")
+    p.add_argument("--pid", type=_positive, help="the trainer's process id: the watch ends when it exits")
+    p.add_argument("--total-steps", type=_positive, metavar="N", help="the run ends at step N")
+    p.add_argument("--run-config", metavar="FILE", help="the run's Hydra config (.hydra/config.yaml): its length")
+    p.add_argument("--no-live", action="store_true", help="plain progress lines instead of the live table")
     p.add_argument("--export", type=int, metavar="PORT", help="serve Prometheus metrics on 127.0.0.1:PORT")
     p.add_argument("--max-ticks", type=int, help=argparse.SUPPRESS)
     p.set_defaults(func=cmd_watch)
@@ -36,87 +78,162 @@ def derive_run_id(metrics: Path) -> str:
     return f"{metrics.stem}-{digest}"
 
 
+def readable_problem(path: Path, *, must_exist: bool) -> str | None:
+    """Why ``path`` cannot be watched, or None."""
+    if path.is_dir():
+        return f"{path} is a directory, not a metrics file"
+    if not path.exists():
+        return f"metrics file {path} does not exist" if must_exist else None
+    try:
+        with path.open("rb"):
+            return None
+    except OSError as exc:
+        return f"cannot read {path}: {exc.strerror or exc}"
+
+
+def run_length(args: argparse.Namespace, path: Path) -> int | None:
+    """The run's total steps: ``--total-steps``, else its Hydra config's (``--run-config``, or beside the file)."""
+    if args.total_steps is not None:
+        return int(args.total_steps)
+    config = Path(args.run_config) if args.run_config else config_beside(path)
+    if config is None:
+        return None
+    if config.is_dir():
+        raise ConfigError(f"run config {config} is a directory, not a Hydra config.yaml")
+    steps = total_training_steps(config)
+    log.info(event("watch_run_length", {"config": config, "total_training_steps": steps if steps else "unknown"}))
+    return steps
+
+
 def cmd_watch(args: argparse.Namespace) -> int:
+    from guardian.watch_loop import WatchError
+
+    config = resolved_config(args)
+    path = Path(args.metrics or args.console)
+    problem = readable_problem(path, must_exist=args.no_follow)
+    if problem is not None:
+        log.error(event("watch_error", {"message": problem}))
+        return EXIT_ERROR
+    total_steps = None if args.no_follow else run_length(args, path)
+    run_id = args.run_id or derive_run_id(path)
+    trainer = TrainerLiveness(args.pid)
+    if args.pid is not None and not trainer.sample():
+        log.warning(event("watch_trainer_gone", {"pid": args.pid, "message": "not running: reading to the end"}))
+    stop = threading.Event()
+    with open_store(config) as store, _stopped_by_signals(stop):
+        try:
+            summary = _watch(args, config, store, path, run_id, trainer, total_steps, stop)
+        except WatchError as exc:
+            log.error(event("watch_error", {"run": run_id, "message": str(exc)}))
+            return EXIT_ERROR
+    return EXIT_CODES[summary.verdict]
+
+
+def _watch(
+    args: argparse.Namespace,
+    config: GuardianConfig,
+    store: Store,
+    path: Path,
+    run_id: str,
+    trainer: TrainerLiveness,
+    total_steps: int | None,
+    stop: threading.Event,
+) -> WatchSummary:
     from guardian.daemon import Guardian
     from guardian.notify.setup import notifying, sink_names
     from guardian.sinks.export import exporting
     from guardian.sources.console import ConsoleFile
     from guardian.sources.jsonl import MetricsFile
     from guardian.sources.rollouts import RolloutDir
+    from guardian.watch_loop import Display, FollowedFile, LiveView, PlainProgress, WatchLoop
 
-    config = resolved_config(args)
-    path = Path(args.metrics or args.console)
-    source = MetricsFile(path) if args.metrics else ConsoleFile(path)
-    run_id = args.run_id or derive_run_id(path)
-    stop = threading.Event()
-    with open_store(config) as store:
-        store.ensure_run(
-            run_id,
-            name=run_id,
-            metrics_path=str(path.resolve()),
-            rollouts_dir=str(Path(args.rollouts).resolve()) if args.rollouts else "",
-            checkpoints_dir=str(Path(args.checkpoints).resolve()) if args.checkpoints else None,
-            mode="observe",
-            now=time.time(),
+    followed = FollowedFile(MetricsFile(path) if args.metrics else ConsoleFile(path))
+    store.ensure_run(
+        run_id,
+        name=run_id,
+        metrics_path=str(path.resolve()),
+        rollouts_dir=str(Path(args.rollouts).resolve()) if args.rollouts else "",
+        checkpoints_dir=str(Path(args.checkpoints).resolve()) if args.checkpoints else None,
+        mode="observe",
+        now=time.time(),
+    )
+    guardian = Guardian(
+        config=config,
+        store=store,
+        run_id=run_id,
+        metrics=followed,
+        clock=time.time,
+        rollouts=RolloutDir(Path(args.rollouts)) if args.rollouts else None,
+        checkpoints_dir=Path(args.checkpoints) if args.checkpoints else None,
+        trainer_alive=trainer,
+    )
+    tracker = guardian.tracker = VerdictTracker()
+    fields = {"run": run_id, "metrics": path, "db": store.url, "follow": not args.no_follow}
+    log.info(event("watch", {**fields, "pid": args.pid, "total_steps": total_steps}))
+    live = sys.stdout.isatty() and not args.no_live
+    display: Display = LiveView(guardian, time.time) if live else PlainProgress(guardian, _print, time.time)
+    with (
+        notifying(config, store, run_id, time.time, os.environ),
+        exporting(guardian, store, config.exporter, time.time, stop, sink_names(config)) as polled,
+    ):
+        loop = WatchLoop(
+            guardian,
+            followed,
+            trainer,
+            display,
+            follow=not args.no_follow,
+            total_steps=total_steps,
+            wait=stop.wait,
+            max_ticks=args.max_ticks,
+            after_tick=polled,
         )
-        guardian = Guardian(
-            config=config,
-            store=store,
+        view: AbstractContextManager[object] = display if isinstance(display, LiveView) else nullcontext()
+        with view:
+            reason = loop.run()
+        summary = WatchSummary(
             run_id=run_id,
-            metrics=source,
-            clock=time.time,
-            rollouts=RolloutDir(Path(args.rollouts)) if args.rollouts else None,
-            checkpoints_dir=Path(args.checkpoints) if args.checkpoints else None,
+            path=str(path),
+            reason=reason,
+            steps_read=loop.steps_read,
+            last_step=guardian.history.last_step,
+            signals=tuple(s.value for s in signals_present(frozenset(guardian.history.keys_seen))),
+            bad_lines=guardian.bad_lines_total,
+            incidents=tuple(
+                IncidentLine(i.id, i.check, i.severity.label, i.status, i.onset_step)
+                for i in reversed(store.list_incidents(run_id, limit=1000))
+            ),
+            first_critical=tracker.first_critical,
+            store_url=store.url,
+            pid=args.pid,
+            total_steps=total_steps,
         )
-        log.info(event("watch", {"run": run_id, "metrics": path, "db": store.url}))
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(sig, lambda *_: stop.set())
-        with (
-            notifying(config, store, run_id, time.time, os.environ),
-            exporting(guardian, store, config.exporter, time.time, stop, sink_names(config)) as polled,
-        ):
-            _watch_loop(
-                guardian,
-                stop,
-                live=sys.stdout.isatty() and not args.no_live,
-                max_ticks=args.max_ticks,
-                after_tick=polled,
+        for line in summary_lines(summary):
+            _print(line)
+        log.info(
+            event(
+                "watch_stopped",
+                {
+                    "run": run_id,
+                    "reason": reason.value,
+                    "verdict": summary.verdict.value,
+                    "steps": summary.steps_read,
+                    "last_step": summary.last_step,
+                },
             )
-        worst = guardian.tracker.worst()
-        log.info(event("watch_stopped", {"run": run_id, "last_step": guardian.history.last_step}))
-    return EXIT_UNHEALTHY if worst == Severity.CRITICAL else EXIT_OK
+        )
+    return summary
 
 
-def _watch_loop(
-    guardian: object,
-    stop: threading.Event,
-    *,
-    live: bool,
-    max_ticks: int | None,
-    after_tick: Callable[[], None] = lambda: None,
-) -> None:
-    from rich.live import Live
+def _print(line: str) -> None:
+    print(line, flush=True)
 
-    from guardian.daemon import Guardian
-    from guardian.view import render
 
-    assert isinstance(guardian, Guardian)
-    ticks = 0
-
-    def counted(_result: object) -> None:
-        nonlocal ticks
-        ticks += 1
-        after_tick()
-        if max_ticks is not None and ticks >= max_ticks:
-            stop.set()
-
-    if not live:
-        guardian.run_forever(stop, on_tick=counted)
-        return
-    with Live(render(guardian.run_id, guardian.history, guardian.tracker, time.time()), refresh_per_second=4) as view:
-
-        def redraw(result: object) -> None:
-            counted(result)
-            view.update(render(guardian.run_id, guardian.history, guardian.tracker, time.time()))
-
-        guardian.run_forever(stop, on_tick=redraw)
+@contextmanager
+def _stopped_by_signals(stop: threading.Event) -> Iterator[None]:
+    """Ctrl-C and SIGTERM end the watch (with its summary), not the process."""
+    previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)

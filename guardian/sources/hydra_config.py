@@ -1,0 +1,48 @@
+"""The run's length from the config verl ran with: ``trainer.total_training_steps`` of its Hydra config.
+
+``python -m verl.trainer.main_ppo`` is a Hydra app: it writes the composed config, overrides applied,
+to ``.hydra/config.yaml`` in its output dir (``hydra.run.dir``). verl's default is
+``total_training_steps: null`` (verl then derives it from the dataset size and ``total_epochs`` at start,
+so the file does not know it); only a run that sets it has a known length here.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+from guardian.config import ConfigError
+
+TOTAL_STEPS_KEY = ("trainer", "total_training_steps")
+HYDRA_CONFIG = Path(".hydra") / "config.yaml"
+
+
+def config_beside(metrics: Path) -> Path | None:
+    """``.hydra/config.yaml`` in the metrics file's folder (a Hydra output dir that also holds the log)."""
+    candidate = metrics.parent / HYDRA_CONFIG
+    return candidate if candidate.is_file() else None
+
+
+def total_training_steps(path: Path) -> int | None:
+    """``trainer.total_training_steps`` of the Hydra config at ``path``; None when unset (null or absent).
+    Raises ``ConfigError`` naming the file and key when it cannot be read or holds something else."""
+    where = f"run config {path}"
+    try:
+        loaded = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ConfigError(f"cannot read {where}: {exc.strerror or exc}") from None
+    except (yaml.YAMLError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{where} is not valid YAML: {exc}") from None
+    value: object = loaded
+    for part in TOTAL_STEPS_KEY:
+        if value is None:
+            return None
+        if not isinstance(value, dict):
+            raise ConfigError(f"{where}: expected a mapping above {'.'.join(TOTAL_STEPS_KEY)}, got {value!r:.60}")
+        value = value.get(part)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ConfigError(f"{where}: {'.'.join(TOTAL_STEPS_KEY)} must be a positive integer or null, got {value!r:.60}")
+    return value

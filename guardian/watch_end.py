@@ -1,0 +1,55 @@
+"""When ``guardian watch`` stops reading: the end of the run, decided from what is known of it. Pure.
+
+The rule, in order:
+
+1. bytes are left to read in the file: read them first (never end with data unread);
+2. ``--no-follow``: the end of the file is the end of the watch;
+3. following, the run's last step reached its ``trainer.total_training_steps``: the run is over;
+4. following, the trainer process named by ``--pid`` has exited: the run is over (its file was read to
+   the end after the exit was seen, so its last lines are in);
+5. otherwise keep following (a file that stopped growing with no trainer to ask is the stall check's
+   warning, not the end: the run may only be slow).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+
+class FileState(StrEnum):
+    MISSING = "missing"  # not there (yet)
+    UNREAD = "unread"  # holds more bytes than one poll reads
+    AT_END = "at_end"  # read to its current end
+
+
+class EndReason(StrEnum):
+    END_OF_FILE = "end_of_file"
+    TOTAL_STEPS = "total_steps"
+    TRAINER_EXITED = "trainer_exited"
+    INTERRUPTED = "interrupted"  # Ctrl-C or SIGTERM: decided by the loop, not by this rule
+    TICK_LIMIT = "tick_limit"
+
+
+@dataclass(frozen=True, slots=True)
+class WatchState:
+    """What the loop knows after a tick. ``trainer_alive`` was sampled before the tick's read."""
+
+    follow: bool
+    file: FileState
+    last_step: int | None
+    total_steps: int | None
+    trainer_alive: bool | None
+
+
+def end_reason(state: WatchState) -> EndReason | None:
+    """Why the watch ends now, or None to keep reading (the module docstring has the rule)."""
+    if state.file is FileState.UNREAD:
+        return None
+    if not state.follow:
+        return EndReason.END_OF_FILE
+    if state.total_steps is not None and state.last_step is not None and state.last_step >= state.total_steps:
+        return EndReason.TOTAL_STEPS
+    if state.trainer_alive is False:
+        return EndReason.TRAINER_EXITED
+    return None
