@@ -3,18 +3,22 @@
 from __future__ import annotations
 
 import math
+import tracemalloc
 from pathlib import Path
 
+import orjson
 import pytest
 from conftest import FIXTURES
 
 from guardian.history import StepRecord
 from guardian.sources.jsonl import (
+    MAX_LINE_BYTES,
     BadLine,
     BadLineReport,
     MetricsBatch,
     MetricsFile,
     iter_records,
+    parse_line,
     parse_metrics_line,
     read_all,
 )
@@ -178,3 +182,104 @@ def test_every_trace_parses_without_bad_lines() -> None:
         steps, bad = read_all(path)
         assert bad == [], path
         assert steps, path
+
+
+# ------------------------------------------------------------------------------ damage stays contained
+
+
+def test_a_key_with_invalid_utf8_costs_that_key_only(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    path = tmp_path / "run.jsonl"
+    path.write_bytes(
+        b'{"step":1,"data":{"actor/entropy":0.5,"bad\xff\xfekey":1.0,"critic/score/mean":0.25}}\n'
+        b'{"step":2,"data":{"lone\\udc80":2.0,"caf\xc3\xa9":3.0,"name":"x\xff"}}\n'
+    )
+    source = MetricsFile(path)
+    with caplog.at_level("WARNING", logger="guardian"):
+        batch = source.poll()
+    assert batch.bad_lines == []
+    assert [(r.step, dict(r.data)) for r in records(batch)] == [
+        (1, {"actor/entropy": 0.5, "critic/score/mean": 0.25}),
+        (2, {"café": 3.0}),  # valid non-ASCII keys stay; a string value is no metric anyway
+    ]
+    assert source.invalid_keys_dropped == 2
+    dropped = [r.getMessage() for r in caplog.records if "metrics_keys_dropped" in r.getMessage()]
+    assert dropped == [
+        f"event=metrics_keys_dropped path={path} segment=0 line=1 step=1 reason=invalid_utf8 dropped=1 kept=2",
+        f"event=metrics_keys_dropped path={path} segment=0 line=2 step=2 reason=invalid_utf8 dropped=1 kept=1",
+    ]
+
+
+def test_a_step_with_too_many_keys_keeps_the_read_keys_and_the_first_others(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tmp_path / "run.jsonl"
+    many = {f"per_sample/{i}": float(i) for i in range(30)}
+    with path.open("wb") as out:
+        for step in (1, 2):
+            data = {**many, "actor/entropy": 0.5, "val-core/gsm8k/acc/mean@1": 0.7, "critic/score/mean": 0.1}
+            out.write(orjson.dumps({"step": step, "data": data}) + b"\n")
+    source = MetricsFile(path, max_keys=10)
+    with caplog.at_level("WARNING", logger="guardian"):
+        got = records(source.poll())
+    assert [r.step for r in got] == [1, 2]
+    expected = {f"per_sample/{i}" for i in range(10)} | {
+        "actor/entropy",
+        "val-core/gsm8k/acc/mean@1",
+        "critic/score/mean",
+    }
+    assert all(set(r.data) == expected for r in got)
+    assert source.capped_keys_dropped == 40
+    dropped = [r.getMessage() for r in caplog.records if "metrics_keys_dropped" in r.getMessage()]
+    assert dropped == [  # once per file, with the first step's count
+        f"event=metrics_keys_dropped path={path} segment=0 line=1 step=1 reason=over_10_keys dropped=20 kept=13"
+    ]
+    assert len(parse_line(orjson.dumps({"step": 1, "data": many}), max_keys=100).record.data) == 30
+
+
+def test_every_step_arrives_once_when_the_file_is_replaced_with_unread_lines(tmp_path: Path) -> None:
+    path = tmp_path / "run.jsonl"
+
+    def lines(steps: range) -> bytes:
+        return b"".join(orjson.dumps({"step": s, "data": {"a": float(s)}}) + b"\n" for s in steps)
+
+    path.write_bytes(lines(range(1, 4)))
+    source = MetricsFile(path)
+    seen = [r.step for r in records(source.poll())]
+    with path.open("ab") as out:  # three steps the guardian has not read yet
+        out.write(lines(range(4, 7)))
+    staged = tmp_path / "run.jsonl.new"
+    staged.write_bytes(lines(range(7, 9)))
+    staged.replace(path)
+    batch = source.poll()
+    seen += [r.step for r in records(batch)]
+    assert seen == list(range(1, 9))
+    assert batch.items[3] == NewSegment(1)  # after the drained steps 4-6, before 7
+    source.close()
+
+
+@pytest.mark.slow
+def test_a_hundred_megabyte_line_is_skipped_without_being_held(tmp_path: Path) -> None:
+    path = tmp_path / "run.jsonl"
+    with path.open("wb") as out:
+        out.write(b'{"step":1,"data":{"a":1}}\n{"step":2,"data":{"x":"')
+        block = b"x" * (1 << 20)
+        for _ in range(100):
+            out.write(block)
+        out.write(b'"}}\n{"step":3,"data":{"a":3}}\n')
+    source = MetricsFile(path)
+    steps: list[int] = []
+    bad: list[BadLineReport] = []
+    tracemalloc.start()
+    try:
+        while True:
+            batch = source.poll()
+            steps += [r.step for r in records(batch)]
+            bad += batch.bad_lines
+            if not batch.more:
+                break
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert steps == [1, 3]
+    assert [(b.line_number, b.reason) for b in bad] == [(2, f"line longer than {MAX_LINE_BYTES} bytes, skipped")]
+    assert peak < 2 * MAX_LINE_BYTES + (8 << 20), f"peak {peak} bytes"
