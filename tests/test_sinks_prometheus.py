@@ -568,3 +568,34 @@ def test_notification_counters_start_at_zero_and_only_count_final_results(tmp_pa
         ("oncall", "suppressed"): 0,
         ("oncall", "dropped"): 0,  # present before the first drop, so increase() sees it
     }  # the failing row is not counted: it will turn sent or dropped, and a counter never goes down
+
+
+def test_scrapes_serve_the_snapshot_of_the_last_tick(tmp_path: Path) -> None:
+    """Store reads happen when a tick publishes, never at scrape time; only the step age and up move."""
+    metrics = tmp_path / "metrics.jsonl"
+    _write_run(metrics, range(1, 4), null_grad_from=99)
+    clock = [1_000.0]
+    with Store.open(f"sqlite:///{tmp_path / 'guardian.db'}") as store:
+        store.ensure_run(
+            "r1", name="r1", metrics_path=str(metrics), rollouts_dir="", checkpoints_dir=None, mode="observe", now=0.0
+        )
+        guardian = Guardian(
+            config=GuardianConfig(), store=store, run_id="r1", metrics=MetricsFile(metrics), clock=lambda: clock[0]
+        )
+        guardian.tick()
+        source = GuardianSource(guardian, store, clock=lambda: clock[0])
+        [first] = source.snapshot()
+        assert (first.step, first.attempt, first.last_step_age_seconds) == (3, 1, 0.0)
+
+        _write_run(metrics, range(1, 6), null_grad_from=99)  # same head, longer: steps 4-5 arrive
+        clock[0] = 1_010.0
+        guardian.tick()
+        [stale] = source.snapshot()  # no publish since: the previous tick's view, aged
+        assert (stale.step, stale.last_step_age_seconds) == (3, 10.0)
+
+        source.record_poll(True)
+        clock[0] = 1_012.0
+        source.up = False
+        [fresh] = source.snapshot()
+    assert (fresh.step, fresh.last_step_age_seconds, fresh.up) == (5, 2.0, False)
+    assert (fresh.last_poll_success, fresh.last_poll_success_at) == (True, 1_010.0)

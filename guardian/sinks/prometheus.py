@@ -1,8 +1,9 @@
-"""Prometheus exporter: ``/metrics`` for the runs the guardian watches, read at scrape time.
+"""Prometheus exporter: ``/metrics`` for the runs the guardian watches.
 
 Nothing is mirrored into prometheus_client metric objects. ``GuardianCollector`` is a custom
 collector: on every scrape it asks its ``ExportSource`` for one ``RunSnapshot`` per run and turns the
-snapshots into metric families. ``build_registry`` registers it in a *private* ``CollectorRegistry``
+snapshots into metric families (a guard loop's source builds its snapshot once per tick:
+guardian/sinks/snapshot.py). ``build_registry`` registers it in a *private* ``CollectorRegistry``
 (never the process-wide default one, so no process/GC metrics and no clashes with other libraries),
 and ``serve`` exposes that registry over HTTP on loopback (default ``127.0.0.1:9464``).
 
@@ -103,7 +104,7 @@ _SIGNAL_HELP: Final[Mapping[Signal, tuple[str, str]]] = {
 
 
 class GuardianCollector(Collector):
-    """A custom collector reading its ``ExportSource`` at each scrape (see the module docstring).
+    """A custom collector turning its ``ExportSource``'s snapshots into families at each scrape.
 
     Runs are keyed by ``run_id``: a second snapshot with the same id in one scrape is dropped (with a
     warning), since duplicate series make the whole exposition invalid. An exception from the source

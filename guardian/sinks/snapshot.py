@@ -1,16 +1,17 @@
-"""What the exporter shows about a run, read at scrape time: ``RunSnapshot`` and its sources.
+"""What the exporter shows about a run: ``RunSnapshot`` and its sources.
 
 ``snapshot_from`` copies the guard loop's memory (step, latest signals, per-check verdicts) and reads
 the store (attempt, incidents, interventions, deliveries) for one run; ``GuardianSource`` is the
-``ExportSource`` a guard loop hands the collector (guardian/sinks/prometheus.py).
+``ExportSource`` a guard loop hands the collector (guardian/sinks/prometheus.py). It builds one
+immutable snapshot per tick, on the guard loop's thread, and scrapes serve the latest one: a scrape
+reads no store and takes no lock, so twenty scrapers cost the loop nothing and wait for nothing.
 """
 
 from __future__ import annotations
 
-import threading
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Final, Protocol
 
 from guardian import keys
@@ -29,7 +30,7 @@ _ALL_INCIDENTS: Final = 2**31 - 1
 
 @dataclass(frozen=True, slots=True)
 class RunSnapshot:
-    """Everything the exporter shows about one run, read at scrape time.
+    """Everything the exporter shows about one run at one moment.
 
     ``signals`` holds the latest value of each signal (NaN allowed: it is left out of the scrape).
     ``checks`` is each configured check's latest verdict. ``incidents_opened`` counts incidents by
@@ -173,9 +174,13 @@ def _experiment_of(run: RunView | None, run_id: str) -> str:
 class GuardianSource:
     """An ``ExportSource`` over one ``Guardian``: the glue a guard loop needs.
 
-    Call ``record_poll`` after each tick (``ok=False`` when it raised); every scrape then builds a
-    fresh snapshot with ``snapshot_from``. Set ``up`` to False once the guardian stops guarding the
-    run while the exporter keeps serving.
+    Call ``record_poll`` after each tick (``ok=False`` when it raised), on the guard loop's thread: it
+    builds the run's snapshot there, between ticks, so the guardian's memory and the store are read
+    while nothing changes them. ``snapshot`` (the HTTP threads) serves the latest one, with only the
+    step age and ``up`` brought to the moment of the scrape; publishing is one reference assignment,
+    so a scrape sees a whole snapshot, old or new, never half of each. Set ``up`` to False once the
+    guardian stops guarding the run while the exporter keeps serving. The first snapshot is built
+    when the source is made.
     """
 
     guardian: Guardian
@@ -184,31 +189,40 @@ class GuardianSource:
     experiment: str | None = None
     up: bool = True
     sinks: Sequence[str] = ()  # the configured notifier / Grafana sinks (their counters start at 0)
-    _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
     _poll_ok: bool | None = field(default=None, init=False)
     _poll_ok_at: float | None = field(default=None, init=False)
+    # the latest snapshot and when its last step arrived (its age grows between ticks)
+    _latest: tuple[RunSnapshot, float | None] = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.publish()
 
     def record_poll(self, ok: bool, at: float | None = None) -> None:
-        """Note the outcome of one poll (a guard-loop tick) at ``at`` (default: now)."""
+        """Note the outcome of one poll (a guard-loop tick) at ``at`` (default: now) and publish the
+        run's snapshot as of now."""
         when = self.clock() if at is None else at
-        with self._lock:
-            self._poll_ok = ok
-            if ok:
-                self._poll_ok_at = when
+        self._poll_ok = ok
+        if ok:
+            self._poll_ok_at = when
+        self.publish()
+
+    def publish(self) -> None:
+        """Build the snapshot that scrapes serve until the next ``publish``."""
+        snap = snapshot_from(
+            self.guardian,
+            self.store,
+            self.clock(),
+            experiment=self.experiment,
+            up=self.up,
+            last_poll_success=self._poll_ok,
+            last_poll_success_at=self._poll_ok_at,
+            sinks=self.sinks,
+        )
+        arrived = self.guardian.history.arrivals.get(snap.step) if snap.step is not None else None
+        self._latest = (snap, arrived)
 
     def snapshot(self) -> list[RunSnapshot]:
-        """The guardian's run, as of now."""
-        with self._lock:
-            ok, ok_at = self._poll_ok, self._poll_ok_at
-        return [
-            snapshot_from(
-                self.guardian,
-                self.store,
-                self.clock(),
-                experiment=self.experiment,
-                up=self.up,
-                last_poll_success=ok,
-                last_poll_success_at=ok_at,
-                sinks=self.sinks,
-            )
-        ]
+        """The run as of the last tick; its step age and ``up`` as of now."""
+        snap, arrived = self._latest
+        age = max(0.0, self.clock() - arrived) if arrived is not None else None
+        return [replace(snap, up=self.up, last_step_age_seconds=age)]
