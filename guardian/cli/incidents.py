@@ -1,11 +1,18 @@
-"""``guardian incidents list|show``: the incident history."""
+"""``guardian incidents list|show``: the incident history.
+
+Human-facing text follows one numbering: an incident is ``#<incident id>``; an intervention is named by
+its incident and its stored number (``#2 intervention 3``), never by a bare ``#``; rungs are 1-based
+(``rung 1`` is the ladder's first rung, stored as 0). ``--json`` keeps the stored values and names.
+"""
 
 from __future__ import annotations
 
 import argparse
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 
 from rich.console import Console
+from rich.markup import escape
 
 from guardian.cli.common import (
     EXIT_ERROR,
@@ -17,11 +24,15 @@ from guardian.cli.common import (
     print_json,
     resolved_config,
 )
+from guardian.findings import EvidenceValue
 from guardian.logs import event
 from guardian.notify.events import incident_key, intervention_key
 from guardian.outcome import outcome_line
-from guardian.store import InterventionEventView, InterventionView
+from guardian.policy import CRASH_OUTPUT_EVIDENCE
+from guardian.store import IncidentDetail, InterventionEventView, InterventionView
 from guardian.store.deliveries import DeliveryView
+
+Timeline = Sequence[InterventionEventView]
 
 
 def register(add: AddCommand) -> None:
@@ -47,14 +58,15 @@ def cmd_incidents(args: argparse.Namespace) -> int:
             if args.json:
                 print_json([i.to_json() for i in incidents])
                 return EXIT_OK
-            console = Console()
+            console = Console(soft_wrap=True)
             if not incidents:
                 console.print("no incidents")
             for i in incidents:
                 style = SEVERITY_STYLE[i.severity.label]
+                onset = f" (onset step {i.onset_step})" if i.onset_step is not None else ""
                 console.print(
-                    f"#{i.id:<4} {i.run_id:28} step {i.opened_step!s:>6} (onset {i.onset_step!s:>5}) "
-                    f"[{style}]{i.severity.label:8}[/] {i.status:10} {i.check:18} {i.message}"
+                    f"#{i.id:<4} {escape(i.run_id):28} {at_step(i.opened_step)}{onset} "
+                    f"[{style}]{i.severity.label:8}[/] {i.status:10} {i.check:18} {escape(i.message)}"
                 )
             return EXIT_OK
         detail = store.get_incident(args.id)
@@ -71,28 +83,165 @@ def cmd_incidents(args: argparse.Namespace) -> int:
             document["notifications"] = [d.to_json() for d in told]
             print_json(document)
             return EXIT_OK
-        console = Console()
-        i = detail.incident
-        console.print(
-            f"[bold]incident #{i.id}[/] run {i.run_id}: {i.check} [{SEVERITY_STYLE[i.severity.label]}]"
-            f"{i.severity.label}[/] status {i.status}"
-        )
-        console.print(f"  opened at step {i.opened_step} (estimated onset {i.onset_step}) - {i.message}")
-        for key, value in i.evidence.items():
-            console.print(f"    {key} = {value:.4g}" if isinstance(value, float) else f"    {key} = {value}")
-        for f in detail.findings:
-            console.print(f"  step {f.step!s:>6} {f.severity.label:8} {f.check:18} {f.message}")
-        for iv, timeline in interventions:
-            console.print(f"  intervention {iv.number} ({iv.kind}, rung {iv.rung}): {iv.state}")
-            for e in timeline:
-                why = e.detail.get("why")
-                console.print(f"    {e.at:%Y-%m-%d %H:%M:%S} {e.state}" + (f" - {why}" if why else ""))
-                if isinstance(outcome := e.detail.get("outcome"), Mapping):
-                    console.print(f"      figures: {outcome_line(outcome)}")
-        for d in told:
-            error = f" - {d.last_error}" if d.last_error else ""
-            console.print(f"  told {d.sink}: {d.event_key} {d.status} ({d.attempts} attempt(s)){error}")
+        console = Console(soft_wrap=True)
+        for line in show_lines(detail, interventions, told):
+            console.print(line)
         return EXIT_OK
+
+
+# ------------------------------------------------------------------------------------------ the text view (pure)
+
+
+def at_step(step: int | None) -> str:
+    return f"at step {step}" if step is not None else "before the first step"
+
+
+def shown_value(value: object) -> str:
+    """A stored value as people read it: flags lower-case, floats to four significant digits, unset."""
+    if value is None:
+        return "unset"
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)
+
+
+@dataclass(frozen=True, slots=True)
+class Stage:
+    """One state of an intervention's timeline: when it was first entered, the details of all its events."""
+
+    state: str
+    at: str
+    detail: Mapping[str, object]
+
+
+def stages(timeline: Timeline) -> list[Stage]:
+    """Each state once, in the order first entered; a state committed twice (STOPPED, then STOPPED with its
+    rollback target) has the details of both, the later winning."""
+    merged: dict[str, tuple[str, dict[str, object]]] = {}
+    for e in timeline:
+        merged.setdefault(e.state, (f"{e.at:%Y-%m-%d %H:%M:%S}", {}))[1].update(e.detail)
+    return [Stage(state, at, detail) for state, (at, detail) in merged.items()]
+
+
+def diff_rows(value: object) -> list[tuple[str, object, object]]:
+    """A stored patch diff (``{"key", "before", "after"}`` objects or ``[key, before, after]`` lists)."""
+    rows: list[tuple[str, object, object]] = []
+    for item in value if isinstance(value, list) else []:
+        if isinstance(item, Mapping) and "key" in item:
+            rows.append((str(item["key"]), item.get("before"), item.get("after")))
+        elif isinstance(item, list) and len(item) == 3:
+            rows.append((str(item[0]), item[1], item[2]))
+    return rows
+
+
+def _steps(value: object) -> str:
+    steps = [str(s) for s in value] if isinstance(value, list) else []
+    return ", ".join(steps) if steps else "none"
+
+
+def intervention_name(incident_id: int, iv: InterventionView) -> str:
+    return f"#{incident_id} intervention {iv.number}"
+
+
+def intervention_lines(incident_id: int, iv: InterventionView, timeline: Timeline) -> list[str]:
+    by_state = {s.state: s for s in stages(timeline)}
+    lines = [f"  [bold]{intervention_name(incident_id, iv)}[/] ({iv.kind}, rung {iv.rung + 1}): {iv.state}"]
+    rolled_back = by_state.get("ROLLED_BACK")
+    why = next((str(s.detail["why"]) for s in (by_state.get("STOPPED"), rolled_back) if s and s.detail.get("why")), "")
+    if iv.target_step is not None:
+        where = f" ({escape(iv.target_path)})" if iv.target_path else ""
+        lines.append(
+            f"    rollback target: checkpoint of step {iv.target_step}{where}" + (f" - {escape(why)}" if why else "")
+        )
+    elif rolled_back is not None:
+        lines.append("    rollback target: none, from scratch" + (f" - {escape(why)}" if why else ""))
+    if rolled_back is not None:
+        moved = f"    quarantined checkpoints: {_steps(rolled_back.detail.get('moved'))}"
+        if rolled_back.detail.get("tracker") is not None:
+            moved += f"; tracker rewritten to step {rolled_back.detail['tracker']}"
+        lines.append(moved)
+        dumps = rolled_back.detail.get("dumps_quarantined")
+        if isinstance(dumps, list) and dumps:
+            lines.append(f"    quarantined rollout dumps: {len(dumps)} (steps {dumps[0]}-{dumps[-1]})")
+    plan = iv.plan or {}
+    patched = by_state.get("PATCHED")
+    diff = diff_rows(plan.get("diff")) or diff_rows(patched.detail.get("diff") if patched else None)
+    if diff:
+        lines.append("    patch:")
+        lines.extend(f"      {escape(k)}: {escape(shown_value(b))} -> {escape(shown_value(a))}" for k, b, a in diff)
+    notes = plan.get("notes") or (patched.detail.get("notes") if patched else None)
+    lines.extend(f"      note: {escape(str(n))}" for n in (notes if isinstance(notes, list) else []))
+    lines.append("    timeline:")
+    for s in by_state.values():
+        said = s.detail.get("why")
+        if s.state == "STOPPING" and s.detail.get("plan"):
+            said = s.detail["plan"]
+        elif s.state == "PROBATION" and s.detail.get("first_step") is not None:
+            said = f"resumed at step {s.detail['first_step']}"
+        lines.append(f"      {s.at} {s.state}" + (f" - {escape(str(said))}" if said else ""))
+        if isinstance(outcome := s.detail.get("outcome"), Mapping):
+            lines.append(f"        figures: {escape(outcome_line(outcome))}")
+    return lines
+
+
+def _evidence_lines(evidence: Mapping[str, EvidenceValue]) -> list[str]:
+    lines = []
+    for key, value in evidence.items():
+        if value is None:
+            continue
+        if key == CRASH_OUTPUT_EVIDENCE:
+            lines.append(f"    {escape(key)}:")
+            lines.extend(f"      | {escape(line)}" for line in str(value).splitlines())
+            continue
+        lines.append(f"    {escape(key)} = {escape(shown_value(value))}")
+    return lines
+
+
+def delivery_label(incident_id: int, d: DeliveryView, names: Mapping[str, str]) -> str:
+    """What a delivery told, in the text view's numbering (the stored key is in ``--json``)."""
+    if d.event_key in names:
+        return names[d.event_key]
+    suffix = d.event_key.removeprefix(incident_key(incident_id, ""))
+    return f"#{incident_id} {'closed' if suffix == 'closed' else f'{suffix} alert'}"
+
+
+def show_lines(
+    detail: IncidentDetail,
+    interventions: Sequence[tuple[InterventionView, Timeline]],
+    told: Sequence[DeliveryView],
+) -> list[str]:
+    """``guardian incidents show ID`` as lines of rich markup."""
+    i = detail.incident
+    style = SEVERITY_STYLE[i.severity.label]
+    onset = f" (estimated onset step {i.onset_step})" if i.onset_step is not None else ""
+    lines = [
+        f"[bold]incident #{i.id}[/] run {escape(i.run_id)}: {i.check} [{style}]{i.severity.label}[/], "
+        f"status {i.status}",
+        f"  opened {at_step(i.opened_step)}{onset} - {escape(i.message)}",
+    ]
+    if i.closed_at is not None:
+        lines.append(f"  closed {at_step(i.closed_step)}" + (f" - {escape(i.note)}" if i.note else ""))
+    evidence = _evidence_lines(i.evidence)
+    if evidence:
+        lines += ["  evidence:", *evidence]
+    if detail.findings:
+        lines.append("  findings:")
+        lines.extend(
+            f"    {at_step(f.step)} {f.severity.label:8} {f.check:18} {escape(f.message)}" for f in detail.findings
+        )
+    for iv, timeline in interventions:
+        lines += intervention_lines(i.id, iv, timeline)
+    names = {
+        intervention_key(e.id): f"{intervention_name(i.id, iv)} {e.state}"
+        for iv, timeline in interventions
+        for e in timeline
+    }
+    for d in told:
+        error = f" - {escape(d.last_error)}" if d.last_error else ""
+        lines.append(f"  told {d.sink}: {delivery_label(i.id, d, names)} {d.status} ({d.attempts} attempt(s)){error}")
+    return lines
 
 
 def incident_deliveries(
