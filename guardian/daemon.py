@@ -2,6 +2,11 @@
 
 ``Guardian.tick()`` is one pass and does all the work; ``run_forever`` only repeats it until told to
 stop. The clock is injected, so tests drive ticks against files they write.
+
+Judging happens in memory; the store gets a tick's writes through ``store.writebehind.WriteBehind``: the
+steps of the tick and the findings and incidents they produced commit in one transaction (a guardian
+killed in between neither loses findings nor records them twice when it re-reads the file), and while
+the database refuses writes they wait in memory, in order, and the judging goes on.
 """
 
 from __future__ import annotations
@@ -9,6 +14,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Protocol
 
@@ -23,6 +29,7 @@ from guardian.sources.checkpoints import scan_checkpoints
 from guardian.sources.jsonl import MetricsBatch, NewSegment
 from guardian.sources.rollouts import RolloutDir, read_finished
 from guardian.store import Store
+from guardian.store.writebehind import Unit, WriteBehind
 from guardian.tracker import Change, StatusTracker, Transition
 
 log = get_logger("daemon")
@@ -81,21 +88,41 @@ class Guardian:
         self.attempt_steps: list[int] = []
         self._reported_signals = False
         self.bad_lines_total = 0
+        self.writes = WriteBehind(self.store, self.clock)
+
+    # -- the store's health, for the exporter ---------------------------------------------------
+    @property
+    def store_degraded(self) -> bool:
+        """Whether the store refuses writes now (the guardian guards from memory meanwhile)."""
+        return self.writes.degraded
+
+    @property
+    def store_pending_writes(self) -> int:
+        """Units of work waiting for the store to take writes again."""
+        return self.writes.pending
+
+    @property
+    def store_dropped_writes(self) -> int:
+        """Units of work dropped because the queue was full (their steps stay in the metrics files)."""
+        return self.writes.dropped
 
     # -- one pass -----------------------------------------------------------------------------
     def tick(self) -> TickResult:
         now = self.clock()
+        self.writes.retry()
         result = TickResult()
         batch = self.metrics.poll()
         result.bad_lines = len(batch.bad_lines)
         self.bad_lines_total += result.bad_lines
         for bad in batch.bad_lines:
             log.warning(event("bad_line", {"run": self.run_id, "detail": str(bad)}))
+        work: list[Unit] = []  # this tick's writes, committed together
         pending: list[StepRecord] = []
         for item in batch.items:
             if isinstance(item, NewSegment):
-                self._flush(pending, now)
+                self._flush(pending, work, now)
                 if self.attempt_id is None:
+                    self._commit_work(work)
                     self._begin_attempt(item.segment, now)
                 elif item.segment > 0:
                     log.warning(event("metrics_file_restarted", {"run": self.run_id, "path": self.metrics.path}))
@@ -105,23 +132,27 @@ class Guardian:
             before = self.history.branch
             arrival = self.history.add(item, arrived_at=now)
             if self.history.branch != before:
-                self._flush(pending, now, branch=before)
+                self._flush(pending, work, now, branch=before)
             pending.append(item)
             self.attempt_steps.append(item.step)
             result.new_steps += arrival is not Arrival.MERGED
-            result.transitions.extend(self._judge(now))
-        self._flush(pending, now)
+            result.transitions.extend(self._judge(now, work))
+        self._flush(pending, work, now)
         if self.rollouts is not None:
             stats = self.rollouts.poll()
             for step, group_stats in stats.stats:
                 values = group_stats.as_metrics()
                 self.history.merge(step, values)
                 if self._attempt_id is not None:
-                    self.store.merge_step_values(self.run_id, self._attempt_id, self.history.branch, step, values, now)
+                    work.append(
+                        partial(_merge_values, self.run_id, self._attempt_id, self.history.branch, step, values, now)
+                    )
             for problem in stats.bad:
                 log.warning(event("bad_rollout_line", {"run": self.run_id, "detail": problem}))
-        result.transitions.extend(self._judge(now))
-        self._scan_checkpoints(now)
+        result.transitions.extend(self._judge(now, work))
+        self._commit_work(work)
+        if self.checkpoints_dir is not None:
+            self.writes.submit("checkpoints", partial(self._scan_checkpoints, now=now), atomic=False, coalesce=True)
         if not self._reported_signals and self.history.steps:
             self._report_signals()
         return result
@@ -193,18 +224,23 @@ class Guardian:
             trainer_alive=self.trainer_alive(),
         )
 
-    def _flush(self, pending: list[StepRecord], now: float, branch: int | None = None) -> None:
+    def _flush(self, pending: list[StepRecord], work: list[Unit], now: float, branch: int | None = None) -> None:
         if pending and self._attempt_id is not None:
-            self.store.write_steps(
-                self.run_id, self._attempt_id, self.history.branch if branch is None else branch, pending, now
-            )
+            line = self.history.branch if branch is None else branch
+            work.append(partial(_write_steps, self.run_id, self._attempt_id, line, list(pending), now))
         pending.clear()
 
-    def _judge(self, now: float) -> list[Transition]:
+    def _commit_work(self, work: list[Unit]) -> None:
+        if work:
+            self.writes.submit("tick", partial(_run_all, tuple(work)))
+        work.clear()
+
+    def _judge(self, now: float, work: list[Unit]) -> list[Transition]:
         transitions = self.tracker.update(evaluate(self._context(now), self.checks))
         fresh = [t for t in transitions if not self._already_stored(t)]
         for transition in fresh:
-            self._record(transition, now)
+            _log_finding(self.run_id, transition)
+            work.append(partial(self._record, transition=transition, now=now, attempt_id=self._attempt_id))
             for sink in self.on_transition:
                 sink(self.run_id, transition)
         return fresh
@@ -214,12 +250,12 @@ class Guardian:
             self._judged_through is not None and t.finding.step is not None and (t.finding.step <= self._judged_through)
         )
 
-    def _record(self, t: Transition, now: float) -> None:
-        finding = t.finding
-        incident = self.store.open_incident_for(self.run_id, finding.check)
-        if finding.severity == Severity.CRITICAL and t.change in (Change.RAISED, Change.ESCALATED):
+    def _record(self, store: Store, *, transition: Transition, now: float, attempt_id: int | None) -> None:
+        finding = transition.finding
+        incident = store.open_incident_for(self.run_id, finding.check)
+        if finding.severity == Severity.CRITICAL and transition.change in (Change.RAISED, Change.ESCALATED):
             if incident is None:
-                incident = self.store.open_incident(self.run_id, finding, now)
+                incident = store.open_incident(self.run_id, finding, now)
                 log.error(
                     event(
                         "incident_opened",
@@ -234,66 +270,52 @@ class Guardian:
                     )
                 )
             else:
-                incident = self.store.escalate_incident(incident.id, finding, now)
+                incident = store.escalate_incident(incident.id, finding, now)
             if finding.onset_step is not None:
-                self._mark_checkpoints_after(finding.onset_step, f"after onset of incident {incident.id}", now)
-        self.store.add_finding(
-            self.run_id, self._attempt_id, finding, now, incident_id=incident.id if incident else None
-        )
-        if t.change is Change.CLEARED and incident is not None and self.close_on_clear:
-            self.store.close_incident(
+                self._mark_checkpoints_after(store, finding.onset_step, f"after onset of incident {incident.id}", now)
+        store.add_finding(self.run_id, attempt_id, finding, now, incident_id=incident.id if incident else None)
+        if transition.change is Change.CLEARED and incident is not None and self.close_on_clear:
+            store.close_incident(
                 incident.id, status="resolved", now=now, step=finding.step, note="recovered without intervention"
             )
             log.info(event("incident_recovered", {"run": self.run_id, "incident": incident.id, "step": finding.step}))
-        level = {Severity.CRITICAL: log.error, Severity.WARN: log.warning}.get(finding.severity, log.info)
-        level(
-            event(
-                "finding",
-                {
-                    "run": self.run_id,
-                    "check": finding.check,
-                    "change": t.change.value,
-                    "severity": finding.severity.label,
-                    "step": finding.step,
-                    "onset": finding.onset_step,
-                    "message": finding.message,
-                },
-            )
-        )
 
-    def _scan_checkpoints(self, now: float) -> None:
-        if self.checkpoints_dir is None:
-            return
+    def _scan_checkpoints(self, store: Store, *, now: float) -> None:
+        """Record new checkpoints and changed verdicts; each record commits on its own, so the cache of
+        what is stored is right even when a later one fails (a repeat records the rest)."""
+        assert self.checkpoints_dir is not None
         last = self.history.last_step
         onsets: list[int] | None = None  # read once per scan, only when a verdict is needed
         for ckpt in scan_checkpoints(self.checkpoints_dir):
             if last is None or ckpt.step > last:
                 verdict = "unknown"  # saved before its step's metrics line: judged once the line arrives
             else:
-                onsets = self._open_onsets() if onsets is None else onsets
+                onsets = self._open_onsets(store) if onsets is None else onsets
                 verdict = "unhealthy" if any(onset <= ckpt.step for onset in onsets) else "healthy"
             if self._known_checkpoints.get(ckpt.path) == verdict:
                 continue
-            self._known_checkpoints[ckpt.path] = verdict
             note = "" if verdict != "unhealthy" else None  # a healthy re-save clears an old branch's note
-            self.store.record_checkpoint(
+            store.record_checkpoint(
                 self.run_id, step=ckpt.step, path=str(ckpt.path), verdict=verdict, now=now, note=note
             )
+            self._known_checkpoints[ckpt.path] = verdict
 
-    def _open_onsets(self) -> list[int]:
+    def _open_onsets(self, store: Store) -> list[int]:
         """The onsets of the run's open critical incidents: a checkpoint saved at or after one is unhealthy.
         The incident's onset, not the latest estimate (which moves as steps arrive): the rollback target
         is chosen against the same step."""
         return [
             i.onset_step if i.onset_step is not None else i.opened_step or 0
-            for i in self.store.list_incidents(self.run_id, limit=1000)
+            for i in store.list_incidents(self.run_id, limit=1000)
             if i.is_open and i.severity == Severity.CRITICAL
         ]
 
-    def _mark_checkpoints_after(self, onset: int, note: str, now: float) -> None:
-        for ckpt in self.store.checkpoints(self.run_id):
+    def _mark_checkpoints_after(self, store: Store, onset: int, note: str, now: float) -> None:
+        # inside the tick's transaction: the cache may run ahead of a commit that fails, but the unit is
+        # replayed until it commits and marks the same checkpoints again
+        for ckpt in store.checkpoints(self.run_id):
             if ckpt.step >= onset and ckpt.verdict != "unhealthy":
-                self.store.record_checkpoint(
+                store.record_checkpoint(
                     self.run_id, step=ckpt.step, path=ckpt.path, verdict="unhealthy", now=now, note=note
                 )
                 self._known_checkpoints[Path(ckpt.path)] = "unhealthy"
@@ -312,3 +334,39 @@ class Guardian:
             )
         )
         self._reported_signals = True
+
+
+def _log_finding(run_id: str, t: Transition) -> None:
+    finding = t.finding
+    level = {Severity.CRITICAL: log.error, Severity.WARN: log.warning}.get(finding.severity, log.info)
+    level(
+        event(
+            "finding",
+            {
+                "run": run_id,
+                "check": finding.check,
+                "change": t.change.value,
+                "severity": finding.severity.label,
+                "step": finding.step,
+                "onset": finding.onset_step,
+                "message": finding.message,
+            },
+        )
+    )
+
+
+def _write_steps(
+    run_id: str, attempt_id: int, branch: int, records: list[StepRecord], now: float, store: Store
+) -> None:
+    store.write_steps(run_id, attempt_id, branch, records, now)
+
+
+def _merge_values(
+    run_id: str, attempt_id: int, branch: int, step: int, values: Mapping[str, float], now: float, store: Store
+) -> None:
+    store.merge_step_values(run_id, attempt_id, branch, step, values, now)
+
+
+def _run_all(work: tuple[Unit, ...], store: Store) -> None:
+    for unit in work:
+        unit(store)

@@ -26,6 +26,7 @@ from guardian.actions.process import LocalProcessControl
 from guardian.config import GuardianConfig
 from guardian.logs import event, get_logger
 from guardian.notify.setup import check_sinks, notifying, sink_names
+from guardian.outage import TickFailures
 from guardian.sinks.export import exporting
 from guardian.store import Store
 from guardian.supervisor import Supervisor
@@ -102,18 +103,45 @@ def _loop(
     live: bool,
     after_tick: Callable[[], None] = lambda: None,
 ) -> int | None:
-    """Tick until the run is over (its exit code) or the guardian is told to stop (None)."""
+    """Tick until the run is over (its exit code) or the guardian is told to stop (None). A tick that raises
+    is logged once with its traceback and the loop goes on; ``outage.TICK_FAILURE_LIMIT`` failed ticks in a
+    row end it through ``Supervisor.cannot_continue``."""
     view = Live(_render(supervisor), refresh_per_second=4) if live else None
+    failures = TickFailures()
     with view or nullcontext():
         while not stop.is_set():
-            code = supervisor.tick()
-            after_tick()
-            if view is not None:
-                view.update(_render(supervisor))
+            try:
+                code = supervisor.tick()
+                after_tick()
+                if view is not None:
+                    view.update(_render(supervisor))
+            except Exception as exc:
+                code = _tick_failed(supervisor, failures, exc)
+            else:
+                if failures.count:
+                    log.warning(
+                        event("tick_recovered", {"run": supervisor.run_id, "failed_ticks": failures.succeeded()})
+                    )
             if code is not None:
                 return code
             stop.wait(poll_s)
     return None
+
+
+def _tick_failed(supervisor: Supervisor, failures: TickFailures, exc: Exception) -> int | None:
+    what = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}".rstrip(": ")
+    if failures.failed():
+        log.error(
+            event("tick_failed", {"run": supervisor.run_id, "error": what, "next": "retrying every tick"}),
+            exc_info=True,
+        )
+    if not failures.exhausted:
+        return None
+    return supervisor.cannot_continue(
+        cause=f"{failures.count} ticks in a row failed: {what}",
+        fix="the traceback of event=tick_failed names the fault; fix it, then guardian run --attach "
+        + supervisor.run_id,
+    )
 
 
 def _render(supervisor: Supervisor) -> Group:

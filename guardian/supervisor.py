@@ -6,6 +6,16 @@ steps live in ``rescue.Rescue``, this class's base). Every state is committed to
 store *before* its side effect and every side effect is idempotent (stop an already-stopped trainer,
 quarantine already-moved folders, attach to an attempt that was already launched), so a guardian killed
 at any point and started again (``guardian run --attach RUN_ID``) finishes the intervention exactly once.
+
+While the store refuses writes (``Guardian.store_degraded``) the supervisor *holds* (``_hold``): it goes on
+judging from memory and, in enforce mode, stops a collapsing trainer, but it neither starts nor advances an
+intervention until the store takes writes again; then the normal tick carries on from what is stored (the
+replayed findings open the incident, whose intervention stops the already-stopped trainer idempotently).
+Holding rather than rolling back from memory keeps the one rule the rescue rests on - a state is stored
+before its side effect - so a guardian killed during the outage can never relaunch twice or lose which
+folders it quarantined, and the rollback target is chosen from stored checkpoint verdicts. The cost is a
+stopped trainer waiting for the store; past ``outage.STORE_WAIT_S`` of that the guardian gives up
+(``cannot_continue``).
 """
 
 from __future__ import annotations
@@ -25,6 +35,7 @@ from guardian.daemon import Clock, Guardian
 from guardian.findings import Finding, Severity
 from guardian.launcher import RunFolder, attach_attempt, launch_attempt
 from guardian.logs import event, get_logger
+from guardian.outage import EXIT_CANNOT_CONTINUE, StoreWait, stop_while_store_down, trainer_fate
 from guardian.policy import (
     CRASH_OUTPUT_EVIDENCE,
     EXIT_GAVE_UP,
@@ -39,6 +50,7 @@ from guardian.rescue import CRASH, Rescue, stored_argv, stored_env
 from guardian.sources.jsonl import MetricsFile
 from guardian.sources.rollouts import RolloutDir
 from guardian.store import IncidentView, InterventionView, Store
+from guardian.store.writebehind import outage_fix, unavailable
 
 log = get_logger("supervisor")
 EXIT_UNHEALTHY = 3
@@ -86,6 +98,8 @@ class Supervisor(Rescue):
         self.attempt: Attempt | None = None
         self._advised: set[int] = set()
         self.exit_code: int | None = None
+        self._store_wait = StoreWait()
+        self._stopped_in_outage: int | None = None  # the attempt the guardian stopped while the store was down
 
     def _trainer_alive(self) -> bool | None:
         if self.attempt is None or self.attempt.handle is None:
@@ -122,6 +136,19 @@ class Supervisor(Rescue):
         # so a crash is dated at the step it really reached
         exit_status = self._exit_status()
         self.guardian.tick()
+        if not self.guardian.store_degraded:
+            try:
+                code = self._tick_stored(exit_status)
+            except Exception as exc:
+                if not unavailable(exc):
+                    raise
+                self.guardian.writes.failed(exc)
+            else:
+                self._store_wait.update(needed=False, now=self.clock())
+                return code
+        return self._hold()
+
+    def _tick_stored(self, exit_status: ExitStatus | None) -> int | None:
         active = self.store.active_intervention(self.run_id)
         if active is not None:
             self._drive(active)
@@ -152,6 +179,50 @@ class Supervisor(Rescue):
             log.critical(event("run_unresolved", {"run": self.run_id, "interventions": unproven}))
         return EXIT_UNHEALTHY if incident is not None or unproven else 0
 
+    # -- the store unavailable -------------------------------------------------------------------
+    def _hold(self) -> int | None:
+        """Guard from memory while the store refuses writes (see the module docstring): stop a collapsing
+        trainer (enforce), start nothing; give up once no trainer has run for ``outage.STORE_WAIT_S``."""
+        running = self._trainer_alive() is True
+        if stop_while_store_down(mode=self.config.mode, running=running, collapsing=self._collapsing()):
+            assert self.attempt is not None
+            self._halt_trainer(reason="collapsing while the store is unavailable: the rescue waits for the store")
+            self._stopped_in_outage, running = self.attempt.id, False
+        now = self.clock()
+        if not self._store_wait.update(needed=not running, now=now):
+            return None
+        error = self.guardian.writes.error or "unknown error"
+        return self.cannot_continue(
+            cause=f"the store has refused writes for {self._store_wait.waited(now):.0f}s with no trainer running "
+            f"(the rescue or the end of the run must be stored first): {error}",
+            fix=f"{outage_fix(error, self.store.url)}; then guardian run --attach {self.run_id} (it re-reads the "
+            "metrics files: what the store missed is recorded then)",
+        )
+
+    def cannot_continue(self, *, cause: str, fix: str) -> int:
+        """Give up guarding (see ``guardian.outage``): one line with the cause, the trainer's fate and the fix."""
+        running = self._trainer_alive() is True
+        fate = trainer_fate(mode=self.config.mode, running=running, collapsing=self._collapsing())
+        trainer = {"none": "not running", "leave": "left running, UNGUARDED"}.get(fate, "stopped: it was collapsing")
+        if fate == "stop":
+            try:
+                self._halt_trainer(reason="the guardian cannot continue")
+            except Exception as exc:  # the line below still goes out, with what happened
+                trainer = f"still running, UNGUARDED: stopping it failed ({exc})"
+        log.critical(
+            event("guardian_cannot_continue", {"run": self.run_id, "cause": cause, "trainer": trainer, "fix": fix})
+        )
+        return EXIT_CANNOT_CONTINUE
+
+    def _collapsing(self) -> bool:
+        """Whether a critical finding stands on a step the current attempt logged."""
+        steps = self.guardian.attempt_steps
+        first = min(steps) if steps else None
+        return first is not None and any(
+            f.severity == Severity.CRITICAL and f.step is not None and f.step >= first
+            for f in self.guardian.tracker.latest.values()
+        )
+
     # -- deciding ---------------------------------------------------------------------------------
     def _exit_status(self) -> ExitStatus | None:
         if self.attempt is None or self.attempt.handle is None:
@@ -164,7 +235,10 @@ class Supervisor(Rescue):
             for i in self.store.list_incidents(self.run_id, limit=1000)
             if i.is_open and i.severity == Severity.CRITICAL
         ]
-        if exit_status is not None and not exit_status.ok and not any(i.check == CRASH for i in open_critical):
+        # a trainer this guardian stopped while the store was down did not crash: its incident explains it
+        stopped_here = self.attempt is not None and self.attempt.id == self._stopped_in_outage
+        crashed = exit_status is not None and not exit_status.ok and not (stopped_here and open_critical)
+        if exit_status is not None and crashed and not any(i.check == CRASH for i in open_critical):
             step = self.guardian.history.last_step
             tail = _last_lines(self.attempt.handle.stdout_path) if self.attempt and self.attempt.handle else ""
             finding = Finding(
@@ -294,6 +368,13 @@ class Supervisor(Rescue):
     def _stop_trainer(self, *, reason: str) -> None:
         if self.attempt is None or self.attempt.handle is None:
             return
+        self._halt_trainer(reason=reason)
+        self._finish_attempt(self.control.exit_status(self.attempt.handle))
+
+    def _halt_trainer(self, *, reason: str) -> None:
+        """Stop the trainer's processes (nothing is stored: also while the store is unavailable)."""
+        if self.attempt is None or self.attempt.handle is None:
+            return
         ic = self.config.intervention
         result = self.control.stop(
             self.attempt.handle, StopPolicy(ic.stop_sigint_s, ic.stop_sigterm_s, ic.stop_sigkill_s)
@@ -317,7 +398,6 @@ class Supervisor(Rescue):
                 "trainers at once). They are likely stuck in the kernel (D state: GPU driver, NFS): kill -9 them "
                 f"or reboot the node, then guardian run --attach {self.run_id}"
             )
-        self._finish_attempt(self.control.exit_status(self.attempt.handle))
 
     def _finish_attempt(self, status: ExitStatus | None) -> None:
         if self.attempt is None:

@@ -3,7 +3,7 @@
 ``open_engine`` builds the SQLAlchemy engine for a URL and runs ``alembic upgrade head`` on it, so
 history survives upgrades; every failure surfaces as ``StoreError`` with the password masked.
 
-SQLite (the default) is opened in WAL mode with ``busy_timeout=5000``, ``synchronous=NORMAL`` and
+SQLite (the default) is opened in WAL mode with a busy timeout (``BUSY_TIMEOUT_S``), ``synchronous=NORMAL`` and
 ``foreign_keys=ON`` on every connection; SQLAlchemy emits the ``BEGIN`` itself (``BEGIN IMMEDIATE``
 for write transactions, those whose connection carries the ``WRITE_OPTION`` execution option), so
 readers never block the writer and two writers queue on the lock instead of failing half-way.
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import re
 import sqlite3
+from collections.abc import Callable
 from pathlib import Path
 from typing import Final
 
@@ -33,8 +34,10 @@ MIGRATIONS_DIR: Final = Path(__file__).resolve().parent / "migrations"
 WRITE_OPTION: Final = "guardian_write"
 """Execution option that marks a connection's transactions as writes (``BEGIN IMMEDIATE`` on SQLite)."""
 
+BUSY_TIMEOUT_S: Final = 5.0
+"""How long a SQLite write waits for another writer's lock before it fails with ``database is locked``."""
+
 _SQLITE_PRAGMAS: Final = (
-    "PRAGMA busy_timeout=5000",
     "PRAGMA journal_mode=WAL",
     "PRAGMA synchronous=NORMAL",
     "PRAGMA foreign_keys=ON",
@@ -65,8 +68,9 @@ def current_revision(engine: Engine) -> str | None:
     return revision
 
 
-def open_engine(url: str) -> Engine:
-    """An engine on ``url`` with the schema brought to the newest revision.
+def open_engine(url: str, *, busy_timeout_s: float = BUSY_TIMEOUT_S) -> Engine:
+    """An engine on ``url`` with the schema brought to the newest revision (a SQLite write waits up to
+    ``busy_timeout_s`` for another writer's lock).
 
     Raises ``StoreError`` (URL shown with its password masked) when the URL is invalid, its driver
     is missing, the database cannot be reached or created, or the migration fails.
@@ -77,14 +81,14 @@ def open_engine(url: str) -> Engine:
     try:
         parsed = make_url(url)
         if parsed.get_backend_name() == "sqlite":
-            engine = _sqlite_engine(parsed)
+            engine = _sqlite_engine(parsed, busy_timeout_s)
         else:
             engine = create_engine(parsed, pool_pre_ping=True)
         _upgrade(engine, parsed)
     except (SQLAlchemyError, CommandError, OSError, ImportError, ValueError) as exc:
         if engine is not None:
             engine.dispose()
-        raise StoreError(f"cannot open store at {masked}: {_reason(exc, parsed)}") from None
+        raise StoreError(f"cannot open store at {masked}: {reason(exc, parsed)}") from None
     return engine
 
 
@@ -108,15 +112,20 @@ def _upgrade(engine: Engine, url: URL) -> None:
             command.upgrade(config, "head")
 
 
-def _sqlite_on_connect(dbapi_connection: sqlite3.Connection, _record: object) -> None:
-    # SQLAlchemy emits BEGIN itself (see _sqlite_on_begin); pysqlite's own handling would not.
-    dbapi_connection.isolation_level = None
-    cursor = dbapi_connection.cursor()
-    try:
-        for pragma in _SQLITE_PRAGMAS:
-            cursor.execute(pragma)
-    finally:
-        cursor.close()
+def _sqlite_on_connect(busy_timeout_s: float) -> Callable[[sqlite3.Connection, object], None]:
+    pragmas = (f"PRAGMA busy_timeout={round(busy_timeout_s * 1000)}", *_SQLITE_PRAGMAS)
+
+    def on_connect(dbapi_connection: sqlite3.Connection, _record: object) -> None:
+        # SQLAlchemy emits BEGIN itself (see _sqlite_on_begin); pysqlite's own handling would not.
+        dbapi_connection.isolation_level = None
+        cursor = dbapi_connection.cursor()
+        try:
+            for pragma in pragmas:
+                cursor.execute(pragma)
+        finally:
+            cursor.close()
+
+    return on_connect
 
 
 def _sqlite_on_begin(connection: Connection) -> None:
@@ -124,7 +133,7 @@ def _sqlite_on_begin(connection: Connection) -> None:
     connection.exec_driver_sql("BEGIN IMMEDIATE" if writes else "BEGIN")
 
 
-def _sqlite_engine(url: URL) -> Engine:
+def _sqlite_engine(url: URL, busy_timeout_s: float) -> Engine:
     database = url.database or ""
     in_memory = database in ("", ":memory:") or "mode=memory" in database
     if in_memory:
@@ -133,12 +142,12 @@ def _sqlite_engine(url: URL) -> Engine:
         if not database.startswith("file:"):
             Path(database).expanduser().parent.mkdir(parents=True, exist_ok=True)
         engine = create_engine(url)
-    event.listen(engine, "connect", _sqlite_on_connect)
+    event.listen(engine, "connect", _sqlite_on_connect(busy_timeout_s))
     event.listen(engine, "begin", _sqlite_on_begin)
     return engine
 
 
-def _reason(exc: BaseException, url: URL | None) -> str:
+def reason(exc: BaseException, url: URL | None = None) -> str:
     """The first line of an error, with the password scrubbed should a driver echo it."""
     lines = str(exc).strip().splitlines()
     text = f"{type(exc).__name__}: {lines[0] if lines else ''}".rstrip(": ")

@@ -17,17 +17,18 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from types import TracebackType
 from typing import Final, Self, SupportsFloat
 
 import orjson
-from sqlalchemy import Engine, func, insert, select, update
+from sqlalchemy import Connection, Engine, func, insert, select, text, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from guardian.findings import Finding
 from guardian.history import StepRecord
 from guardian.store.deliveries import DeliveryRecords
-from guardian.store.engine import WRITE_OPTION, current_revision, mask_url, open_engine
+from guardian.store.engine import BUSY_TIMEOUT_S, WRITE_OPTION, current_revision, mask_url, open_engine
 from guardian.store.errors import NotFoundError, StoreError
 from guardian.store.interventions import InterventionRecords
 from guardian.store.models import Attempt, Checkpoint, FindingRow, Incident, Run, Step
@@ -104,23 +105,42 @@ class Store(InterventionRecords, DeliveryRecords):
     Build one with ``Store.open(url)``; use it as a context manager or call ``close()``.
     """
 
-    def __init__(self, engine: Engine, masked_url: str) -> None:
+    def __init__(self, engine: Engine, masked_url: str, connection: Connection | None = None) -> None:
         self._engine = engine
         self._url = masked_url
-        writer = engine.execution_options(**{WRITE_OPTION: True})
-        self._read: sessionmaker[Session] = sessionmaker(engine)
-        self._write: sessionmaker[Session] = sessionmaker(writer)
+        if connection is not None:  # every session joins the connection's transaction (see ``transaction``)
+            self._read: sessionmaker[Session] = sessionmaker(connection)
+            self._write: sessionmaker[Session] = self._read
+        else:
+            self._read = sessionmaker(engine)
+            self._write = sessionmaker(engine.execution_options(**{WRITE_OPTION: True}))
 
     # ----------------------------------------------------------------------------------- lifecycle
 
     @classmethod
-    def open(cls, url: str) -> Store:
-        """Connect to ``url``, bring the schema to the newest revision, and return the store.
+    def open(cls, url: str, *, busy_timeout_s: float = BUSY_TIMEOUT_S) -> Store:
+        """Connect to ``url``, bring the schema to the newest revision, and return the store (a SQLite
+        write waits up to ``busy_timeout_s`` for another writer's lock, then fails).
 
         Raises ``StoreError`` (URL shown with its password masked) when the URL is invalid, its driver
         is missing, the database cannot be reached or created, or the migration fails.
         """
-        return cls(open_engine(url), mask_url(url))
+        return cls(open_engine(url, busy_timeout_s=busy_timeout_s), mask_url(url))
+
+    @contextmanager
+    def transaction(self) -> Iterator[Store]:
+        """One write transaction around several calls: the yielded store's methods all run in it, and it
+        commits when the block ends (nothing of it is kept if the block or the commit fails)."""
+        with self._engine.connect() as connection:
+            connection.execution_options(**{WRITE_OPTION: True})
+            with connection.begin():
+                yield Store(self._engine, self._url, connection)
+
+    def probe_write(self) -> None:
+        """A real write that changes nothing (the schema revision row rewritten as it is): raises the
+        database's error while the store refuses writes (locked, full, damaged, unreachable)."""
+        with self._write() as session, session.begin():
+            session.execute(text("UPDATE alembic_version SET version_num = version_num"))
 
     def close(self) -> None:
         """Release every pooled connection."""

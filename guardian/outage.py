@@ -1,0 +1,81 @@
+"""Pure decisions for a guardian whose store refuses writes or whose ticks keep failing.
+
+No IO here: the supervisor and the guard loop (``guardian.run``) feed in what they see and carry out
+what these return.
+
+- While the store is unavailable a trainer is still stopped when it collapses (enforce mode): stopping
+  writes nothing and loses nothing, its checkpoints stay. Everything after the stop (roll back, patch,
+  relaunch, finish the run) waits for the store.
+- The guardian can wait for the store as long as a trainer runs: it guards it from memory. Once no
+  trainer runs, every next move needs the store, and past ``STORE_WAIT_S`` of that the guardian gives up.
+- A tick that raises an unexpected exception is logged once with its traceback and the loop goes on; after
+  ``TICK_FAILURE_LIMIT`` failed ticks in a row the guardian gives up.
+- Giving up is one ``event=guardian_cannot_continue`` line naming the cause, what became of the trainer
+  and what to do, and exit status ``EXIT_CANNOT_CONTINUE``. The trainer: stopped if enforce mode sees it
+  collapsing; otherwise left running and the line says UNGUARDED.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Final
+
+STORE_WAIT_S: Final = 600.0
+"""How long no trainer may run while the store refuses writes before the guardian gives up."""
+TICK_FAILURE_LIMIT: Final = 5
+"""Failed ticks in a row after which the guardian gives up."""
+EXIT_CANNOT_CONTINUE: Final = 1  # the CLI's "error" status
+
+
+def stop_while_store_down(*, mode: str, running: bool, collapsing: bool) -> bool:
+    """Whether to stop the trainer now, the store being unavailable."""
+    return mode == "enforce" and running and collapsing
+
+
+def trainer_fate(*, mode: str, running: bool, collapsing: bool) -> str:
+    """What a guardian that gives up does with the trainer: ``stop``, ``leave`` (unguarded) or ``none``."""
+    if not running:
+        return "none"
+    return "stop" if mode == "enforce" and collapsing else "leave"
+
+
+@dataclass
+class StoreWait:
+    """How long the run has needed a store that refuses writes (it needs it once no trainer runs)."""
+
+    limit_s: float = STORE_WAIT_S
+    since: float | None = None
+
+    def update(self, *, needed: bool, now: float) -> bool:
+        """Note whether the store is needed at ``now``; True once it has been needed past the limit."""
+        if not needed:
+            self.since = None
+            return False
+        if self.since is None:
+            self.since = now
+        return now - self.since > self.limit_s
+
+    def waited(self, now: float) -> float:
+        return now - self.since if self.since is not None else 0.0
+
+
+@dataclass
+class TickFailures:
+    """Failed ticks in a row."""
+
+    limit: int = TICK_FAILURE_LIMIT
+    count: int = 0
+
+    def failed(self) -> bool:
+        """Count a failed tick; True for the first of a streak (the one to log with its traceback)."""
+        self.count += 1
+        return self.count == 1
+
+    @property
+    def exhausted(self) -> bool:
+        return self.count >= self.limit
+
+    def succeeded(self) -> int:
+        """A tick went through: the streak ends; returns how many ticks it had failed."""
+        failed, self.count = self.count, 0
+        return failed

@@ -1,0 +1,203 @@
+"""Write-behind over the store: the guard loop's writes outlive a database that refuses them.
+
+A *unit* is one piece of the guard loop's work on the store (a tick's steps with the findings they
+produced, a checkpoint scan). ``submit`` runs it at once; when the database refuses it (locked past its
+busy timeout, disk full, I/O error, a damaged file, a server gone) the unit is kept, in order, in a
+bounded in-memory queue and the store counts as *degraded*: later units queue behind it (their reads
+would miss what the earlier ones wrote) and ``retry`` - called every tick - replays the queue with
+exponential backoff. One loud line marks the outage (``event=store_unavailable error=... fix=...``),
+one its end (``event=store_recovered replayed=N``). When the queue is full a new unit is dropped and
+counted, and the first drop of an outage is logged: the steps stay in the run's metrics files, which a
+restarted guardian reads again.
+
+An error that is not about the database's availability (a constraint violated, a bug) is no outage:
+``submit`` raises it; in a replay the unit is logged with its traceback and dropped, so one bad unit
+cannot hold every later one back.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass, field
+from typing import Final
+
+from sqlalchemy.exc import DataError, DBAPIError, IntegrityError, NotSupportedError, ProgrammingError
+
+from guardian.logs import event, get_logger
+from guardian.store.engine import reason
+from guardian.store.repository import Store
+
+log = get_logger("store")
+
+MAX_PENDING: Final = 10_000
+"""Units kept while the store is unavailable (a tick's writes are one unit: hours of training)."""
+RETRY_FIRST_S: Final = 1.0
+RETRY_MAX_S: Final = 60.0
+
+Unit = Callable[[Store], object]
+
+
+def unavailable(exc: BaseException) -> bool:
+    """Whether ``exc`` says the database cannot take work now (locked, full, I/O error, damaged,
+    unreachable) rather than that the call itself is wrong."""
+    wrong_call = (IntegrityError, ProgrammingError, DataError, NotSupportedError)
+    return isinstance(exc, DBAPIError) and not isinstance(exc, wrong_call)
+
+
+def outage_fix(error: str, url: str) -> str:
+    """What a person does about a database error of the store at ``url``."""
+    text = error.lower()
+    if "locked" in text or "busy" in text:
+        return f"another process holds a write lock on {url}: find it (fuser or lsof on the file) and end it"
+    if "full" in text:
+        return f"free space on the filesystem of {url}"
+    if "malformed" in text or "not a database" in text or "corrupt" in text:
+        return (
+            f"the database file behind {url} is damaged: copy it aside, rebuild it with sqlite3 FILE .recover, "
+            "point GUARDIAN_DB_URL at the rebuilt file and run guardian run --attach RUN_ID"
+        )
+    if "i/o" in text:
+        return f"check the disk under {url} (dmesg)"
+    return f"check that the database at {url} is reachable and accepts writes"
+
+
+def _message(exc: BaseException) -> str:
+    """The driver's own first line (no SQL text or parameters: those can hold run data)."""
+    return reason(exc.orig if isinstance(exc, DBAPIError) and exc.orig is not None else exc)
+
+
+@dataclass
+class _Pending:
+    name: str
+    unit: Unit
+    atomic: bool
+
+
+@dataclass
+class WriteBehind:
+    """The guard loop's writes, in order, kept while the store refuses them (see the module docstring)."""
+
+    store: Store
+    clock: Callable[[], float]
+    limit: int = MAX_PENDING
+    down_since: float | None = None  # when the current outage began; None while the store takes writes
+    dropped: int = 0  # units dropped because the queue was full, over the guardian's life
+    error: str | None = None  # the database's last refusal
+    _queue: deque[_Pending] = field(default_factory=deque)
+    _next_try: float = 0.0
+    _delay: float = RETRY_FIRST_S
+    _dropped_in_outage: int = 0
+
+    @property
+    def degraded(self) -> bool:
+        return self.down_since is not None
+
+    @property
+    def pending(self) -> int:
+        return len(self._queue)
+
+    def submit(self, name: str, unit: Unit, *, atomic: bool = True, coalesce: bool = False) -> None:
+        """Run ``unit`` on the store now (``atomic``: in one transaction; else each of its calls commits
+        on its own, so a repeat redoes only what is left), or queue it while the store is unavailable.
+        ``coalesce``: the unit redoes the whole of its job, so an older queued one of ``name`` is dropped."""
+        if coalesce:
+            self._queue = deque(p for p in self._queue if p.name != name)
+        pending = _Pending(name, unit, atomic)
+        if self.degraded:
+            self._enqueue(pending)
+            return
+        try:
+            self._run(pending)
+        except Exception as exc:
+            if not unavailable(exc):
+                raise
+            self._enqueue(pending)
+            self.failed(exc)
+
+    def failed(self, exc: BaseException) -> None:
+        """The store refused work (a unit here, or a write of the caller's own): degraded until ``retry``
+        gets through; the first refusal of an outage is logged loudly."""
+        now = self.clock()
+        self.error = _message(exc)
+        if self.down_since is None:
+            self.down_since = now
+            log.critical(
+                event(
+                    "store_unavailable",
+                    {
+                        "db": self.store.url,
+                        "error": self.error,
+                        "pending": self.pending,
+                        "fix": outage_fix(self.error, self.store.url),
+                        "guarding": "in memory: judging and stopping go on, writes are replayed when it is back",
+                    },
+                )
+            )
+        self._next_try = now + self._delay
+        self._delay = min(self._delay * 2, RETRY_MAX_S)
+
+    def retry(self) -> None:
+        """Replay the queue (or, with nothing queued, probe with a real write) once its backoff is over;
+        the outage ends when everything got through."""
+        if not self.degraded or self.clock() < self._next_try:
+            return
+        replayed = 0
+        try:
+            if not self._queue:
+                self.store.probe_write()
+            while self._queue:
+                head = self._queue[0]
+                try:
+                    self._run(head)
+                except Exception as exc:
+                    if unavailable(exc):
+                        raise
+                    log.exception(event("store_write_failed", {"db": self.store.url, "unit": head.name}))
+                    self.dropped += 1
+                self._queue.popleft()
+                replayed += 1
+        except Exception as exc:
+            if not unavailable(exc):
+                raise
+            self.failed(exc)
+            return
+        assert self.down_since is not None
+        log.warning(
+            event(
+                "store_recovered",
+                {
+                    "db": self.store.url,
+                    "replayed": replayed,
+                    "outage_s": round(self.clock() - self.down_since, 1),
+                    "dropped": self.dropped,
+                },
+            )
+        )
+        self.down_since, self.error, self._delay, self._dropped_in_outage = None, None, RETRY_FIRST_S, 0
+
+    def _run(self, pending: _Pending) -> None:
+        scope: AbstractContextManager[Store] = self.store.transaction() if pending.atomic else nullcontext(self.store)
+        with scope as store:
+            pending.unit(store)
+
+    def _enqueue(self, pending: _Pending) -> None:
+        if len(self._queue) < self.limit:
+            self._queue.append(pending)
+            return
+        self.dropped += 1
+        self._dropped_in_outage += 1
+        if self._dropped_in_outage == 1:
+            log.critical(
+                event(
+                    "store_writes_dropped",
+                    {
+                        "db": self.store.url,
+                        "dropped": self.dropped,
+                        "limit": self.limit,
+                        "unit": pending.name,
+                        "kept": "the steps stay in the run's metrics files: guardian run --attach reads them again",
+                    },
+                )
+            )

@@ -1,0 +1,446 @@
+"""Faults in the store never leave a run unguarded: real SQLite files refusing writes (an exclusive lock held by
+a second connection, a full filesystem, a damaged page) while a real trainer process collapses under
+``guardian run``'s supervisor, driven tick by tick with an injected clock."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import orjson
+import pytest
+from conftest import ManualClock
+from sqlalchemy import Engine, event
+
+from guardian.actions.process import LocalProcessControl
+from guardian.config import GuardianConfig
+from guardian.history import StepRecord
+from guardian.outage import STORE_WAIT_S, TICK_FAILURE_LIMIT
+from guardian.run import _loop, register_run
+from guardian.sources.jsonl import MetricsBatch
+from guardian.store import Store
+from guardian.store.writebehind import RETRY_MAX_S, WriteBehind
+from guardian.supervisor import Supervisor
+
+SCRIPTED = Path(__file__).with_name("scripted_trainer.py")
+TOTAL_STEPS = 200
+RUN = "faults"
+BUSY_S = 0.2  # the store's busy timeout here: a held lock refuses writes after this long
+
+
+# ------------------------------------------------------------------------------------------ helpers
+
+
+class Clock(ManualClock):
+    """Real time plus a skew the test adds (to pass a backoff or a deadline at once)."""
+
+    def __init__(self) -> None:
+        super().__init__(time.time())
+        self.skew = 0.0
+
+    def __call__(self) -> float:
+        return time.time() + self.skew
+
+
+class HeldLock:
+    """A second connection holding ``BEGIN EXCLUSIVE`` on the database."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.connection: sqlite3.Connection | None = None
+
+    def take(self) -> None:
+        self.connection = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        self.connection.execute("BEGIN EXCLUSIVE")
+
+    def release(self) -> None:
+        if self.connection is not None:
+            self.connection.execute("ROLLBACK")
+            self.connection.close()
+            self.connection = None
+
+
+def config_for(home: Path, db: Path) -> GuardianConfig:
+    return GuardianConfig.model_validate(
+        {
+            "home": str(home),
+            "db_url": f"sqlite:///{db}",
+            "sources": {"poll_interval_s": 0.05},
+            "intervention": {"probation_steps": 10, "stop_sigint_s": 5, "stop_sigterm_s": 5, "stop_sigkill_s": 5},
+        }
+    )
+
+
+def command(ckpt: Path) -> list[str]:
+    """Learns for 15 steps, then entropy collapses (-25 % a step); patched, it holds and scores 0.6."""
+    return [
+        sys.executable,
+        str(SCRIPTED),
+        f"trainer.default_local_dir={ckpt}",
+        f"trainer.total_training_steps={TOTAL_STEPS}",
+        "trainer.save_freq=5",
+        "actor_rollout_ref.actor.entropy_coeff=-0.1",
+        "+script.fixed_reward=0.6",
+    ]
+
+
+def supervisor_for(
+    tmp_path: Path, store: Store, db: Path, after_commit: Callable[[str], None] = lambda s: None
+) -> Supervisor:
+    supervisor = Supervisor(
+        config=config_for(tmp_path / "home", db),
+        store=store,
+        run_id=RUN,
+        command=tuple(command(tmp_path / "ckpt")),
+        cwd=tmp_path,
+        env={k: v for k, v in os.environ.items() if k != "VERL_FILE_LOGGER_PATH"},
+        control=LocalProcessControl(),
+        clock=Clock(),
+        after_commit=after_commit,
+    )
+    register_run(store, supervisor, name="faults")
+    return supervisor
+
+
+def tick_until(supervisor: Supervisor, done: Callable[[], bool], timeout_s: float = 60.0) -> int | None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        code = supervisor.tick()
+        if done() or code is not None:
+            return code
+        time.sleep(0.05)
+    raise AssertionError("timed out driving the supervisor")
+
+
+def stopped(supervisor: Supervisor) -> bool:
+    return supervisor.attempt is not None and supervisor.control.exit_status(supervisor.attempt.handle) is not None  # type: ignore[arg-type]
+
+
+def file_steps(home: Path, attempt: int) -> set[int]:
+    path = home / "runs" / RUN / f"attempt-{attempt}" / "metrics.jsonl"
+    return {orjson.loads(line)["step"] for line in path.read_bytes().splitlines() if line.strip()}
+
+
+def stored_steps(db: Path, attempt_id: int) -> set[int]:
+    with sqlite3.connect(db) as connection:
+        return {step for (step,) in connection.execute("SELECT step FROM steps WHERE attempt_id = ?", (attempt_id,))}
+
+
+def events(caplog: pytest.LogCaptureFixture, name: str) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.getMessage().startswith(f"event={name} ")]
+
+
+def assert_rescued_with_everything_stored(supervisor: Supervisor, store: Store, db: Path, home: Path) -> None:
+    """The rescue ran once to the end, on the stored evidence of every step, finding and state."""
+    (attempt1, attempt2) = store.attempts(RUN)  # one relaunch: never two trainers
+    assert file_steps(home, 1) <= stored_steps(db, attempt1.id), "every step the first trainer logged is stored"
+    assert max(file_steps(home, 1)) < TOTAL_STEPS / 2, "the collapsing trainer was stopped early"
+    (iv,) = store.interventions(RUN)
+    states = [e.state for e in store.intervention_events(iv.id)]
+    assert [s for s in states if s != "STOPPED"] == [
+        "DETECTED", "STOPPING", "ROLLED_BACK", "PATCHED", "RESUMING", "PROBATION", "RESOLVED"
+    ]  # fmt: skip
+    assert iv.to_attempt_id == attempt2.id
+    detail = store.get_incident(iv.incident_id)
+    assert detail is not None and detail.incident.status == "resolved"
+    raised = [(f.check, f.step, f.severity) for f in detail.findings]
+    assert raised and len(raised) == len(set(raised)), "each finding stored exactly once"
+    assert not [i for i in store.list_incidents(RUN) if i.check == "crash"], "the guardian's own stop is no crash"
+
+
+@pytest.fixture
+def logs(caplog: pytest.LogCaptureFixture) -> pytest.LogCaptureFixture:
+    caplog.set_level(logging.INFO, logger="guardian")
+    return caplog
+
+
+# ------------------------------------------------------------------------------------- write-behind
+
+
+def _ensure(store: Store, run_id: str) -> None:
+    store.ensure_run(
+        run_id, name=run_id, metrics_path="m", rollouts_dir="r", checkpoints_dir=None, mode="observe", now=1.0
+    )
+
+
+def test_write_behind_queues_in_order_while_locked_and_replays_once_released(
+    tmp_path: Path, logs: pytest.LogCaptureFixture
+) -> None:
+    db = tmp_path / "g.db"
+    clock = ManualClock(1000.0)
+    with Store.open(f"sqlite:///{db}", busy_timeout_s=BUSY_S) as store:
+        _ensure(store, "r")
+        attempt = store.start_attempt("r", metrics_path="m", now=1.0)
+        writes = WriteBehind(store, lambda: clock.now)
+        lock = HeldLock(db)
+        lock.take()
+
+        def steps(n: int) -> Callable[[Store], None]:
+            return lambda s: s.write_steps("r", attempt.id, 0, [StepRecord(n, {"x": float(n)})], clock.now)
+
+        writes.submit("tick", steps(1))
+        writes.submit("tick", steps(2))  # queued behind the first without trying the database
+        assert writes.degraded and writes.pending == 2
+        (line,) = events(logs, "store_unavailable")
+        assert "database is locked" in line and "fix=" in line and "fuser" in line
+        writes.retry()  # the backoff has not passed: nothing tried
+        assert writes.pending == 2
+        lock.release()
+        clock.now += RETRY_MAX_S
+        writes.retry()
+        assert not writes.degraded and writes.pending == 0
+        assert stored_steps(db, attempt.id) == {1, 2}
+        (recovered,) = events(logs, "store_recovered")
+        assert "replayed=2" in recovered
+
+
+def test_write_behind_counts_and_says_what_a_full_queue_drops(tmp_path: Path, logs: pytest.LogCaptureFixture) -> None:
+    db = tmp_path / "g.db"
+    with Store.open(f"sqlite:///{db}", busy_timeout_s=BUSY_S) as store:
+        _ensure(store, "r")
+        writes = WriteBehind(store, time.time, limit=2)
+        lock = HeldLock(db)
+        lock.take()
+        for n in range(4):
+            writes.submit("tick", lambda s, n=n: _ensure(s, f"r{n}"))
+        lock.release()
+        assert (writes.pending, writes.dropped) == (2, 2)
+        (line,) = events(logs, "store_writes_dropped")
+        assert "limit=2" in line and "metrics files" in line
+
+
+def test_a_unit_commits_whole_or_not_at_all(tmp_path: Path) -> None:
+    """A tick's steps and the findings they produced are one transaction: a failure keeps none of it."""
+    with Store.open(f"sqlite:///{tmp_path / 'g.db'}") as store:
+        writes = WriteBehind(store, time.time)
+
+        def half_then_bug(s: Store) -> None:
+            _ensure(s, "half")
+            raise ValueError("a bug, not an outage")
+
+        with pytest.raises(ValueError, match="a bug"):
+            writes.submit("tick", half_then_bug)
+        assert store.get_run("half") is None and not writes.degraded
+
+
+# ----------------------------------------------------------------------------- the supervisor, faulted
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("lock_after", ["DETECTED", "STOPPED"])
+def test_a_held_exclusive_lock_during_an_intervention(
+    tmp_path: Path, logs: pytest.LogCaptureFixture, lock_after: str
+) -> None:
+    """DETECTED: the lock keeps the intervention from committing STOPPING, yet the guardian stops the collapsing
+    trainer. STOPPED: the rollback cannot be committed; the stopped trainer waits. Either way, once the lock is
+    released the rescue runs to the end with every step, finding, incident and state stored."""
+    db, home = tmp_path / "guardian.db", tmp_path / "home"
+    lock = HeldLock(db)
+    with Store.open(f"sqlite:///{db}", busy_timeout_s=BUSY_S) as store:
+        supervisor = supervisor_for(tmp_path, store, db, lambda s: lock.take() if s == lock_after else None)
+        try:
+            supervisor.start()
+            tick_until(supervisor, lambda: lock.connection is not None and supervisor.guardian.store_degraded)
+            tick_until(supervisor, lambda: stopped(supervisor))
+            assert supervisor.guardian.store_degraded, "stopped while the store was still locked"
+            for _ in range(10):  # it holds: no relaunch while the store is down
+                assert supervisor.tick() is None
+            assert len(supervisor.store.attempts(RUN)) == 1 and supervisor.guardian.store_pending_writes >= 0
+            lock.release()
+            supervisor.clock.skew += RETRY_MAX_S  # type: ignore[attr-defined]
+            code = tick_until(supervisor, lambda: False)
+        finally:
+            lock.release()
+            if supervisor.attempt is not None and supervisor.attempt.handle is not None:
+                supervisor._halt_trainer(reason="test over")
+        assert code == 0
+        assert_rescued_with_everything_stored(supervisor, store, db, home)
+    assert len(events(logs, "store_unavailable")) == 1 and len(events(logs, "store_recovered")) == 1
+
+
+class TmpfsDisk:
+    """The database on a small tmpfs that a filler file fills up."""
+
+    def __init__(self, root: Path) -> None:
+        root.mkdir()
+        subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(root)], check=True, capture_output=True)
+        self.root = root
+        self.db = root / "guardian.db"
+        self.filler = root / "filler"
+
+    def fill(self, store: Store) -> None:
+        with self.filler.open("wb", buffering=0) as out:
+            for chunk in (b"\0" * 65536, b"\0" * 4096, b"\0"):
+                try:
+                    while True:
+                        out.write(chunk)
+                except OSError:
+                    continue
+
+    def free(self, store: Store) -> None:
+        self.filler.unlink()
+
+    def close(self) -> None:
+        subprocess.run(["umount", "-l", str(self.root)], check=False, capture_output=True)
+
+
+class PageLimitDisk:
+    """Unprivileged stand-in: SQLite's ``max_page_count`` held at the file's size on the guardian's connections,
+    so growing the database fails with the same ``database or disk is full``."""
+
+    def __init__(self, root: Path) -> None:
+        root.mkdir()
+        self.db = root / "guardian.db"
+
+    def _limit(self, dbapi_connection: sqlite3.Connection, _record: object) -> None:
+        (pages,) = dbapi_connection.execute("PRAGMA page_count").fetchone()
+        dbapi_connection.execute(f"PRAGMA max_page_count={pages}")
+
+    def fill(self, store: Store) -> None:
+        event.listen(Engine, "connect", self._limit)
+        store.close()  # the pool's next connections carry the limit
+
+    def free(self, store: Store) -> None:
+        event.remove(Engine, "connect", self._limit)
+        store.close()
+
+    def close(self) -> None:
+        if event.contains(Engine, "connect", self._limit):
+            event.remove(Engine, "connect", self._limit)
+
+
+@pytest.fixture(params=["tmpfs", "page_limit"])
+def disk(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[TmpfsDisk | PageLimitDisk]:
+    """A filesystem that can fill up: tmpfs where mount is allowed, else (and always for ``page_limit``) the
+    unprivileged stand-in - never a skip."""
+    made: TmpfsDisk | PageLimitDisk
+    try:
+        made = TmpfsDisk(tmp_path / "fs") if request.param == "tmpfs" else PageLimitDisk(tmp_path / "fs")
+    except (subprocess.CalledProcessError, OSError):
+        made = PageLimitDisk(tmp_path / "fs-fallback")
+    yield made
+    made.close()
+
+
+@pytest.mark.slow
+def test_a_full_filesystem_while_the_run_collapses(
+    tmp_path: Path, logs: pytest.LogCaptureFixture, disk: TmpfsDisk | PageLimitDisk
+) -> None:
+    """The disk fills before the collapse: the guardian judges from memory and stops the trainer; once space is
+    freed the queued steps and findings are replayed and the rescue carries on from them."""
+    home = tmp_path / "home"
+    with Store.open(f"sqlite:///{disk.db}", busy_timeout_s=BUSY_S) as store:
+        supervisor = supervisor_for(tmp_path, store, disk.db)
+        try:
+            supervisor.start()
+            tick_until(supervisor, lambda: (supervisor.guardian.history.last_step or 0) >= 5)
+            disk.fill(store)
+            tick_until(supervisor, lambda: stopped(supervisor))
+            assert supervisor.guardian.store_degraded and supervisor.guardian.store_pending_writes > 0
+            assert "disk is full" in (supervisor.guardian.writes.error or "")
+            assert store.interventions(RUN) == [], "no intervention can start without the store"
+            disk.free(store)
+            supervisor.clock.skew += RETRY_MAX_S  # type: ignore[attr-defined]
+            code = tick_until(supervisor, lambda: False)
+        finally:
+            if supervisor.attempt is not None and supervisor.attempt.handle is not None:
+                supervisor._halt_trainer(reason="test over")
+        assert code == 0
+        assert_rescued_with_everything_stored(supervisor, store, disk.db, home)
+    (line,) = events(logs, "store_unavailable")
+    assert "free space" in line
+
+
+def corrupt_steps_table(db: Path) -> None:
+    """Overwrite the root page of the steps table (after moving the WAL into the file) with garbage."""
+    with sqlite3.connect(db) as connection:
+        connection.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        (root,) = connection.execute("SELECT rootpage FROM sqlite_master WHERE name = 'steps'").fetchone()
+        (size,) = connection.execute("PRAGMA page_size").fetchone()
+    with db.open("r+b") as handle:
+        handle.seek((root - 1) * size)
+        handle.write(b"\xa5" * size)
+
+
+@pytest.mark.slow
+def test_a_corrupted_page_mid_run_stops_the_collapsing_trainer_and_says_so_in_one_line(
+    tmp_path: Path, logs: pytest.LogCaptureFixture
+) -> None:
+    db = tmp_path / "guardian.db"
+    with Store.open(f"sqlite:///{db}", busy_timeout_s=BUSY_S) as store:
+        supervisor = supervisor_for(tmp_path, store, db)
+        try:
+            supervisor.start()
+            tick_until(supervisor, lambda: (supervisor.guardian.history.last_step or 0) >= 5)
+            corrupt_steps_table(db)
+            store.close()  # connections opened from here on read the damaged file
+            tick_until(supervisor, lambda: stopped(supervisor))
+            assert supervisor.guardian.store_degraded
+            assert supervisor.tick() is None, "it waits for the store first"
+            supervisor.clock.skew += STORE_WAIT_S + 1  # type: ignore[attr-defined]
+            code = tick_until(supervisor, lambda: False, timeout_s=10)
+        finally:
+            if supervisor.attempt is not None and supervisor.attempt.handle is not None:
+                supervisor._halt_trainer(reason="test over")
+    assert code == 1
+    (line,) = events(logs, "guardian_cannot_continue")
+    assert "malformed" in line and ".recover" in line and 'trainer="not running"' in line
+    assert f"guardian run --attach {RUN}" in line
+    assert not [r for r in logs.records if r.exc_info], "no traceback"
+    assert max(file_steps(tmp_path / "home", 1)) < TOTAL_STEPS / 2, "the collapsing trainer was stopped"
+
+
+# --------------------------------------------------------------------------------- failing ticks
+
+
+class FailingMetrics:
+    """A metrics source whose ``poll`` raises for its first ``failures`` calls, then reads the real file."""
+
+    def __init__(self, real: object, failures: int) -> None:
+        self.real, self.failures = real, failures
+
+    @property
+    def path(self) -> Path:
+        return self.real.path  # type: ignore[attr-defined, no-any-return]
+
+    def poll(self, *, final: bool = False) -> MetricsBatch:
+        if self.failures > 0:
+            self.failures -= 1
+            raise RuntimeError("poll exploded")
+        return self.real.poll(final=final)  # type: ignore[attr-defined, no-any-return]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("failures", [2, 10_000])
+def test_an_exception_in_a_tick_is_logged_once_and_only_a_repeat_gives_up(
+    tmp_path: Path, logs: pytest.LogCaptureFixture, failures: int
+) -> None:
+    """Two failed ticks: logged once with the traceback, then the run is guarded on (its rescue resolves).
+    Every tick failing: after the limit, one line says the guardian cannot continue and the trainer's fate."""
+    db = tmp_path / "guardian.db"
+    with Store.open(f"sqlite:///{db}") as store:
+        supervisor = supervisor_for(tmp_path, store, db)
+        supervisor.start()
+        supervisor.guardian.metrics = FailingMetrics(supervisor.guardian.metrics, failures)
+        try:
+            code = _loop(supervisor, threading.Event(), 0.05, live=False)
+        finally:
+            if supervisor.attempt is not None and supervisor.attempt.handle is not None:
+                supervisor._halt_trainer(reason="test over")
+    (failed,) = events(logs, "tick_failed")
+    assert "poll exploded" in failed
+    assert len([r for r in logs.records if r.exc_info]) == 1, "the traceback once"
+    if failures == 2:
+        assert code == 0 and "failed_ticks=2" in events(logs, "tick_recovered")[0]
+    else:
+        assert code == 1
+        (line,) = events(logs, "guardian_cannot_continue")
+        assert f"{TICK_FAILURE_LIMIT} ticks in a row failed: RuntimeError: poll exploded" in line
+        assert "UNGUARDED" in line, "a healthy-looking trainer is left running, and the line says so"
