@@ -26,11 +26,12 @@ from guardian.config import GuardianConfig
 from guardian.demo.scenarios import SCENARIOS, RunFiles
 from guardian.findings import Severity
 from guardian.keys import Signal
+from guardian.logs import logging_to_file
 from guardian.notify.setup import notifying, sink_names
 from guardian.policy import CRASH_OUTPUT_EVIDENCE
 from guardian.run import local_supervisor, register_run
 from guardian.sinks.export import exporting
-from guardian.store import Store
+from guardian.store import InterventionView, Store
 from guardian.supervisor import Supervisor
 
 # seconds per step added to the trainer, so the story unfolds at a readable pace
@@ -89,7 +90,7 @@ class Narrator:
                 continue
             self.told_incidents.add(incident.id)
             self.console.print(
-                f"[bold red]DETECTED[/] {incident.check} at step {incident.opened_step} "
+                f"[bold red]DETECTED[/] incident #{incident.id}: {incident.check} at step {incident.opened_step} "
                 f"(estimated onset step {incident.onset_step}): {escape(incident.message)}"
             )
             evidence = ", ".join(
@@ -104,13 +105,14 @@ class Narrator:
                 if (iv.id, index) in self.told_events:
                     continue
                 self.told_events.add((iv.id, index))
-                self._event(iv.id, e.state, e.detail, iv.to_json())
+                self._event(e.state, e.detail, iv)
 
-    def _event(self, number: int, state: str, detail: Mapping[str, object], iv: Mapping[str, object]) -> None:
+    def _event(self, state: str, detail: Mapping[str, object], iv: InterventionView) -> None:
         say = self.console.print
-        tag = f"[cyan]#{number} {state:11}[/]"
+        tag = f"[cyan]intervention {iv.number} {state:11}[/]"
+        more = " " * len(f"intervention {iv.number} {state:11} ")  # a continuation line, under the text
         if state == "DETECTED":
-            say(f"{tag} intervention {number} ({iv['kind']}, rung {int(str(iv['rung'])) + 1})")
+            say(f"{tag} for incident #{iv.incident_id} ({iv.kind}, rung {iv.rung + 1})")
         elif state == "STOPPING":
             say(f"{tag} stopping the trainer's process group (SIGINT, then SIGTERM, then SIGKILL)")
         elif state == "STOPPED" and detail.get("target"):
@@ -119,12 +121,12 @@ class Narrator:
             moved = detail.get("moved") or []
             say(f"{tag} newer checkpoints {moved} moved to .guardian-quarantine/ (never deleted); tracker rewritten")
             if detail.get("why"):
-                say(f"             {escape(str(detail['why']))}")
+                say(f"{more}{escape(str(detail['why']))}")
         elif state == "PATCHED":
             for key, before, after in detail.get("diff", []):  # type: ignore[attr-defined]
                 say(f"{tag} {key}: {escape(str(before))} -> {escape(str(after))}")
             for note in detail.get("notes", []):  # type: ignore[attr-defined]
-                say(f"             note: {escape(str(note))}")
+                say(f"{more}note: {escape(str(note))}")
         elif state == "RESUMING":
             say(f"{tag} relaunched the trainer from the rollback point")
         elif state == "PROBATION":
@@ -133,7 +135,7 @@ class Narrator:
             style = {"RESOLVED": "bold green", "UNRESOLVED": "bold red", "RELAPSED": "yellow", "GAVE_UP": "bold red"}[
                 state
             ]
-            say(f"[{style}]#{number} {state}[/] {escape(str(detail.get('why', '')))}")
+            say(f"[{style}]intervention {iv.number} {state}[/] {escape(str(detail.get('why', '')))}")
 
 
 def _values(supervisor: Supervisor) -> str:
@@ -156,9 +158,13 @@ def run_demo(config: GuardianConfig, *, scenario: str, json_output: bool) -> int
         extra.append("+trainer.fault.transient=true")  # the fault spares a run resumed from a checkpoint
     chosen = SCENARIOS[scenario].with_extra(*extra)
     command = tuple(chosen.command(files))
-    console = Console(stderr=json_output)
+    console = Console(stderr=json_output, soft_wrap=True)  # piped: whole lines, paths unbroken
     console.print(f"[bold]guardian demo[/] - scenario [cyan]{scenario}[/]: {chosen.notes or _first_line(scenario)}")
-    with Store.open(config.database_url()) as store:
+    with (
+        logging_to_file(root / "guardian.log", quiet_terminal=console.is_terminal) as log_file,
+        Store.open(config.database_url()) as store,
+    ):
+        console.print(f"  every event line: {log_file}")
         supervisor = local_supervisor(config, store, run_id=run_id, command=command, cwd=files.root)
         register_run(store, supervisor, name=f"demo {scenario}")
         narrate = Narrator(console, store, run_id)

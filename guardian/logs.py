@@ -7,29 +7,79 @@ spaces are quoted. Logs go to stderr, leaving stdout to ``--json`` documents and
 from __future__ import annotations
 
 import logging
+import re
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
 
 LOGGER_NAME = "guardian"
 
 
-def init_logging(level: str = "INFO") -> None:
+FORMAT = "%(asctime)s %(levelname)s %(name)s %(message)s"
+_terminal: logging.Handler | None = None
+_terminal_level_chosen = False  # --log-level given: the terminal keeps it, story or not
+
+
+def init_logging(level: str | None = None) -> None:
+    """Log lines to stderr at ``level`` (INFO when None); ValueError for an unknown level name."""
+    global _terminal, _terminal_level_chosen
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
+    handler.setFormatter(logging.Formatter(FORMAT))
     root = logging.getLogger(LOGGER_NAME)
+    root.setLevel((level or "INFO").upper())
+    for old in root.handlers:
+        old.close()
     root.handlers[:] = [handler]
-    root.setLevel(level.upper())
     root.propagate = False
+    _terminal, _terminal_level_chosen = handler, level is not None
+
+
+@contextmanager
+def logging_to_file(path: Path, *, quiet_terminal: bool) -> Iterator[Path]:
+    """Every log line of the block also goes to ``path`` (appended). With ``quiet_terminal`` - a person reads the
+    story the command prints - the terminal shows warnings and errors only, unless ``--log-level`` chose its
+    level."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handler = logging.FileHandler(path, encoding="utf-8")
+    handler.setFormatter(logging.Formatter(FORMAT))
+    root = logging.getLogger(LOGGER_NAME)
+    root.addHandler(handler)
+    terminal, before = _terminal, _terminal.level if _terminal is not None else logging.NOTSET
+    if quiet_terminal and terminal is not None and not _terminal_level_chosen:
+        terminal.setLevel(logging.WARNING)
+    try:
+        yield path
+    finally:
+        root.removeHandler(handler)
+        handler.close()
+        if terminal is not None:
+            terminal.setLevel(before)
 
 
 def get_logger(name: str) -> logging.Logger:
     return logging.getLogger(f"{LOGGER_NAME}.{name}")
 
 
+# characters that would break one event onto several lines or fake a field: escaped inside quotes
+_CONTROL = re.compile(r"[\x00-\x1f\x7f\u2028\u2029]")
+_NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def _escape_control(match: re.Match[str]) -> str:
+    char = match.group()
+    if char in _NAMED:
+        return _NAMED[char]
+    return f"\\x{ord(char):02x}" if ord(char) < 0x100 else f"\\u{ord(char):04x}"
+
+
 def _quote(value: object) -> str:
+    """``value`` as one token: quoted (``\\``, ``"`` and control characters escaped) when it holds a space, a
+    quote, ``=`` or a control character - a newline in a run id never forges a second log line."""
     text = str(value)
-    if text == "" or any(c in text for c in ' "='):
-        return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if text == "" or any(c in text for c in ' "=') or _CONTROL.search(text):
+        escaped = text.replace("\\", "\\\\").replace('"', '\\"')
+        return '"' + _CONTROL.sub(_escape_control, escaped) + '"'
     return text
 
 

@@ -206,7 +206,7 @@ def test_run_events_end_to_end_one_alert_per_notified_state() -> None:
     for alert in alerts.values():
         assert alert.level is Level.INFO
         assert "*Detected:* entropy_collapse (critical) at step 120, onset step 95" in alert.text
-        assert "intervention #2 (remediate, rung 2)" in alert.text
+        assert "intervention 2 of incident #7 (remediate, rung 2)" in alert.text
         assert alert.fields["intervention"] == "2"
 
 

@@ -26,7 +26,11 @@ COMMANDS = (replay, watch, incidents, checkpoints, setup, run, dashboards)
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="guardian", description="Guard a verl RL training run.")
     parser.add_argument("--version", action="version", version=f"verl-guardian {__version__}")
-    parser.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING, ERROR (default INFO)")
+    parser.add_argument(
+        "--log-level",
+        help="DEBUG, INFO, WARNING, ERROR on the terminal (default INFO; WARNING while run or demo tell their story "
+        "in a terminal, every line then in the run's guardian.log)",
+    )
     sub = parser.add_subparsers(dest="command", required=True)
 
     def add(name: str, help_text: str) -> argparse.ArgumentParser:

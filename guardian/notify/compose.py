@@ -254,7 +254,7 @@ def _steps(value: object) -> str:
 def _intervention_label(event: GuardianEvent) -> str:
     iv = event.intervention
     assert iv is not None
-    return f"intervention #{iv.number} ({iv.kind}, rung {iv.rung + 1})"
+    return f"intervention {iv.number} of incident #{iv.incident_id} ({iv.kind}, rung {iv.rung + 1})"
 
 
 def _opt(value: int | None) -> str | None:
