@@ -4,6 +4,7 @@ and ``promtool check metrics`` on the scrape when promtool is installed."""
 
 from __future__ import annotations
 
+import gzip
 import json
 import math
 import os
@@ -22,7 +23,7 @@ from pathlib import Path
 
 import pytest
 from conftest import free_port, required_tool
-from prometheus_client import generate_latest
+from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as parse_openmetrics
 from prometheus_client.parser import text_string_to_metric_families
@@ -33,6 +34,7 @@ from guardian.daemon import Guardian
 from guardian.findings import Severity
 from guardian.keys import Signal
 from guardian.sinks.export import exporting
+from guardian.sinks.exposition import ExpositionApp
 from guardian.sinks.prometheus import INTERVENTION_OUTCOMES, build_registry, is_public_host, serve, shutdown
 from guardian.sinks.snapshot import GuardianSource, RunSnapshot, snapshot_from
 from guardian.sources.jsonl import MetricsFile
@@ -103,7 +105,7 @@ def exposition(source: FixedSource) -> str:
 @pytest.fixture
 def served() -> Iterator[tuple[FixedSource, str]]:
     source = FixedSource([RUN_A, RUN_B])
-    server, thread = serve(build_registry(source), "127.0.0.1", 0)
+    server, thread = serve(source, "127.0.0.1", 0)
     try:
         yield source, f"http://127.0.0.1:{server.server_port}/metrics"
     finally:
@@ -306,7 +308,7 @@ def test_serving_on_every_interface_is_refused_unless_asked(host: str) -> None:
     """Every spelling of "every interface" is caught: the decision is made on the resolved address."""
     assert is_public_host(host)
     with pytest.raises(ValueError, match="allow_public"):
-        serve(build_registry(FixedSource([])), host, 0)
+        serve(FixedSource([]), host, 0)
 
 
 @pytest.mark.parametrize("host", ["127.0.0.1", "::1", "localhost", "127.1", "::ffff:127.0.0.1", "10.1.2.3", "fe80::1"])
@@ -326,12 +328,12 @@ def test_a_host_name_is_public_unless_it_resolves_to_loopback_only() -> None:
     assert is_public_host("wildcard.internal", resolve)
     assert not is_public_host("local.internal", resolve)
     with pytest.raises(ValueError, match=r"metrics\.internal.*resolving to 10\.1\.2\.3.*allow_public"):
-        serve(build_registry(FixedSource([])), "metrics.internal", 0, resolve=resolve)
+        serve(FixedSource([]), "metrics.internal", 0, resolve=resolve)
 
 
 def test_the_address_bound_is_the_one_decided_on() -> None:
     """A name is resolved once: the server listens on the address that was judged loopback."""
-    server, thread = serve(build_registry(FixedSource([RUN_A])), "loop.internal", 0, resolve=lambda _: ["127.0.0.1"])
+    server, thread = serve(FixedSource([RUN_A]), "loop.internal", 0, resolve=lambda _: ["127.0.0.1"])
     try:
         assert server.server_address[0] == "127.0.0.1"
         assert "guardian_up" in scrape(f"http://127.0.0.1:{server.server_port}/metrics")[0]
@@ -348,7 +350,7 @@ def test_an_unresolvable_host_is_a_clear_error() -> None:
 
 
 def test_allow_public_serves_and_shutdown_closes_the_port() -> None:
-    server, thread = serve(build_registry(FixedSource([RUN_A])), "0.0.0.0", 0, allow_public=True)
+    server, thread = serve(FixedSource([RUN_A]), "0.0.0.0", 0, allow_public=True)
     port = server.server_port
     try:
         assert "guardian_up" in scrape(f"http://127.0.0.1:{port}/metrics")[0]
@@ -418,7 +420,7 @@ def test_snapshot_from_a_real_guardian(tmp_path: Path) -> None:
 
         # the same run through the glue object, scraped over HTTP (the store read from the server thread)
         source = GuardianSource(guardian, store, clock=lambda: clock[0] + 5)
-        server, thread = serve(build_registry(source), port=0)
+        server, thread = serve(source, port=0)
         try:
             url = f"http://127.0.0.1:{server.server_port}/metrics"
             before = series_of(scrape(url)[0])
@@ -571,7 +573,8 @@ def test_notification_counters_start_at_zero_and_only_count_final_results(tmp_pa
 
 
 def test_scrapes_serve_the_snapshot_of_the_last_tick(tmp_path: Path) -> None:
-    """Store reads happen when a tick publishes, never at scrape time; only the step age and up move."""
+    """Store reads happen when a tick publishes, never at scrape time; between ticks a scrape gets the
+    very same snapshot (so its exposition is rendered once), only ``up`` follows at once."""
     metrics = tmp_path / "metrics.jsonl"
     _write_run(metrics, range(1, 4), null_grad_from=99)
     clock = [1_000.0]
@@ -583,19 +586,48 @@ def test_scrapes_serve_the_snapshot_of_the_last_tick(tmp_path: Path) -> None:
             config=GuardianConfig(), store=store, run_id="r1", metrics=MetricsFile(metrics), clock=lambda: clock[0]
         )
         guardian.tick()
+        clock[0] = 1_002.0
         source = GuardianSource(guardian, store, clock=lambda: clock[0])
         [first] = source.snapshot()
-        assert (first.step, first.attempt, first.last_step_age_seconds) == (3, 1, 0.0)
+        assert (first.step, first.attempt, first.last_step_age_seconds) == (3, 1, 2.0)
 
         _write_run(metrics, range(1, 6), null_grad_from=99)  # same head, longer: steps 4-5 arrive
         clock[0] = 1_010.0
         guardian.tick()
-        [stale] = source.snapshot()  # no publish since: the previous tick's view, aged
-        assert (stale.step, stale.last_step_age_seconds) == (3, 10.0)
+        assert source.snapshot() is source.snapshot()  # no publish since: the previous tick's view
+        assert source.snapshot()[0] is first
 
+        clock[0] = 1_011.0
         source.record_poll(True)
-        clock[0] = 1_012.0
         source.up = False
         [fresh] = source.snapshot()
-    assert (fresh.step, fresh.last_step_age_seconds, fresh.up) == (5, 2.0, False)
-    assert (fresh.last_poll_success, fresh.last_poll_success_at) == (True, 1_010.0)
+    assert (fresh.step, fresh.last_step_age_seconds, fresh.up) == (5, 1.0, False)
+    assert (fresh.last_poll_success, fresh.last_poll_success_at) == (True, 1_011.0)
+
+
+def test_an_exposition_is_rendered_once_per_snapshot_and_format() -> None:
+    class Published:
+        def __init__(self) -> None:
+            self.current: tuple[RunSnapshot, ...] = (RUN_A,)
+
+        def snapshot(self) -> tuple[RunSnapshot, ...]:
+            return self.current
+
+    source = Published()
+    rendered: list[Sequence[RunSnapshot]] = []
+
+    def registry_for(snapshots: Sequence[RunSnapshot]) -> CollectorRegistry:
+        rendered.append(snapshots)
+        return build_registry(FixedSource(snapshots))
+
+    app = ExpositionApp(source, registry_for)
+    text, headers = app.body("", "")
+    assert app.body("", "") == (text, headers) and len(rendered) == 1
+    zipped, zipped_headers = app.body("", "gzip")
+    assert gzip.decompress(zipped) == text and ("Content-Encoding", "gzip") in zipped_headers
+    openmetrics, om_headers = app.body("application/openmetrics-text; version=1.0.0", "")
+    assert openmetrics.endswith(b"# EOF\n") and om_headers[0][1].startswith("application/openmetrics-text")
+    assert len(rendered) == 3  # one per format
+    source.current = (replace(RUN_A, step=121),)  # a tick published
+    assert series_of(app.body("", "")[0].decode())[("guardian_step", labels(RUN_A))] == 121.0
+    assert len(rendered) == 4

@@ -9,7 +9,7 @@ from contextlib import contextmanager
 from guardian.config import ExporterConfig
 from guardian.daemon import Clock, Guardian
 from guardian.logs import event, get_logger
-from guardian.sinks.prometheus import build_registry, serve, shutdown
+from guardian.sinks.prometheus import serve, shutdown
 from guardian.sinks.snapshot import GuardianSource
 from guardian.store import Store
 
@@ -38,7 +38,7 @@ def exporting(
         yield lambda: None
         return
     source = GuardianSource(guardian, store, clock, sinks=sinks)
-    server, thread = serve(build_registry(source), cfg.host, cfg.port, allow_public=cfg.allow_public)
+    server, thread = serve(source, cfg.host, cfg.port, allow_public=cfg.allow_public)
     log.info(event("exporter", {"url": f"http://{cfg.host}:{server.server_port}/metrics", "run": guardian.run_id}))
     ended = False
     try:

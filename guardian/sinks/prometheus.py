@@ -57,19 +57,21 @@ import ipaddress
 import math
 import socket
 import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final
-from wsgiref.simple_server import WSGIServer
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
+from prometheus_client.exposition import ThreadingWSGIServer
 from prometheus_client.registry import Collector
 
 from guardian import __version__, keys
 from guardian.findings import Severity
 from guardian.keys import Signal
 from guardian.logs import event, get_logger
+from guardian.sinks.exposition import ExpositionApp
 from guardian.sinks.snapshot import ExportSource, RunSnapshot
 from guardian.store.interventions import FINISHED_STATES
 
@@ -77,6 +79,8 @@ log = get_logger("prometheus")
 
 DEFAULT_HOST: Final = "127.0.0.1"
 DEFAULT_PORT: Final = 9464
+# connections waiting to be accepted (Prometheus, Grafana, people's curls scraping at once)
+LISTEN_BACKLOG: Final = 128
 
 # the final intervention states as label values (always exported, 0 until reached)
 INTERVENTION_OUTCOMES: Final = tuple(sorted(state.lower() for state in FINISHED_STATES))
@@ -330,14 +334,15 @@ def is_public_host(host: str, resolve: Resolver = resolve_host) -> bool:
 
 
 def serve(
-    registry: CollectorRegistry,
+    source: ExportSource,
     host: str = DEFAULT_HOST,
     port: int = DEFAULT_PORT,
     *,
     allow_public: bool = False,
     resolve: Resolver = resolve_host,
 ) -> tuple[WSGIServer, threading.Thread]:
-    """Serve ``registry`` at ``http://host:port/metrics`` from a daemon thread.
+    """Serve ``source``'s snapshots at ``http://host:port/metrics`` from a daemon thread (one thread per
+    scrape; a snapshot's exposition is rendered once, guardian/sinks/exposition.py).
 
     ``host`` is resolved once (``bind_target``): listening beyond loopback (every interface, or a host
     name that resolves to an interface address) exposes run names and health to the network, so it is
@@ -351,7 +356,10 @@ def serve(
             f"refusing to serve metrics on {host!r} ({target.reason}); bind 127.0.0.1 or a specific "
             "interface address, or set exporter.allow_public"
         )
-    server, thread = start_http_server(port, addr=target.address or host, registry=registry)
+    app = ExpositionApp(source, lambda snapshots: build_registry(_Fixed(snapshots)))
+    server = make_server(target.address, port, app, _server_class(target.address), handler_class=_QuietHandler)
+    thread = threading.Thread(target=server.serve_forever, name="metrics-http", daemon=True)
+    thread.start()
     log.info(
         event(
             "metrics_serving",
@@ -359,6 +367,39 @@ def serve(
         )
     )
     return server, thread
+
+
+class _Server(ThreadingWSGIServer):
+    """One thread per scrape, with a listen backlog for many scrapers at once: the socket's default of 5
+    drops the connections beyond it, and a dropped connection is retried only after 1 s, 3 s, 7 s."""
+
+    request_queue_size = LISTEN_BACKLOG
+
+
+class _Server6(_Server):
+    address_family = socket.AF_INET6
+
+
+class _QuietHandler(WSGIRequestHandler):
+    """No line per request on stderr (scrapes every few seconds would drown the event lines)."""
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+def _server_class(address: str) -> type[_Server]:
+    """The server class for ``address``'s family (empty: every IPv4 interface)."""
+    return _Server6 if address and ipaddress.ip_address(address).version == 6 else _Server
+
+
+class _Fixed:
+    """The snapshots of one rendering, as an ``ExportSource``."""
+
+    def __init__(self, snapshots: Sequence[RunSnapshot]) -> None:
+        self._snapshots = snapshots
+
+    def snapshot(self) -> Sequence[RunSnapshot]:
+        return self._snapshots
 
 
 def shutdown(server: WSGIServer, thread: threading.Thread, timeout: float = 5.0) -> None:

@@ -176,10 +176,11 @@ class GuardianSource:
 
     Call ``record_poll`` after each tick (``ok=False`` when it raised), on the guard loop's thread: it
     builds the run's snapshot there, between ticks, so the guardian's memory and the store are read
-    while nothing changes them. ``snapshot`` (the HTTP threads) serves the latest one, with only the
-    step age and ``up`` brought to the moment of the scrape; publishing is one reference assignment,
-    so a scrape sees a whole snapshot, old or new, never half of each. Set ``up`` to False once the
-    guardian stops guarding the run while the exporter keeps serving. The first snapshot is built
+    while nothing changes them. ``snapshot`` (the HTTP threads) hands out that same sequence until the
+    next publish, so its exposition is rendered once (guardian/sinks/exposition.py); publishing is one
+    reference assignment, so a scrape sees a whole snapshot, old or new, never half of each. The step
+    age is therefore as of the last tick (one poll interval of resolution). Set ``up`` to False once
+    the guardian stops guarding the run while the exporter keeps serving. The first snapshot is built
     when the source is made.
     """
 
@@ -191,8 +192,7 @@ class GuardianSource:
     sinks: Sequence[str] = ()  # the configured notifier / Grafana sinks (their counters start at 0)
     _poll_ok: bool | None = field(default=None, init=False)
     _poll_ok_at: float | None = field(default=None, init=False)
-    # the latest snapshot and when its last step arrived (its age grows between ticks)
-    _latest: tuple[RunSnapshot, float | None] = field(init=False, repr=False)
+    _latest: tuple[RunSnapshot, ...] = field(default=(), init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.publish()
@@ -208,21 +208,22 @@ class GuardianSource:
 
     def publish(self) -> None:
         """Build the snapshot that scrapes serve until the next ``publish``."""
-        snap = snapshot_from(
-            self.guardian,
-            self.store,
-            self.clock(),
-            experiment=self.experiment,
-            up=self.up,
-            last_poll_success=self._poll_ok,
-            last_poll_success_at=self._poll_ok_at,
-            sinks=self.sinks,
+        self._latest = (
+            snapshot_from(
+                self.guardian,
+                self.store,
+                self.clock(),
+                experiment=self.experiment,
+                up=self.up,
+                last_poll_success=self._poll_ok,
+                last_poll_success_at=self._poll_ok_at,
+                sinks=self.sinks,
+            ),
         )
-        arrived = self.guardian.history.arrivals.get(snap.step) if snap.step is not None else None
-        self._latest = (snap, arrived)
 
-    def snapshot(self) -> list[RunSnapshot]:
-        """The run as of the last tick; its step age and ``up`` as of now."""
-        snap, arrived = self._latest
-        age = max(0.0, self.clock() - arrived) if arrived is not None else None
-        return [replace(snap, up=self.up, last_step_age_seconds=age)]
+    def snapshot(self) -> tuple[RunSnapshot, ...]:
+        """The run as of the last publish (``up`` as of now)."""
+        latest = self._latest
+        if latest[0].up != self.up:  # stopped since: one new snapshot, then the same one again
+            latest = self._latest = (replace(latest[0], up=self.up),)
+        return latest
