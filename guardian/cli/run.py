@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from guardian.cli.common import EXIT_USAGE, AddCommand, log, resolved_config
+from guardian.ids import checked_run_id
 from guardian.logs import event
 
 
@@ -55,12 +56,20 @@ def cmd_run(args: argparse.Namespace) -> int:
     request = RunRequest(
         command=tuple(command),
         cwd=Path.cwd(),
-        run_id=args.attach or args.run_id or default_run_id(command, Path.cwd()),
+        run_id=_run_id(args, command),
         attach=bool(args.attach),
         dry_run=args.dry_run,
         live=sys.stdout.isatty() and not args.no_live,
     )
     return run_guarded(config, request)
+
+
+def _run_id(args: argparse.Namespace, command: Sequence[str]) -> str:
+    if args.attach:
+        return checked_run_id(args.attach, option="--attach")
+    if args.run_id:
+        return checked_run_id(args.run_id)
+    return default_run_id(command, Path.cwd())
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
