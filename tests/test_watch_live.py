@@ -1,5 +1,5 @@
 """``guardian watch`` as a real process while a writer appends, truncates and rewrites the metrics
-file the way verl does (every trainer start truncates it), then Ctrl-C."""
+file the way verl does (every trainer start truncates it), then Ctrl-C: it ends with its summary."""
 
 from __future__ import annotations
 
@@ -61,8 +61,11 @@ def test_watch_follows_append_truncate_rewrite_and_exits_cleanly(tmp_path: Path)
             wait_for(lambda: store.count_steps("live") == 60)
     finally:
         proc.send_signal(signal.SIGINT)
-        _, err_text = proc.communicate(timeout=20)
-    assert proc.returncode == 3, err_text.decode()[-2000:]  # a critical finding stands: unhealthy
+        out_text, err_text = proc.communicate(timeout=20)
+    assert proc.returncode == 3, err_text.decode()[-2000:]  # a critical finding was seen: unhealthy
+    out = out_text.decode()
+    assert "watch ended: interrupted" in out and "verdict: UNHEALTHY from step" in out
+    assert "critical  length_collapse  escalated" in out  # piped: a plain line per finding
     with Store.open(db) as store:
         attempts = store.latest_attempt("live")
         assert attempts is not None and attempts.number == 2  # the truncation began a second attempt

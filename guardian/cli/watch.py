@@ -13,7 +13,16 @@ from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
 
-from guardian.cli.common import EXIT_ERROR, EXIT_OK, EXIT_UNHEALTHY, AddCommand, log, open_store, resolved_config
+from guardian.cli.common import (
+    EXIT_ERROR,
+    EXIT_OK,
+    EXIT_UNHEALTHY,
+    AddCommand,
+    file_problem,
+    log,
+    open_store,
+    resolved_config,
+)
 from guardian.config import ConfigError, GuardianConfig
 from guardian.keys import signals_present
 from guardian.logs import event
@@ -79,16 +88,17 @@ def derive_run_id(metrics: Path) -> str:
 
 
 def readable_problem(path: Path, *, must_exist: bool) -> str | None:
-    """Why ``path`` cannot be watched, or None."""
-    if path.is_dir():
-        return f"{path} is a directory, not a metrics file"
-    if not path.exists():
-        return f"metrics file {path} does not exist" if must_exist else None
+    """Why ``path`` cannot be watched, or None (a missing file is waited for unless ``must_exist``)."""
+    if not path.exists() and not must_exist:
+        return None
+    problem = file_problem(path, "metrics file")
+    if problem is not None:
+        return problem
     try:
         with path.open("rb"):
             return None
     except OSError as exc:
-        return f"cannot read {path}: {exc.strerror or exc}"
+        return f"cannot read metrics file {path}: {exc.strerror or exc}"
 
 
 def run_length(args: argparse.Namespace, path: Path) -> int | None:

@@ -1,0 +1,331 @@
+"""`guardian watch` ends when the run ends: the pure end rule, the run's length from its Hydra config, the
+loop driven through time by an injected clock, and the command on the real verl 0.9.1 files."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from conftest import ManualClock, fixture_path, missing
+
+from guardian.cli import main
+from guardian.config import ConfigError, GuardianConfig
+from guardian.daemon import Guardian
+from guardian.findings import Severity
+from guardian.sources.hydra_config import config_beside, total_training_steps
+from guardian.sources.jsonl import MetricsFile
+from guardian.store import Store
+from guardian.trainer_pid import TrainerLiveness, pid_alive
+from guardian.watch_end import EndReason, FileState, WatchState, end_reason
+from guardian.watch_loop import FollowedFile, PlainProgress, WatchLoop
+from guardian.watch_summary import VerdictTracker
+
+RUN_30 = fixture_path("verl-0.9.1-run", "metrics-30-steps.jsonl")  # steps 0-30, entropy collapses from ~16
+RUN_10 = fixture_path("verl-0.9.1-run", "metrics-10-steps.jsonl")  # steps 1-10, healthy (truncation warns)
+
+
+def lines_of(path: Path) -> list[bytes]:
+    return path.read_bytes().splitlines(keepends=True)
+
+
+# -- the end rule ---------------------------------------------------------------------------------
+def state(
+    follow: bool = True,
+    file: FileState = FileState.AT_END,
+    last_step: int | None = 10,
+    total: int | None = None,
+    alive: bool | None = None,
+) -> WatchState:
+    return WatchState(follow, file, last_step, total, alive)
+
+
+@pytest.mark.parametrize(
+    ("watch", "reason"),
+    [
+        (state(follow=False), EndReason.END_OF_FILE),
+        (state(follow=False, file=FileState.UNREAD), None),  # never end with bytes unread
+        (state(total=10), EndReason.TOTAL_STEPS),
+        (state(total=11), None),
+        (state(total=10, file=FileState.UNREAD), None),
+        (state(alive=False), EndReason.TRAINER_EXITED),
+        (state(alive=False, file=FileState.UNREAD), None),  # read what it wrote before it exited first
+        (state(alive=False, file=FileState.MISSING, last_step=None), EndReason.TRAINER_EXITED),
+        (state(alive=True), None),
+        (state(alive=None), None),  # a silent file with no trainer to ask: the run may only be slow
+        (state(last_step=None, total=10), None),
+    ],
+)
+def test_end_rule(watch: WatchState, reason: EndReason | None) -> None:
+    assert end_reason(watch) == reason
+
+
+# -- the run's length from the config verl ran with ------------------------------------------------
+def verl_config_dir() -> Path:
+    spec = importlib.util.find_spec("verl")  # locates verl without importing it (torch, ray)
+    if spec is None or not spec.submodule_search_locations or importlib.util.find_spec("hydra") is None:
+        missing("needs verl==0.9.1 (its config tree) and hydra-core: pip install --no-deps verl==0.9.1 hydra-core")
+    return Path(next(iter(spec.submodule_search_locations))) / "trainer" / "config"
+
+
+def hydra_output_config(folder: Path, overrides: list[str]) -> Path:
+    """What a verl launch writes to ``<hydra.run.dir>/.hydra/config.yaml``: verl's own tree composed by Hydra."""
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    with initialize_config_dir(config_dir=str(verl_config_dir()), version_base=None):
+        composed = compose("ppo_trainer", overrides=overrides)
+    path = folder / ".hydra" / "config.yaml"
+    path.parent.mkdir(parents=True)
+    path.write_text(OmegaConf.to_yaml(composed))
+    return path
+
+
+def test_total_steps_from_the_hydra_config_verl_writes(tmp_path: Path) -> None:
+    set_length = hydra_output_config(tmp_path / "set", ["trainer.total_training_steps=60"])
+    assert total_training_steps(set_length) == 60
+    assert config_beside(tmp_path / "set" / "metrics.jsonl") == set_length
+    verl_default = hydra_output_config(tmp_path / "default", [])  # null: verl derives it at start
+    assert total_training_steps(verl_default) is None
+    assert config_beside(tmp_path / "elsewhere" / "metrics.jsonl") is None
+
+
+@pytest.mark.parametrize(
+    ("text", "complaint"),
+    [
+        ("trainer: {total_training_steps: sixty}\n", "must be a positive integer or null, got 'sixty'"),
+        ("trainer: {total_training_steps: 0}\n", "must be a positive integer or null, got 0"),
+        ("trainer: [1, 2]\n", "expected a mapping"),
+        ("trainer: {total_training_steps: [60\n", "is not valid YAML"),
+    ],
+)
+def test_a_bad_run_config_names_the_file_and_the_key(tmp_path: Path, text: str, complaint: str) -> None:
+    path = tmp_path / "config.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match="run config") as raised:
+        total_training_steps(path)
+    assert str(path) in str(raised.value) and complaint in str(raised.value)
+
+
+def test_a_run_config_without_a_trainer_section_leaves_the_length_unknown(tmp_path: Path) -> None:
+    path = tmp_path / "config.yaml"
+    path.write_text("data: {train_batch_size: 32}\n")
+    assert total_training_steps(path) is None
+
+
+# -- the loop, through time ---------------------------------------------------------------------
+class Harness:
+    """A real guardian over a real file and a real SQLite store, its loop driven by a manual clock: each
+    wait of the loop moves the clock on by ``step_s`` and runs the next scripted action (the writer)."""
+
+    def __init__(self, tmp_path: Path, *, step_s: float = 30.0, alive: Callable[[int], bool] | None = None) -> None:
+        self.metrics = tmp_path / "run" / "metrics.jsonl"
+        self.metrics.parent.mkdir()
+        self.clock = ManualClock(1000.0)
+        self.step_s = step_s
+        self.actions: Iterator[Callable[[], None]] = iter(())
+        self.lines: list[str] = []
+        self.store = Store.open(f"sqlite:///{tmp_path / 'guardian.db'}")
+        self.store.ensure_run(
+            "r", name="r", metrics_path="", rollouts_dir="", checkpoints_dir=None, mode="observe", now=1000.0
+        )
+        self.file = FollowedFile(MetricsFile(self.metrics))
+        self.trainer = TrainerLiveness(None if alive is None else 4242, alive or pid_alive)
+        self.guardian = Guardian(
+            config=GuardianConfig(),
+            store=self.store,
+            run_id="r",
+            metrics=self.file,
+            clock=self.clock,
+            trainer_alive=self.trainer,
+        )
+        self.guardian.tracker = self.tracker = VerdictTracker()
+
+    def wait(self, _seconds: float) -> bool:
+        self.clock.now += self.step_s
+        next(self.actions, lambda: None)()
+        return False
+
+    def run(self, *, follow: bool = True, total_steps: int | None = None, max_ticks: int | None = 50) -> EndReason:
+        display = PlainProgress(self.guardian, self.lines.append, self.clock)
+        loop = WatchLoop(
+            self.guardian,
+            self.file,
+            self.trainer,
+            display,
+            follow=follow,
+            total_steps=total_steps,
+            wait=self.wait,
+            max_ticks=max_ticks,
+        )
+        return loop.run()
+
+    def append(self, data: bytes) -> Callable[[], None]:
+        def write() -> None:
+            with self.metrics.open("ab") as out:
+                out.write(data)
+
+        return write
+
+
+@pytest.fixture
+def harness(tmp_path: Path) -> Iterator[Harness]:
+    made = Harness(tmp_path)
+    yield made
+    made.store.close()
+
+
+def test_following_ends_when_the_run_reaches_its_total_steps(harness: Harness) -> None:
+    lines = lines_of(RUN_30)
+    harness.metrics.write_bytes(b"".join(lines[:12]))
+    harness.actions = iter(harness.append(b"".join(lines[i : i + 4])) for i in range(12, len(lines), 4))
+    assert harness.run(total_steps=30) is EndReason.TOTAL_STEPS
+    assert harness.guardian.history.last_step == 30
+    assert harness.tracker.first_critical is not None and harness.tracker.first_critical.check == "entropy_collapse"
+
+
+def test_waiting_for_a_file_that_appears_later(harness: Harness) -> None:
+    lines = lines_of(RUN_10)
+    harness.actions = iter([lambda: None, lambda: None, harness.append(b"".join(lines))])
+    assert harness.run(total_steps=10) is EndReason.TOTAL_STEPS
+    assert harness.lines.count(f"waiting for {harness.metrics}") == 1
+    assert harness.guardian.history.last_step == 10
+    assert harness.lines[-1].startswith("step 10  reward ")
+
+
+def test_a_finished_file_with_no_trainer_to_ask_warns_and_never_opens_a_stall_incident(harness: Harness) -> None:
+    harness.metrics.write_bytes(RUN_10.read_bytes())
+    # 40 waits of 30 s: 20 minutes of silence after the last step (about 240 of its ~5 s steps)
+    assert harness.run(max_ticks=40) is EndReason.TICK_LIMIT
+    finding = harness.tracker.latest["stall"]
+    assert finding.severity == Severity.WARN
+    assert "no trainer process to check (pass --pid): the run may have finished, crashed or hung" in finding.message
+    assert [i.check for i in harness.store.list_incidents("r")] == []
+    assert harness.tracker.first_critical is None  # the verdict does not depend on how long it was watched
+    assert any("warn  stall  raised" in line for line in harness.lines)
+
+
+def test_the_same_silence_while_the_trainer_runs_is_a_hang(tmp_path: Path) -> None:
+    harness = Harness(tmp_path, alive=lambda pid: True)
+    harness.metrics.write_bytes(RUN_10.read_bytes())
+    try:
+        assert harness.run(max_ticks=40) is EndReason.TICK_LIMIT
+        assert harness.tracker.latest["stall"].severity == Severity.CRITICAL
+        assert [i.check for i in harness.store.list_incidents("r")] == ["stall"]
+    finally:
+        harness.store.close()
+
+
+def test_following_ends_when_the_trainer_exits_after_its_last_line_is_read(tmp_path: Path) -> None:
+    running = [True]
+    harness = Harness(tmp_path, alive=lambda pid: running[0])
+    lines = lines_of(RUN_10)
+    harness.metrics.write_bytes(b"".join(lines[:5]))
+
+    def last_lines_then_exit() -> None:
+        harness.append(b"".join(lines[5:9]) + lines[9].rstrip(b"\n"))()  # exits mid-line: no newline at the end
+        running[0] = False
+
+    harness.actions = iter([lambda: None, last_lines_then_exit])
+    try:
+        assert harness.run() is EndReason.TRAINER_EXITED
+        assert harness.guardian.history.last_step == 10  # the unterminated last line was read too
+        assert harness.tracker.latest["stall"].severity == Severity.UNKNOWN
+    finally:
+        harness.store.close()
+
+
+def test_plain_progress_every_ten_steps_or_thirty_seconds(harness: Harness) -> None:
+    lines = lines_of(RUN_30)
+    # one step per wait of 30 s: a line per step (30 s); then 20 steps at once: two lines of ten
+    harness.metrics.write_bytes(lines[0])
+    harness.actions = iter(
+        [harness.append(lines[1]), harness.append(lines[2]), harness.append(b"".join(lines[3:23])), lambda: None]
+    )
+    harness.run(max_ticks=5)
+    progress = [line.split("  ")[0] for line in harness.lines if "  reward " in line]
+    assert progress == ["step 1", "step 2", "step 22"]
+
+
+# -- the command ------------------------------------------------------------------------------------
+@pytest.fixture
+def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("GUARDIAN_HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("GUARDIAN_DB_URL", raising=False)
+    return tmp_path / "home"
+
+
+def test_no_follow_on_the_real_verl_run_judges_it_like_replay(home: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    for _ in range(2):  # a second watch of the same file (same run id, steps already stored): same verdict
+        assert main(["watch", "--metrics", str(RUN_30), "--no-follow"]) == 3
+        out = capsys.readouterr().out
+        assert "watch ended: read" in out and "steps read: 31 (last step 30)" in out
+        assert "verdict: UNHEALTHY from step 24 (entropy_collapse)" in out
+        assert "entropy_collapse critical open onset ~16" in out and "stall" not in out
+        assert f"history: sqlite:///{home / 'guardian.db'}" in out
+    assert main(["watch", "--metrics", str(RUN_10), "--no-follow"]) == 0
+    out = capsys.readouterr().out
+    assert "verdict: HEALTHY" in out and "incidents: none" in out
+
+
+def test_paths_that_cannot_be_watched_are_errors_naming_them(
+    home: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    absent = tmp_path / "not-yet.jsonl"
+    assert main(["watch", "--metrics", str(absent), "--no-follow"]) == 1
+    assert f"metrics file {absent} does not exist" in capsys.readouterr().err
+    assert main(["watch", "--metrics", str(tmp_path)]) == 1
+    assert f"{tmp_path} is a directory" in capsys.readouterr().err
+    config = tmp_path / "config.yaml"
+    config.write_text("trainer: {total_training_steps: -1}\n")
+    assert main(["watch", "--metrics", str(RUN_10), "--run-config", str(config)]) == 2
+    err = capsys.readouterr().err
+    assert f"run config {config}" in err and "Traceback" not in err
+
+
+def test_an_empty_file_read_to_its_end_has_nothing_to_judge(
+    home: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    empty = tmp_path / "metrics.jsonl"
+    empty.write_bytes(b"")
+    assert main(["watch", "--metrics", str(empty), "--no-follow"]) == 1
+    assert f"verdict: NO STEPS: nothing read from {empty} to judge" in capsys.readouterr().out
+
+
+WRITER = """
+import sys, time
+lines = open(sys.argv[1], "rb").read().splitlines(keepends=True)
+with open(sys.argv[2], "ab", buffering=0) as out:
+    for line in lines:
+        out.write(line)
+        time.sleep(0.05)
+"""
+
+
+@pytest.mark.slow
+def test_following_a_real_trainer_process_ends_when_it_exits(tmp_path: Path) -> None:
+    metrics = tmp_path / "metrics.jsonl"
+    env = {**os.environ, "GUARDIAN_HOME": str(tmp_path / "home")}
+    env.pop("GUARDIAN_DB_URL", None)
+    writer = subprocess.Popen([sys.executable, "-c", WRITER, str(RUN_30), str(metrics)])
+    try:
+        watch = subprocess.run(
+            [sys.executable, "-m", "guardian", "watch", "--metrics", str(metrics), "--pid", str(writer.pid)],
+            env=env,
+            capture_output=True,
+            timeout=120,
+        )
+    finally:
+        writer.wait(timeout=30)
+    out = watch.stdout.decode()
+    assert watch.returncode == 3, watch.stderr.decode()[-2000:]
+    assert f"watch ended: the trainer process {writer.pid} exited" in out
+    assert "steps read: 31 (last step 30)" in out
+    # piped: plain lines - the findings as they come, progress every 10 steps or 30 s, the summary
+    assert "step 24  critical  entropy_collapse  raised" in out
+    assert any(line.startswith("step 30  reward 0.552  entropy 0.865") for line in out.splitlines())
+    assert b"Traceback" not in watch.stderr
