@@ -6,6 +6,7 @@ import json
 import math
 import sqlite3
 import threading
+import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -14,6 +15,7 @@ import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from sqlalchemy import create_engine, inspect
+from sqlalchemy.exc import OperationalError
 
 from guardian.findings import Finding, Severity
 from guardian.history import StepRecord
@@ -438,3 +440,23 @@ def test_intervention_states_and_timeline_are_committed(store: Store) -> None:
     # the whole run's timelines in one query: the same views, by intervention
     assert store.run_timelines(run_id) == {first.id: events, second.id: store.intervention_events(second.id)}
     assert store.run_timelines("no-such-run") == {}
+
+
+def test_a_write_waits_the_busy_timeout_for_a_held_lock_then_fails(db_path: Path) -> None:
+    """A second connection's ``BEGIN EXCLUSIVE`` refuses the store's writes after ``busy_timeout_s``; reads go
+    on (WAL), and ``probe_write`` reports the refusal the same way until the lock is gone."""
+    with Store.open(_url(db_path), busy_timeout_s=0.2) as store:
+        run_id = _run(store)
+        holder = sqlite3.connect(db_path, isolation_level=None)
+        holder.execute("BEGIN EXCLUSIVE")
+        started = time.monotonic()
+        with pytest.raises(OperationalError, match="database is locked"):
+            store.set_run_status(run_id, "finished")
+        assert 0.15 < time.monotonic() - started < 3
+        with pytest.raises(OperationalError, match="database is locked"):
+            store.probe_write()
+        assert store.get_run(run_id) is not None
+        holder.execute("ROLLBACK")
+        holder.close()
+        store.probe_write()
+        assert store.set_run_status(run_id, "finished").status == "finished"

@@ -21,10 +21,19 @@ from sqlalchemy import Engine, event
 
 from guardian.actions.process import LocalProcessControl
 from guardian.config import GuardianConfig
+from guardian.daemon import Guardian
+from guardian.findings import Severity
 from guardian.history import StepRecord
-from guardian.outage import STORE_WAIT_S, TICK_FAILURE_LIMIT
+from guardian.outage import (
+    STORE_WAIT_S,
+    TICK_FAILURE_LIMIT,
+    StoreWait,
+    TickFailures,
+    stop_while_store_down,
+    trainer_fate,
+)
 from guardian.run import _loop, register_run
-from guardian.sources.jsonl import MetricsBatch
+from guardian.sources.jsonl import MetricsBatch, MetricsFile
 from guardian.store import Store
 from guardian.store.writebehind import RETRY_MAX_S, WriteBehind
 from guardian.supervisor import Supervisor
@@ -161,6 +170,42 @@ def logs(caplog: pytest.LogCaptureFixture) -> pytest.LogCaptureFixture:
     return caplog
 
 
+# ------------------------------------------------------------------------------------- decisions
+
+
+def test_the_guardian_waits_for_the_store_only_while_no_trainer_runs() -> None:
+    wait = StoreWait(limit_s=10)
+    assert not wait.update(needed=True, now=100) and not wait.update(needed=True, now=110)
+    assert wait.update(needed=True, now=110.5) and wait.waited(110.5) == 10.5
+    assert not wait.update(needed=False, now=111) and not wait.update(needed=True, now=120), (
+        "a running trainer resets it"
+    )
+
+
+@pytest.mark.parametrize(
+    ("mode", "running", "collapsing", "stop_now", "fate"),
+    [
+        ("enforce", True, True, True, "stop"),
+        ("enforce", True, False, False, "leave"),
+        ("observe", True, True, False, "leave"),
+        ("advise", True, True, False, "leave"),
+        ("enforce", False, True, False, "none"),
+    ],
+)
+def test_what_becomes_of_the_trainer(mode: str, running: bool, collapsing: bool, stop_now: bool, fate: str) -> None:
+    assert stop_while_store_down(mode=mode, running=running, collapsing=collapsing) is stop_now
+    assert trainer_fate(mode=mode, running=running, collapsing=collapsing) == fate
+
+
+def test_tick_failures_log_the_first_of_a_streak_and_give_up_at_the_limit() -> None:
+    failures = TickFailures(limit=3)
+    assert failures.failed() and not failures.failed() and not failures.exhausted
+    assert failures.succeeded() == 2 and failures.failed(), "a new streak logs again"
+    failures.failed()
+    failures.failed()
+    assert failures.exhausted
+
+
 # ------------------------------------------------------------------------------------- write-behind
 
 
@@ -228,6 +273,53 @@ def test_a_unit_commits_whole_or_not_at_all(tmp_path: Path) -> None:
         with pytest.raises(ValueError, match="a bug"):
             writes.submit("tick", half_then_bug)
         assert store.get_run("half") is None and not writes.degraded
+
+
+def stored_findings(db: Path) -> list[tuple[str, int, str]]:
+    with sqlite3.connect(db) as connection:
+        return list(connection.execute('SELECT "check", step, severity FROM findings ORDER BY id'))
+
+
+def test_a_refused_tick_keeps_nothing_half_and_a_restart_stores_each_step_and_finding_once(
+    tmp_path: Path, logs: pytest.LogCaptureFixture
+) -> None:
+    """A tick's steps and the findings they produced commit together, so a guardian that dies with its queue
+    (or after any commit) and re-reads the file neither loses a finding nor stores one twice."""
+    metrics, db = tmp_path / "metrics.jsonl", tmp_path / "g.db"
+    trainer = [sys.executable, str(SCRIPTED), f"trainer.default_local_dir={tmp_path / 'ckpt'}"]
+    env = {**os.environ, "VERL_FILE_LOGGER_PATH": str(metrics)}
+    subprocess.run(
+        [*trainer, "trainer.total_training_steps=40", "actor_rollout_ref.actor.entropy_coeff=-0.1"], env=env, check=True
+    )
+    config = GuardianConfig.model_validate({"home": str(tmp_path / "home")})
+    clock = ManualClock(time.time())
+    with Store.open(f"sqlite:///{db}", busy_timeout_s=BUSY_S) as store:
+        _ensure(store, "r")
+        attempt = store.start_attempt("r", metrics_path=str(metrics), now=clock.now)
+
+        def guardian() -> Guardian:
+            made = Guardian(
+                config=config, store=store, run_id="r", metrics=MetricsFile(metrics), clock=lambda: clock.now
+            )
+            stored = store.latest_step_of_attempt(attempt.id)
+            made.switch_attempt(attempt.id, MetricsFile(metrics), judged_through=stored)
+            return made
+
+        lock = HeldLock(db)
+        lock.take()
+        died = guardian()
+        died.tick()
+        lock.release()
+        assert died.store_degraded and died.store_pending_writes == 1
+        assert any(f.severity is Severity.CRITICAL for f in died.tracker.latest.values()), "judged from memory"
+        assert stored_steps(db, attempt.id) == set() and stored_findings(db) == [], "nothing half-stored"
+        guardian().tick()  # a restart after the first guardian died with its queue
+        assert stored_steps(db, attempt.id) == set(range(1, 41))
+        first = stored_findings(db)
+        assert ("entropy_collapse", "critical") in {(check, severity) for check, _, severity in first}
+        assert len(first) == len(set(first))
+        guardian().tick()  # and a restart after everything was committed
+        assert stored_findings(db) == first
 
 
 # ----------------------------------------------------------------------------- the supervisor, faulted
