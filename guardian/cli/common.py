@@ -20,6 +20,7 @@ from guardian.logs import get_logger
 from guardian.store import Store
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_UNHEALTHY = 0, 1, 2, 3
+STORE_INT_MAX = 2**63 - 1  # the largest integer the store's columns hold (SQLite INTEGER)
 SEVERITY_STYLE = {"warn": "yellow", "critical": "bold red", "ok": "green", "unknown": "dim"}
 log = get_logger("cli")
 
@@ -30,6 +31,17 @@ class AddCommand(Protocol):
     """Adds one ``guardian NAME`` sub-command (with ``--config``) and returns its parser."""
 
     def __call__(self, name: str, help_text: str) -> argparse.ArgumentParser: ...
+
+
+def store_int(text: str) -> int:
+    """argparse type: a positive integer the store can hold (an id, a limit)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if not 0 < value <= STORE_INT_MAX:
+        raise argparse.ArgumentTypeError(f"expected a positive integer up to {STORE_INT_MAX}, got {text}")
+    return value
 
 
 def print_json(document: object) -> None:

@@ -23,6 +23,7 @@ from guardian.cli.common import (
     open_store,
     print_json,
     resolved_config,
+    store_int,
 )
 from guardian.findings import EvidenceValue
 from guardian.logs import event
@@ -40,10 +41,10 @@ def register(add: AddCommand) -> None:
     isub = p.add_subparsers(dest="action", required=True)
     pl = isub.add_parser("list", help="newest first")
     pl.add_argument("--run", help="only this run id")
-    pl.add_argument("--limit", type=int, default=50)
+    pl.add_argument("--limit", type=store_int, default=50)
     pl.add_argument("--json", action="store_true")
     ps = isub.add_parser("show", help="one incident with its findings")
-    ps.add_argument("id", type=int)
+    ps.add_argument("id", type=store_int)
     ps.add_argument("--json", action="store_true")
     for q in (pl, ps):
         q.add_argument("--config", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
