@@ -5,7 +5,7 @@ collector: on every scrape it asks its ``ExportSource`` for one ``RunSnapshot`` 
 snapshots into metric families (a guard loop's source builds its snapshot once per tick:
 guardian/sinks/snapshot.py). ``build_registry`` registers it in a *private* ``CollectorRegistry``
 (never the process-wide default one, so no process/GC metrics and no clashes with other libraries),
-and ``serve`` exposes that registry over HTTP on loopback (default ``127.0.0.1:9464``).
+and ``serve`` exposes a source's snapshots that way over HTTP on loopback (default ``127.0.0.1:9464``).
 
 Every name below comes from ``guardian.keys`` (``PROM_*``). Labels are ``run_id`` and ``experiment``
 on every series, plus ``check`` on the per-check series, ``state`` on the intervention counter and
@@ -270,10 +270,9 @@ def resolve_host(host: str) -> list[str]:
 
 @dataclass(frozen=True, slots=True)
 class BindTarget:
-    """Where ``host`` would listen: ``address`` is what gets bound (the first resolved address, as the
+    """Where a host would listen: ``address`` is what gets bound (the first resolved address, as the
     HTTP server itself would pick); ``public`` says whether that needs ``allow_public``."""
 
-    host: str
     address: str
     public: bool
     reason: str
@@ -295,7 +294,7 @@ def bind_target(host: str, resolve: Resolver = resolve_host) -> BindTarget:
     """
     bare = host.strip().removeprefix("[").removesuffix("]")
     if not bare:
-        return BindTarget(host, "", True, "empty host listens on every interface")
+        return BindTarget("", True, "empty host listens on every interface")
     try:
         resolved = [ipaddress.ip_address(address) for address in resolve(bare)]
     except (OSError, UnicodeError, ValueError) as exc:
@@ -305,12 +304,12 @@ def bind_target(host: str, resolve: Resolver = resolve_host) -> BindTarget:
     plain = [_unmapped(address) for address in resolved]
     first = str(resolved[0])
     if any(address.is_unspecified for address in plain):
-        return BindTarget(host, first, True, "resolves to every interface")
+        return BindTarget(first, True, "resolves to every interface")
     if all(address.is_loopback for address in plain):
-        return BindTarget(host, first, False, "loopback")
+        return BindTarget(first, False, "loopback")
     if _is_literal(bare) and len(resolved) == 1:
-        return BindTarget(host, first, False, "one interface address, named explicitly")
-    return BindTarget(host, first, True, f"host name resolving to {first}, reachable from other hosts")
+        return BindTarget(first, False, "one interface address, named explicitly")
+    return BindTarget(first, True, f"host name resolving to {first}, reachable from other hosts")
 
 
 def _unmapped(address: ipaddress.IPv4Address | ipaddress.IPv6Address) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
