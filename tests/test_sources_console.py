@@ -9,7 +9,7 @@ import pytest
 from conftest import FIXTURES
 
 from guardian.history import StepRecord
-from guardian.sources.console import ConsoleFile, console_value, parse_console_line
+from guardian.sources.console import ConsoleFile, console_value, iter_console_records, parse_console_line
 from guardian.sources.jsonl import read_all
 from guardian.sources.tail import NewSegment
 
@@ -120,3 +120,13 @@ def test_real_console_log_matches_the_jsonl() -> None:
     assert len(step5_file) > 50
     for key, value in step5_file.items():
         assert step5_console[key] == pytest.approx(value, rel=1e-9, abs=0.0, nan_ok=True), key
+
+
+def test_iter_console_records_streams_a_finished_log_in_pieces(tmp_path: Path) -> None:
+    whole = ConsoleFile(RUN / "console-30-steps.log").poll()
+    pieces = list(iter_console_records(RUN / "console-30-steps.log", max_poll_bytes=4096))
+    assert len(pieces) > 2  # bounded reads, not one slurp
+    streamed = [record for records, _ in pieces for record in records]
+    assert streamed == [item for item in whole.items if isinstance(item, StepRecord)]
+    with pytest.raises(FileNotFoundError, match=r"console log .* does not exist"):
+        next(iter_console_records(tmp_path / "gone.log"))
