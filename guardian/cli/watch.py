@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import os
+import re
 import signal
 import sys
 import threading
@@ -12,6 +13,7 @@ import time
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from guardian.cli.common import (
     EXIT_ERROR,
@@ -24,12 +26,17 @@ from guardian.cli.common import (
     resolved_config,
 )
 from guardian.config import ConfigError, GuardianConfig
+from guardian.ids import MAX_RUN_ID, checked_run_id
 from guardian.keys import signals_present
 from guardian.logs import event
 from guardian.sources.hydra_config import config_beside, total_training_steps
 from guardian.store import Store
 from guardian.trainer_pid import TrainerLiveness
+from guardian.watch_end import EndReason
 from guardian.watch_summary import IncidentLine, Verdict, VerdictTracker, WatchSummary, summary_lines
+
+if TYPE_CHECKING:  # the guard loop's modules load when a watch starts, not with the CLI
+    from guardian.daemon import Guardian
 
 EXIT_CODES = {Verdict.HEALTHY: EXIT_OK, Verdict.UNHEALTHY: EXIT_UNHEALTHY, Verdict.NO_STEPS: EXIT_ERROR}
 EPILOG = """\
@@ -83,8 +90,10 @@ def register(add: AddCommand) -> None:
 
 
 def derive_run_id(metrics: Path) -> str:
+    """``<file stem>-<hash of its absolute path>``, the stem reduced to what a run id may hold (guardian.ids)."""
     digest = hashlib.sha1(str(metrics.resolve()).encode()).hexdigest()[:8]
-    return f"{metrics.stem}-{digest}"
+    stem = re.sub(r"[^A-Za-z0-9._-]+", "_", metrics.stem).lstrip("._-")[: MAX_RUN_ID - 9] or "metrics"
+    return f"{stem}-{digest}"
 
 
 def readable_problem(path: Path, *, must_exist: bool) -> str | None:
@@ -125,7 +134,9 @@ def cmd_watch(args: argparse.Namespace) -> int:
         log.error(event("watch_error", {"message": problem}))
         return EXIT_ERROR
     total_steps = None if args.no_follow else run_length(args, path)
-    run_id = args.run_id or derive_run_id(path)
+    run_id = checked_run_id(args.run_id) if args.run_id else derive_run_id(path)
+    if not path.exists():
+        log.info(event("watch_waiting", {"metrics": path}))
     trainer = TrainerLiveness(args.pid)
     if args.pid is not None and not trainer.sample():
         log.warning(event("watch_trainer_gone", {"pid": args.pid, "message": "not running: reading to the end"}))
@@ -200,23 +211,7 @@ def _watch(
         view: AbstractContextManager[object] = display if isinstance(display, LiveView) else nullcontext()
         with view:
             reason = loop.run()
-        summary = WatchSummary(
-            run_id=run_id,
-            path=str(path),
-            reason=reason,
-            steps_read=loop.steps_read,
-            last_step=guardian.history.last_step,
-            signals=tuple(s.value for s in signals_present(frozenset(guardian.history.keys_seen))),
-            bad_lines=guardian.bad_lines_total,
-            incidents=tuple(
-                IncidentLine(i.id, i.check, i.severity.label, i.status, i.onset_step)
-                for i in reversed(store.list_incidents(run_id, limit=1000))
-            ),
-            first_critical=tracker.first_critical,
-            store_url=store.url,
-            pid=args.pid,
-            total_steps=total_steps,
-        )
+        summary = _summary(guardian, store, tracker, reason, loop.steps_read, pid=args.pid, total_steps=total_steps)
         for line in summary_lines(summary):
             _print(line)
         log.info(
@@ -232,6 +227,35 @@ def _watch(
             )
         )
     return summary
+
+
+def _summary(
+    guardian: Guardian,
+    store: Store,
+    tracker: VerdictTracker,
+    reason: EndReason,
+    steps_read: int,
+    *,
+    pid: int | None,
+    total_steps: int | None,
+) -> WatchSummary:
+    return WatchSummary(
+        run_id=guardian.run_id,
+        path=str(guardian.metrics.path),
+        reason=reason,
+        steps_read=steps_read,
+        last_step=guardian.history.last_step,
+        signals=tuple(s.value for s in signals_present(frozenset(guardian.history.keys_seen))),
+        bad_lines=guardian.bad_lines_total,
+        incidents=tuple(
+            IncidentLine(i.id, i.check, i.severity.label, i.status, i.onset_step)
+            for i in reversed(store.list_incidents(guardian.run_id, limit=1000))  # oldest first
+        ),
+        first_critical=tracker.first_critical,
+        store_url=store.url,
+        pid=pid,
+        total_steps=total_steps,
+    )
 
 
 def _print(line: str) -> None:
