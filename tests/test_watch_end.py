@@ -7,6 +7,7 @@ import importlib.util
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -329,3 +330,34 @@ def test_following_a_real_trainer_process_ends_when_it_exits(tmp_path: Path) -> 
     assert "step 24  critical  entropy_collapse  raised" in out
     assert any(line.startswith("step 30  reward 0.552  entropy 0.865") for line in out.splitlines())
     assert b"Traceback" not in watch.stderr
+
+
+def test_pid_liveness_of_a_real_process_its_zombie_and_its_end() -> None:
+    child = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+    stat = Path(f"/proc/{child.pid}/stat")
+    try:
+        if not stat.exists():
+            missing("needs /proc (Linux) to tell a zombie")
+        assert pid_alive(child.pid)
+        assert child.stdin is not None
+        child.stdin.close()  # it exits; until it is reaped it is a zombie, which has exited all the same
+        deadline = time.monotonic() + 30
+        while " Z " not in stat.read_text():
+            assert time.monotonic() < deadline, "the child never exited"
+            time.sleep(0.01)
+        assert not pid_alive(child.pid)
+    finally:
+        child.wait(timeout=30)
+    assert not pid_alive(child.pid)
+
+
+@pytest.mark.parametrize(
+    ("file", "run_id"),
+    [("metrics.jsonl", "metrics-"), ("my run (2).jsonl", "my_run_2_-"), (".hidden.jsonl", "hidden-")],
+)
+def test_derived_run_ids_keep_to_the_run_id_rule(tmp_path: Path, file: str, run_id: str) -> None:
+    from guardian.cli.watch import derive_run_id
+    from guardian.ids import checked_run_id
+
+    derived = derive_run_id(tmp_path / file)
+    assert derived.startswith(run_id) and checked_run_id(derived) == derived
