@@ -62,7 +62,7 @@ def test_show_tells_the_rescue_once_with_target_and_patch(
 
     timeline = [line.split()[2] for line in text.splitlines() if re.match(r"\s+\d{4}-\d\d-\d\d \d\d:", line)]
     assert timeline == list(RESCUE_STATES)  # each state once, STOPPED included
-    assert "#1 intervention 1 (remediate, rung 1): RESOLVED" in text
+    assert "intervention 1 of incident #1 (remediate, rung 1): RESOLVED" in text
     assert "rung 0" not in text and "None" not in text
     assert f"rollback target: checkpoint of step {iv['target_step']} ({iv['target_path']})" in text
     for row in iv["plan"]["diff"]:
@@ -70,7 +70,7 @@ def test_show_tells_the_rescue_once_with_target_and_patch(
         assert f"{row['key']}: {before} -> {row['after']}" in text
     assert "actor_rollout_ref.actor.entropy_coeff: -0.3 -> 0.003" in text
     assert "figures: critic/score/mean" in text
-    assert "told log: #1 intervention 1 STOPPED sent" in text
+    assert "told log: intervention 1 of incident #1 STOPPED sent" in text
     assert re.search(r"reward_improving = (true|false)\n", text)
 
 
@@ -111,7 +111,7 @@ def test_numbering_and_a_step_before_the_first(
     assert (first.id, iv.id, iv.number) == (1, 2, 1)  # the id and the per-run number differ
 
     text = _show(home, second_incident, monkeypatch, capsys)
-    assert "#2 intervention 1 (remediate, rung 2): ROLLED_BACK" in text
+    assert "intervention 1 of incident #2 (remediate, rung 2): ROLLED_BACK" in text
     assert "intervention 2" not in text
     assert "opened before the first step" in text and "None" not in text
     assert "started = false" in text and "waited_s = 12.5" in text

@@ -1,7 +1,7 @@
 """``guardian incidents list|show``: the incident history.
 
 Human-facing text follows one numbering: an incident is ``#<incident id>``; an intervention is named by
-its incident and its stored number (``#2 intervention 3``), never by a bare ``#``; rungs are 1-based
+its stored number and its incident (``intervention 3 of incident #2``), never by a bare ``#``; rungs are 1-based
 (``rung 1`` is the ladder's first rung, stored as 0). ``--json`` keeps the stored values and names.
 """
 
@@ -142,13 +142,13 @@ def _steps(value: object) -> str:
     return ", ".join(steps) if steps else "none"
 
 
-def intervention_name(incident_id: int, iv: InterventionView) -> str:
-    return f"#{incident_id} intervention {iv.number}"
+def intervention_name(iv: InterventionView) -> str:
+    return f"intervention {iv.number} of incident #{iv.incident_id}"
 
 
-def intervention_lines(incident_id: int, iv: InterventionView, timeline: Timeline) -> list[str]:
+def intervention_lines(iv: InterventionView, timeline: Timeline) -> list[str]:
     by_state = {s.state: s for s in stages(timeline)}
-    lines = [f"  [bold]{intervention_name(incident_id, iv)}[/] ({iv.kind}, rung {iv.rung + 1}): {iv.state}"]
+    lines = [f"  [bold]{intervention_name(iv)}[/] ({iv.kind}, rung {iv.rung + 1}): {iv.state}"]
     rolled_back = by_state.get("ROLLED_BACK")
     why = next((str(s.detail["why"]) for s in (by_state.get("STOPPED"), rolled_back) if s and s.detail.get("why")), "")
     if iv.target_step is not None:
@@ -205,7 +205,7 @@ def delivery_label(incident_id: int, d: DeliveryView, names: Mapping[str, str]) 
     if d.event_key in names:
         return names[d.event_key]
     suffix = d.event_key.removeprefix(incident_key(incident_id, ""))
-    return f"#{incident_id} {'closed' if suffix == 'closed' else f'{suffix} alert'}"
+    return f"incident #{incident_id} {'closed' if suffix == 'closed' else f'{suffix} alert'}"
 
 
 def show_lines(
@@ -233,11 +233,9 @@ def show_lines(
             f"    {at_step(f.step)} {f.severity.label:8} {f.check:18} {escape(f.message)}" for f in detail.findings
         )
     for iv, timeline in interventions:
-        lines += intervention_lines(i.id, iv, timeline)
+        lines += intervention_lines(iv, timeline)
     names = {
-        intervention_key(e.id): f"{intervention_name(i.id, iv)} {e.state}"
-        for iv, timeline in interventions
-        for e in timeline
+        intervention_key(e.id): f"{intervention_name(iv)} {e.state}" for iv, timeline in interventions for e in timeline
     }
     for d in told:
         error = f" - {escape(d.last_error)}" if d.last_error else ""
