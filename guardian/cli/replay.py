@@ -30,7 +30,10 @@ JSONL_HINT = "verl's file-logger JSONL: the file VERL_FILE_LOGGER_PATH names, wi
 
 
 def register(add: AddCommand) -> None:
-    p = add("replay", "Run the checks over a finished metrics log as if live; exit 3 if unhealthy.")
+    p = add(
+        "replay",
+        "Run the checks over a finished metrics log as if live; exit 3 if unhealthy, 2 if no step could be read.",
+    )
     p.add_argument("trace", nargs="?", help="verl file-logger JSONL ({'step':N,'data':{...}} per line)")
     p.add_argument("--console", metavar="FILE", help="a captured stdout log, read as verl console 'step:N - k:v' lines")
     p.add_argument("--rollouts", help="trainer.rollout_data_dir with {step}.jsonl dumps (for EGR)")
