@@ -23,7 +23,7 @@ from guardian.sources.jsonl import MetricsFile
 from guardian.store import Store
 from guardian.trainer_pid import TrainerLiveness, pid_alive
 from guardian.watch_end import EndReason, FileState, WatchState, end_reason
-from guardian.watch_loop import FollowedFile, PlainProgress, WatchLoop
+from guardian.watch_loop import FollowedFile, PlainProgress, WatchError, WatchLoop
 from guardian.watch_summary import VerdictTracker
 
 RUN_30 = fixture_path("verl-0.9.1-run", "metrics-30-steps.jsonl")  # steps 0-30, entropy collapses from ~16
@@ -238,6 +238,12 @@ def test_following_ends_when_the_trainer_exits_after_its_last_line_is_read(tmp_p
         assert harness.tracker.latest["stall"].severity == Severity.UNKNOWN
     finally:
         harness.store.close()
+
+
+def test_a_path_that_turns_into_a_directory_is_an_error_naming_it(harness: Harness) -> None:
+    harness.actions = iter([harness.metrics.mkdir])
+    with pytest.raises(WatchError, match=f"cannot read {harness.metrics}: Is a directory"):
+        harness.run()
 
 
 def test_plain_progress_every_ten_steps_or_thirty_seconds(harness: Harness) -> None:
