@@ -59,6 +59,7 @@ def test_watch_a_finished_log_then_incidents(tmp_path: Path, capsys: pytest.Capt
     trace = tmp_path / "metrics.jsonl"
     trace.write_bytes(files("guardian.data").joinpath("aopd-2.jsonl").read_bytes())
     assert main(["watch", "--metrics", str(trace), "--no-live", "--max-ticks", "3"]) == EXIT_UNHEALTHY
+    capsys.readouterr()  # the watch's own lines
     assert main(["incidents", "list", "--json"]) == EXIT_OK
     listed = json.loads(capsys.readouterr().out)
     incident = next(i for i in listed if i["check"] == "length_collapse")
