@@ -199,6 +199,9 @@ PROM_INCIDENTS = "guardian_incidents_total"
 PROM_INTERVENTIONS = "guardian_interventions_total"
 PROM_INTERVENTION_IN_PROGRESS = "guardian_intervention_in_progress"
 PROM_NOTIFICATIONS = "guardian_notifications_total"
+PROM_STORE_DEGRADED = "guardian_store_degraded"
+PROM_STORE_PENDING_WRITES = "guardian_store_pending_writes"
+PROM_STORE_DROPPED_WRITES = "guardian_store_dropped_writes_total"
 
 # The training signals exported as gauges (latest value of each), one metric per signal.
 PROM_SIGNAL_METRICS: dict[Signal, str] = {
@@ -230,6 +233,9 @@ PROM_METRIC_NAMES: frozenset[str] = frozenset(
         PROM_INTERVENTION_IN_PROGRESS,
         PROM_REWARD_COMPONENT,
         PROM_NOTIFICATIONS,
+        PROM_STORE_DEGRADED,
+        PROM_STORE_PENDING_WRITES,
+        PROM_STORE_DROPPED_WRITES,
         *PROM_SIGNAL_METRICS.values(),
     }
 )

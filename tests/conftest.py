@@ -6,6 +6,7 @@ import math
 import os
 import shutil
 import socket
+import sqlite3
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import NoReturn
@@ -52,6 +53,19 @@ def required_tool(name: str, package: str) -> str:
     return found
 
 
+def corrupt_steps_table(db: Path) -> None:
+    """Overwrite the root page of a guardian SQLite file's steps table (after moving the WAL into the file)
+    with garbage: connections opened afterwards fail to read or write it ("database disk image is
+    malformed")."""
+    with sqlite3.connect(db) as connection:
+        connection.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        (root,) = connection.execute("SELECT rootpage FROM sqlite_master WHERE name = 'steps'").fetchone()
+        (size,) = connection.execute("PRAGMA page_size").fetchone()
+    with db.open("r+b") as handle:
+        handle.seek((root - 1) * size)
+        handle.write(b"\xa5" * size)
+
+
 def free_port() -> int:
     """A TCP port that was free on 127.0.0.1 a moment ago (nothing listens there: also a closed port)."""
     with socket.socket() as sock:
@@ -78,5 +92,7 @@ def history_of(rows: Iterable[Mapping[str, float | None]], start: int = 1) -> Ru
     return h
 
 
-def context(h: RunHistory, now: float | None = None, started_at: float | None = None) -> CheckContext:
-    return CheckContext(h, BaselineConfig(), now=now, started_at=started_at)
+def context(
+    h: RunHistory, now: float | None = None, started_at: float | None = None, trainer_alive: bool | None = None
+) -> CheckContext:
+    return CheckContext(h, BaselineConfig(), now=now, started_at=started_at, trainer_alive=trainer_alive)

@@ -338,22 +338,22 @@ def test_non_finite_one_step_warns_two_steps_critical() -> None:
     assert "actor/entropy" in str(finding.evidence["keys"])
 
 
-# -- stall ---------------------------------------------------------------------------------------
+# -- stall (a trainer known to run; without one: tests/test_stall.py) ----------------------------
 def test_stall_uses_the_runs_own_step_time_and_an_injected_clock() -> None:
     h = RunHistory()
     for step in range(1, 11):
         h.add(StepRecord(step, {"timing_s/step": 30.0}), arrived_at=1000.0 + 30 * step)
     last = 1000.0 + 300
-    assert stall(context(h, now=last + 60), C.stall).severity == Severity.OK
-    assert stall(context(h, now=last + 100), C.stall).severity == Severity.WARN
-    assert stall(context(h, now=last + 151), C.stall).severity == Severity.CRITICAL
+    assert stall(context(h, now=last + 60, trainer_alive=True), C.stall).severity == Severity.OK
+    assert stall(context(h, now=last + 100, trainer_alive=True), C.stall).severity == Severity.WARN
+    assert stall(context(h, now=last + 151, trainer_alive=True), C.stall).severity == Severity.CRITICAL
     assert stall(context(h, now=None), C.stall).severity == Severity.UNKNOWN
 
 
 def test_no_first_step_after_startup_timeout() -> None:
     h = RunHistory()
-    assert stall(context(h, now=100.0, started_at=0.0), C.stall).severity == Severity.OK
-    assert stall(context(h, now=4000.0, started_at=0.0), C.stall).severity == Severity.CRITICAL
+    assert stall(context(h, now=100.0, started_at=0.0, trainer_alive=True), C.stall).severity == Severity.OK
+    assert stall(context(h, now=4000.0, started_at=0.0, trainer_alive=True), C.stall).severity == Severity.CRITICAL
 
 
 # -- seed rules (reproduced as written, flaws included) ------------------------------------------
@@ -385,13 +385,16 @@ def test_a_relaunched_trainer_gets_its_start_up_allowance_not_a_stall() -> None:
     for step in range(1, 11):
         h.add(StepRecord(step, {"timing_s/step": 5.0}), arrived_at=1000.0 + 5 * step)
     relaunched_at = 2000.0  # long after the last step of the previous attempt
-    assert stall(context(h, now=2100.0, started_at=relaunched_at), C.stall).severity == Severity.OK
-    assert stall(context(h, now=relaunched_at + 3600.0, started_at=relaunched_at), C.stall).severity == (
-        Severity.CRITICAL
-    )
+    assert stall(context(h, now=2100.0, started_at=relaunched_at, trainer_alive=True), C.stall).severity == Severity.OK
+    assert stall(
+        context(h, now=relaunched_at + 3600.0, started_at=relaunched_at, trainer_alive=True), C.stall
+    ).severity == (Severity.CRITICAL)
     # once the new attempt logs, the usual limit applies again
     h.add(StepRecord(11, {"timing_s/step": 5.0}), arrived_at=2150.0)
-    assert stall(context(h, now=2150.0 + 61.0, started_at=relaunched_at), C.stall).severity == Severity.CRITICAL
+    assert (
+        stall(context(h, now=2150.0 + 61.0, started_at=relaunched_at, trainer_alive=True), C.stall).severity
+        == Severity.CRITICAL
+    )
 
 
 def test_tool_calls_are_derived_from_num_turns_unless_logged() -> None:

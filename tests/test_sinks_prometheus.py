@@ -22,7 +22,7 @@ from importlib.resources import files
 from pathlib import Path
 
 import pytest
-from conftest import free_port, required_tool
+from conftest import corrupt_steps_table, free_port, required_tool
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as parse_openmetrics
@@ -160,6 +160,9 @@ def test_values_and_labels_of_one_run() -> None:
         ("guardian_notifications_total", labels(RUN_A, sink="grafana", result="sent")): 4.0,
         ("guardian_notifications_total", labels(RUN_A, sink="webhook", result="dropped")): 1.0,
         ("guardian_notifications_total", labels(RUN_A, sink="webhook", result="sent")): 3.0,
+        ("guardian_store_degraded", run): 0.0,
+        ("guardian_store_pending_writes", run): 0.0,
+        ("guardian_store_dropped_writes_total", run): 0.0,
     }
     assert got.keys() == expected.keys()
     for key, value in expected.items():
@@ -172,7 +175,8 @@ def test_values_and_labels_of_one_run() -> None:
 def test_help_and_type_lines_and_no_timestamps() -> None:
     text = exposition(FixedSource([RUN_A, RUN_B]))
     kinds = {name: "gauge" for name in keys.PROM_METRIC_NAMES}
-    kinds[keys.PROM_INCIDENTS] = kinds[keys.PROM_INTERVENTIONS] = kinds[keys.PROM_NOTIFICATIONS] = "counter"
+    counters = (keys.PROM_INCIDENTS, keys.PROM_INTERVENTIONS, keys.PROM_NOTIFICATIONS, keys.PROM_STORE_DROPPED_WRITES)
+    kinds.update(dict.fromkeys(counters, "counter"))
     for name, kind in kinds.items():
         assert f"# TYPE {name} {kind}\n" in text
         help_line = next(line for line in text.splitlines() if line.startswith(f"# HELP {name} "))
@@ -221,6 +225,9 @@ def test_unknown_values_are_left_out_and_two_runs_do_not_mix() -> None:
         "guardian_incidents_total": 0.0,
         "guardian_interventions_total": 0.0,
         "guardian_intervention_in_progress": 0.0,
+        "guardian_store_degraded": 0.0,
+        "guardian_store_pending_writes": 0.0,
+        "guardian_store_dropped_writes_total": 0.0,
     }
     assert ("guardian_check_status", labels(RUN_B, check="stall")) in got
     assert ("guardian_up", b) in got and ("guardian_step", labels(RUN_A)) in got
@@ -631,3 +638,38 @@ def test_an_exposition_is_rendered_once_per_snapshot_and_format() -> None:
     source.current = (replace(RUN_A, step=121),)  # a tick published
     assert series_of(app.body("", "")[0].decode())[("guardian_step", labels(RUN_A))] == 121.0
     assert len(rendered) == 4
+
+
+def test_a_store_that_cannot_be_read_keeps_the_live_state_fresh_and_says_it_is_degraded(tmp_path: Path) -> None:
+    """The database file is damaged mid-run: ticks queue their writes (write-behind) and publishing goes on
+    from memory over the last record read, with the store's health exported."""
+    metrics, db = tmp_path / "metrics.jsonl", tmp_path / "guardian.db"
+    _write_run(metrics, range(1, 4), null_grad_from=99)
+    clock = [1_000.0]
+    with Store.open(f"sqlite:///{db}") as store:
+        store.ensure_run(
+            "r1", name="r1", metrics_path=str(metrics), rollouts_dir="", checkpoints_dir=None, mode="observe", now=0.0
+        )
+        guardian = Guardian(
+            config=GuardianConfig(), store=store, run_id="r1", metrics=MetricsFile(metrics), clock=lambda: clock[0]
+        )
+        guardian.tick()
+        source = GuardianSource(guardian, store, clock=lambda: clock[0])
+        [healthy] = source.snapshot()
+        assert (healthy.step, healthy.attempt, healthy.store_degraded) == (3, 1, False)
+
+        corrupt_steps_table(db)
+        store.close()  # connections opened from here on read the damaged file
+        _write_run(metrics, range(1, 6), null_grad_from=99)
+        clock[0] = 1_010.0
+        guardian.tick()
+        source.record_poll(True)
+        [degraded] = source.snapshot()
+        got = series_of(generate_latest(build_registry(source)).decode())
+    assert (degraded.step, degraded.attempt, degraded.store_degraded) == (5, 1, True)
+    assert degraded.store_pending_writes >= 1
+    run = frozenset({"run_id": "r1", "experiment": "r1"}.items())
+    assert got[("guardian_store_degraded", run)] == 1.0
+    assert got[("guardian_store_pending_writes", run)] == degraded.store_pending_writes
+    assert got[("guardian_store_dropped_writes_total", run)] == 0.0
+    assert got[("guardian_step", run)] == 5.0

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import orjson
 import pytest
-from conftest import ManualClock
+from conftest import ManualClock, corrupt_steps_table
 from sqlalchemy import Engine, event
 
 from guardian.actions.process import LocalProcessControl
@@ -448,17 +448,6 @@ def test_a_full_filesystem_while_the_run_collapses(
         assert_rescued_with_everything_stored(supervisor, store, disk.db, home)
     (line,) = events(logs, "store_unavailable")
     assert "free space" in line
-
-
-def corrupt_steps_table(db: Path) -> None:
-    """Overwrite the root page of the steps table (after moving the WAL into the file) with garbage."""
-    with sqlite3.connect(db) as connection:
-        connection.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-        (root,) = connection.execute("SELECT rootpage FROM sqlite_master WHERE name = 'steps'").fetchone()
-        (size,) = connection.execute("PRAGMA page_size").fetchone()
-    with db.open("r+b") as handle:
-        handle.seek((root - 1) * size)
-        handle.write(b"\xa5" * size)
 
 
 @pytest.mark.slow

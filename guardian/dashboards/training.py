@@ -132,6 +132,22 @@ def _overview() -> list[Json]:
             height=7,
             stepped=True,
         ),
+        timeseries(
+            "Incident store",
+            "1 while the store refuses writes (locked, disk full, damaged): the guardian keeps judging and can stop "
+            "a collapsing trainer from memory, a rescue holds after its stop until the store is back. Pending: the "
+            "guard loop's work waiting to be written; dropped: work lost because the queue was full (its steps are "
+            "read again from the metrics files by a restarted guardian).",
+            "none",
+            [
+                target(selector(keys.PROM_STORE_DEGRADED), "{{run_id}} degraded"),
+                target(selector(keys.PROM_STORE_PENDING_WRITES), "{{run_id}} pending"),
+                target(selector(keys.PROM_STORE_DROPPED_WRITES), "{{run_id}} dropped"),
+            ],
+            width=12,
+            height=7,
+            stepped=True,
+        ),
     ]
 
 

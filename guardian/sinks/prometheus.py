@@ -42,6 +42,9 @@ guardian_interventions_total{state}    counter  interventions finished, per fina
 guardian_intervention_in_progress      gauge    1 while an intervention is under way, else 0
 guardian_notifications_total{sink,result}  counter  events per notifier / Grafana sink and final result:
                                                 ``sent``, ``suppressed``, ``dropped`` (0 from the start)
+guardian_store_degraded                gauge    1 while the store refuses writes (the guardian guards from memory)
+guardian_store_pending_writes          gauge    units of the guard loop's work waiting for the store
+guardian_store_dropped_writes_total    counter  units dropped because the write-behind queue was full
 =====================================  =======  ========================================================
 
 Signal gauges carry the latest value the run logged for that signal. A value that is unknown or not
@@ -195,6 +198,20 @@ class _Families:
             "Guardian events per notifier or Grafana sink and final result (sent, suppressed, dropped).",
             labels=[*_RUN_LABELS, keys.PROM_LABEL_SINK, keys.PROM_LABEL_RESULT],
         )
+        self.store_degraded = _gauge(
+            keys.PROM_STORE_DEGRADED,
+            "1 while the store refuses writes: the guardian judges and can stop the trainer from memory, the record "
+            "waits (a rescue holds after its stop until the store is back).",
+        )
+        self.store_pending = _gauge(
+            keys.PROM_STORE_PENDING_WRITES, "Units of the guard loop's work (a tick's writes) waiting for the store."
+        )
+        self.store_dropped = CounterMetricFamily(
+            keys.PROM_STORE_DROPPED_WRITES,
+            "Units of the guard loop's work dropped because the write-behind queue was full (a restarted guardian "
+            "reads their steps again from the metrics files).",
+            labels=list(_RUN_LABELS),
+        )
 
     def all(self) -> list[Metric]:
         return [
@@ -212,6 +229,9 @@ class _Families:
             self.interventions,
             self.in_progress,
             self.notifications,
+            self.store_degraded,
+            self.store_pending,
+            self.store_dropped,
         ]
 
     def add(self, snap: RunSnapshot) -> None:
@@ -247,6 +267,9 @@ class _Families:
         self.in_progress.add_metric(run, 1.0 if snap.intervention_in_progress else 0.0)
         for (sink, result), count in sorted(snap.notifications.items()):
             self.notifications.add_metric([*run, sink, result], float(count))
+        self.store_degraded.add_metric(run, 1.0 if snap.store_degraded else 0.0)
+        self.store_pending.add_metric(run, float(snap.store_pending_writes))
+        self.store_dropped.add_metric(run, float(snap.store_dropped_writes))
 
 
 def build_registry(source: ExportSource) -> CollectorRegistry:

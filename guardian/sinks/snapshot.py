@@ -14,10 +14,13 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Final, Protocol
 
+from sqlalchemy.exc import DBAPIError
+
 from guardian import keys
 from guardian.findings import Severity
 from guardian.keys import Signal
 from guardian.store.deliveries import DROPPED, SENT, SUPPRESSED
+from guardian.store.writebehind import unavailable
 
 if TYPE_CHECKING:
     from guardian.daemon import Guardian
@@ -57,6 +60,9 @@ class RunSnapshot:
     up: bool = True
     last_poll_success: bool | None = None
     last_poll_success_at: float | None = None
+    store_degraded: bool = False
+    store_pending_writes: int = 0
+    store_dropped_writes: int = 0
 
     @property
     def step_time_seconds(self) -> float | None:
@@ -103,16 +109,6 @@ def snapshot_from(
     run_id = guardian.run_id
     run = store.get_run(run_id)
     attempt = store.latest_attempt(run_id)
-    history = guardian.history
-    step = history.last_step
-    arrived = history.arrivals.get(step) if step is not None else None
-    signals: dict[Signal, float] = {}
-    for signal, series in history.series.items():
-        value = _last(series.values)
-        if value is not None:
-            signals[signal] = value
-    checks = {check.name: Severity.UNKNOWN for check in guardian.checks}
-    checks.update({name: finding.severity for name, finding in dict(guardian.tracker.latest).items()})
     interventions = store.interventions(run_id)
     incidents = store.list_incidents(run_id, limit=_ALL_INCIDENTS)
     open_worst: dict[str, Severity] = {}
@@ -125,24 +121,54 @@ def snapshot_from(
         for key, value in (latest[1].items() if latest is not None else ())
         if key.startswith(keys.REWARD_COMPONENT_PREFIX) and value is not None
     }
-    return RunSnapshot(
+    recorded = RunSnapshot(
         run_id=run_id,
         experiment=experiment or _experiment_of(run, run_id),
         attempt=attempt.number if attempt is not None else None,
         mode=run.mode if run is not None else "",
-        step=step,
-        last_step_age_seconds=max(0.0, now - arrived) if arrived is not None else None,
-        signals=signals,
-        checks=checks,
         reward_components=components,
         incidents_opened=dict(Counter(i.check for i in incidents)),
         open_incidents=open_worst,
         interventions_finished=dict(Counter(i.state.lower() for i in interventions if i.finished)),
         intervention_in_progress=any(not i.finished for i in interventions),
         notifications=_final_deliveries(store.delivery_counts(run_id), sinks),
+    )
+    return from_memory(recorded, guardian, now, up, last_poll_success, last_poll_success_at)
+
+
+def from_memory(
+    recorded: RunSnapshot,
+    guardian: Guardian,
+    now: float,
+    up: bool = True,
+    last_poll_success: bool | None = None,
+    last_poll_success_at: float | None = None,
+) -> RunSnapshot:
+    """``recorded`` (what the store said) with what the guardian's memory says now: step, step age, latest
+    signals, per-check verdicts and the store's own health. Needs no store: while the store cannot be read,
+    the exporter keeps the run's live state fresh over the last record it read."""
+    history = guardian.history
+    step = history.last_step
+    arrived = history.arrivals.get(step) if step is not None else None
+    signals: dict[Signal, float] = {}
+    for signal, series in history.series.items():
+        value = _last(series.values)
+        if value is not None:
+            signals[signal] = value
+    checks = {check.name: Severity.UNKNOWN for check in guardian.checks}
+    checks.update({name: finding.severity for name, finding in dict(guardian.tracker.latest).items()})
+    return replace(
+        recorded,
+        step=step,
+        last_step_age_seconds=max(0.0, now - arrived) if arrived is not None else None,
+        signals=signals,
+        checks=checks,
         up=up,
         last_poll_success=last_poll_success,
         last_poll_success_at=last_poll_success_at,
+        store_degraded=guardian.store_degraded,
+        store_pending_writes=guardian.store_pending_writes,
+        store_dropped_writes=guardian.store_dropped_writes,
     )
 
 
@@ -207,19 +233,27 @@ class GuardianSource:
         self.publish()
 
     def publish(self) -> None:
-        """Build the snapshot that scrapes serve until the next ``publish``."""
-        self._latest = (
-            snapshot_from(
+        """Build the snapshot that scrapes serve until the next ``publish``. While the store cannot be read
+        (locked, damaged, gone), the run's live state is refreshed over the last record read from it."""
+        now = self.clock()
+        poll = (self.up, self._poll_ok, self._poll_ok_at)
+        try:
+            latest = snapshot_from(
                 self.guardian,
                 self.store,
-                self.clock(),
+                now,
                 experiment=self.experiment,
                 up=self.up,
                 last_poll_success=self._poll_ok,
                 last_poll_success_at=self._poll_ok_at,
                 sinks=self.sinks,
-            ),
-        )
+            )
+        except DBAPIError as exc:
+            if not unavailable(exc):
+                raise
+            recorded = self._latest[0] if self._latest else RunSnapshot(self.guardian.run_id, self.guardian.run_id)
+            latest = from_memory(recorded, self.guardian, now, *poll)
+        self._latest = (latest,)
 
     def snapshot(self) -> tuple[RunSnapshot, ...]:
         """The run as of the last publish (``up`` as of now)."""
