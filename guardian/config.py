@@ -18,6 +18,10 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from guardian.actions.ladder import RemediationConfig
+from guardian.outage import STORE_WAIT_S, TICK_FAILURE_LIMIT
+from guardian.sources.jsonl import MAX_KEYS_PER_STEP, MAX_LINE_BYTES
+from guardian.store.engine import BUSY_TIMEOUT_S
+from guardian.store.writebehind import MAX_PENDING
 
 MAX_CONFIG_BYTES = 1 << 20  # a guardian.yaml is a few KiB; a larger file is the wrong file
 
@@ -238,6 +242,37 @@ class SourcesConfig(_Section):
     train_batch_size: int | None = Field(
         None, ge=1, description="data.train_batch_size; lets EGR be estimated from DAPO eviction counts."
     )
+    max_keys_per_step: int = Field(
+        MAX_KEYS_PER_STEP,
+        ge=1,
+        description="A metrics line with more keys keeps the ones the checks read plus this many others (with a "
+        "warning; verl logs ~150-300).",
+    )
+    max_line_bytes: int = Field(
+        MAX_LINE_BYTES,
+        ge=1024,
+        description="A longer metrics line is skipped as unreadable, never held in memory whole.",
+    )
+
+
+class StoreConfig(_Section):
+    busy_timeout_s: float = Field(
+        BUSY_TIMEOUT_S,
+        gt=0,
+        description="SQLite: wait this long for another writer's lock before a write counts as refused.",
+    )
+    max_pending_writes: int = Field(
+        MAX_PENDING,
+        ge=1,
+        description="While the store refuses writes, keep up to this many units of the guard loop's work (a tick's "
+        "writes each) in memory; beyond it new ones are dropped and counted (their steps stay in the metrics files).",
+    )
+    outage_wait_s: float = Field(
+        STORE_WAIT_S,
+        gt=0,
+        description="A rescue holds after its stop while the store refuses writes; past this long with no trainer "
+        "running the guardian gives up in one line (exit 1; guardian run --attach resumes).",
+    )
 
 
 class InterventionConfig(_Section):
@@ -258,7 +293,11 @@ class ExporterConfig(_Section):
     enabled: bool = Field(False, description="Serve Prometheus metrics at http://host:port/metrics while guarding.")
     host: str = Field("127.0.0.1", description="Address to listen on (never all interfaces unless allow_public).")
     port: int = Field(9464, ge=0, le=65535, description="Port (0 = any free port).")
-    allow_public: bool = Field(False, description="Allow 0.0.0.0 / :: as host.")
+    allow_public: bool = Field(
+        False,
+        description="Allow listening beyond loopback: every interface in any spelling (0.0.0.0, ::, 0, 0x0, "
+        "::ffff:0.0.0.0) or a host name resolving to a non-loopback address.",
+    )
     linger_s: float = Field(
         75.0,
         ge=0,
@@ -351,7 +390,14 @@ class GuardianConfig(_Section):
         description="guardian run: observe = findings only; advise = alert with the exact action; enforce = act. "
         "(watch always observes.)",
     )
+    tick_failure_limit: int = Field(
+        TICK_FAILURE_LIMIT,
+        ge=1,
+        description="Ticks of the guard loop failing in a row (the first is logged with its traceback) before the "
+        "guardian gives up in one line (exit 1).",
+    )
     sources: SourcesConfig = SourcesConfig()
+    store: StoreConfig = StoreConfig()
     checks: ChecksConfig = ChecksConfig()
     intervention: InterventionConfig = InterventionConfig()
     remediation: RemediationConfig = RemediationConfig()

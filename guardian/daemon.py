@@ -88,7 +88,7 @@ class Guardian:
         self.attempt_steps: list[int] = []
         self._reported_signals = False
         self.bad_lines_total = 0
-        self.writes = WriteBehind(self.store, self.clock)
+        self.writes = WriteBehind(self.store, self.clock, limit=self.config.store.max_pending_writes)
 
     # -- the store's health, for the exporter ---------------------------------------------------
     @property

@@ -162,7 +162,7 @@ def run_demo(config: GuardianConfig, *, scenario: str, json_output: bool) -> int
     console.print(f"[bold]guardian demo[/] - scenario [cyan]{scenario}[/]: {chosen.notes or _first_line(scenario)}")
     with (
         logging_to_file(root / "guardian.log", quiet_terminal=console.is_terminal) as log_file,
-        Store.open(config.database_url()) as store,
+        Store.open(config.database_url(), busy_timeout_s=config.store.busy_timeout_s) as store,
     ):
         console.print(f"  every event line: {log_file}")
         supervisor = local_supervisor(config, store, run_id=run_id, command=command, cwd=files.root)

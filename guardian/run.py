@@ -107,7 +107,7 @@ def _loop(
     is logged once with its traceback and the loop goes on; ``outage.TICK_FAILURE_LIMIT`` failed ticks in a
     row end it through ``Supervisor.cannot_continue``."""
     view = Live(_render(supervisor), refresh_per_second=4) if live else None
-    failures = TickFailures()
+    failures = TickFailures(limit=supervisor.config.tick_failure_limit)
     with view or nullcontext():
         while not stop.is_set():
             try:
@@ -154,7 +154,7 @@ def _render(supervisor: Supervisor) -> Group:
 def run_guarded(config: GuardianConfig, request: RunRequest, *, stop: threading.Event | None = None) -> int:
     stop = stop or threading.Event()
     check_sinks(config, os.environ)  # a missing webhook URL or token refuses before anything is written
-    with Store.open(config.database_url()) as store:
+    with Store.open(config.database_url(), busy_timeout_s=config.store.busy_timeout_s) as store:
         known = store.get_run(request.run_id)
         command, cwd = request.command, request.cwd
         if known is not None and known.status in ("finished", "gave_up") and not request.attach:

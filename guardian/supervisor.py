@@ -88,7 +88,7 @@ class Supervisor(Rescue):
             config=self.config,
             store=self.store,
             run_id=self.run_id,
-            metrics=MetricsFile(first.metrics_path),
+            metrics=self._metrics_file(first.metrics_path),
             clock=self.clock,
             rollouts=RolloutDir(first.rollout_dir),
             checkpoints_dir=self.checkpoint_dir,
@@ -98,8 +98,12 @@ class Supervisor(Rescue):
         self.attempt: Attempt | None = None
         self._advised: set[int] = set()
         self.exit_code: int | None = None
-        self._store_wait = StoreWait()
+        self._store_wait = StoreWait(limit_s=self.config.store.outage_wait_s)
         self._stopped_in_outage: int | None = None  # the attempt the guardian stopped while the store was down
+
+    def _metrics_file(self, path: Path) -> MetricsFile:
+        limits = self.config.sources
+        return MetricsFile(path, max_keys=limits.max_keys_per_step, max_line_bytes=limits.max_line_bytes)
 
     def _trainer_alive(self) -> bool | None:
         if self.attempt is None or self.attempt.handle is None:
@@ -116,14 +120,14 @@ class Supervisor(Rescue):
             return
         for attempt in self.store.attempts(self.run_id)[:-1]:
             dumps = self._rollouts_of(attempt.number, stored_argv(attempt.command) or self.command)
-            self.guardian.rebuild(MetricsFile(Path(attempt.metrics_path)), dumps)
+            self.guardian.rebuild(self._metrics_file(Path(attempt.metrics_path)), dumps)
         argv = stored_argv(latest.command) or self.command
         handle = attach_attempt(self.control, self.folder, latest.number, argv=argv)
         self.attempt = Attempt(latest.id, latest.number, argv, handle, self.clock())
         stored = self.store.latest_step_of_attempt(latest.id)
         self.guardian.switch_attempt(
             latest.id,
-            MetricsFile(Path(latest.metrics_path)),
+            self._metrics_file(Path(latest.metrics_path)),
             self._rollouts_of(latest.number, argv),
             judged_through=stored,
         )
@@ -410,7 +414,7 @@ class Supervisor(Rescue):
         )
         self.attempt = Attempt(attempt_id, number, tuple(argv), handle, self.clock())
         self.guardian.switch_attempt(
-            attempt_id, MetricsFile(self.folder.metrics(number)), self._rollouts_of(number, argv)
+            attempt_id, self._metrics_file(self.folder.metrics(number)), self._rollouts_of(number, argv)
         )
 
     def _launch(self, argv: Sequence[str], extra_env: Mapping[str, str]) -> None:

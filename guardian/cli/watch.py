@@ -168,7 +168,13 @@ def _watch(
     from guardian.sources.rollouts import RolloutDir
     from guardian.watch_loop import Display, FollowedFile, LiveView, PlainProgress, WatchLoop
 
-    followed = FollowedFile(MetricsFile(path) if args.metrics else ConsoleFile(path))
+    limits = config.sources
+    source = (
+        MetricsFile(path, max_keys=limits.max_keys_per_step, max_line_bytes=limits.max_line_bytes)
+        if args.metrics
+        else ConsoleFile(path)
+    )
+    followed = FollowedFile(source)
     store.ensure_run(
         run_id,
         name=run_id,
