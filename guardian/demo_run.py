@@ -27,6 +27,7 @@ from guardian.demo.scenarios import SCENARIOS, RunFiles
 from guardian.findings import Severity
 from guardian.keys import Signal
 from guardian.logs import logging_to_file
+from guardian.notify.compose import format_value
 from guardian.notify.setup import notifying, sink_names
 from guardian.policy import CRASH_OUTPUT_EVIDENCE
 from guardian.run import local_supervisor, register_run
@@ -89,12 +90,14 @@ class Narrator:
             if incident.id in self.told_incidents or incident.status == "dismissed":
                 continue
             self.told_incidents.add(incident.id)
+            at = f"at step {incident.opened_step}" if incident.opened_step is not None else "before the first step"
+            onset = f" (estimated onset step {incident.onset_step})" if incident.onset_step is not None else ""
             self.console.print(
-                f"[bold red]DETECTED[/] incident #{incident.id}: {incident.check} at step {incident.opened_step} "
-                f"(estimated onset step {incident.onset_step}): {escape(incident.message)}"
+                f"[bold red]DETECTED[/] incident #{incident.id}: {incident.check} {at}{onset}: "
+                f"{escape(incident.message)}"
             )
             evidence = ", ".join(
-                f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+                f"{k}={format_value(v)}"
                 for k, v in incident.evidence.items()
                 if v is not None and k != CRASH_OUTPUT_EVIDENCE
             )
@@ -124,7 +127,7 @@ class Narrator:
                 say(f"{more}{escape(str(detail['why']))}")
         elif state == "PATCHED":
             for key, before, after in detail.get("diff", []):  # type: ignore[attr-defined]
-                say(f"{tag} {key}: {escape(str(before))} -> {escape(str(after))}")
+                say(f"{tag} {key}: {escape(_setting(before))} -> {escape(_setting(after))}")
             for note in detail.get("notes", []):  # type: ignore[attr-defined]
                 say(f"{more}note: {escape(str(note))}")
         elif state == "RESUMING":
@@ -136,6 +139,11 @@ class Narrator:
                 state
             ]
             say(f"[{style}]intervention {iv.number} {state}[/] {escape(str(detail.get('why', '')))}")
+
+
+def _setting(value: object) -> str:
+    """An override's value in a patch line: ``unset`` where the command did not set it."""
+    return "unset" if value is None or value == "" else str(value)
 
 
 def _values(supervisor: Supervisor) -> str:

@@ -96,7 +96,7 @@ class Rescue:
         if state is State.DETECTED:
             return self._commit(iv, State.STOPPING)
         if state is State.STOPPING:
-            self._stop_trainer(reason=f"intervention {iv.id}")
+            self._stop_trainer(reason=f"intervention {iv.number} of incident #{iv.incident_id}")
             return self._commit(iv, State.STOPPED)
         if state is State.STOPPED:
             return self._roll_back(iv, incident.incident)
@@ -277,23 +277,34 @@ class Rescue:
             status=final.value.lower(),
             now=self.clock(),
             step=self.guardian.history.last_step,
-            note=f"intervention {iv.id}: {verdict.reason}",
+            note=f"intervention {iv.number}: {verdict.reason}",
         )
         name = "incident_resolved" if final is State.RESOLVED else "incident_unresolved"
         level = log.info if final is State.RESOLVED else log.critical
-        level(event(name, {"run": self.run_id, "incident": incident.id, "intervention": iv.id, "why": verdict.reason}))
+        level(
+            event(name, {"run": self.run_id, "incident": incident.id, "intervention": iv.number, "why": verdict.reason})
+        )
         return iv
 
     def _commit(self, iv: InterventionView, state: State, **fields: object) -> InterventionView:
         check_transition(State(iv.state), state)
         detail = fields.pop("detail", None)
         updated = self.store.advance(iv.id, state.value, now=self.clock(), detail=detail, **fields)  # type: ignore[arg-type]
-        log.warning(event("intervention_state", {"run": self.run_id, "intervention": iv.id, "state": state.value}))
+        log.warning(
+            event(
+                "intervention_state",
+                {"run": self.run_id, "incident": iv.incident_id, "intervention": iv.number, "state": state.value},
+            )
+        )
         self.after_commit(state.value)
         return updated
 
     def _relapse(self, iv: InterventionView, reason: str, **figures: object) -> InterventionView:
-        log.error(event("relapse", {"run": self.run_id, "intervention": iv.id, "reason": reason}))
+        log.error(
+            event(
+                "relapse", {"run": self.run_id, "incident": iv.incident_id, "intervention": iv.number, "reason": reason}
+            )
+        )
         return self._commit(iv, State.RELAPSED, note=reason, detail={"why": reason, **figures})
 
     def _give_up(self, iv: InterventionView, reason: str) -> InterventionView:
@@ -301,7 +312,16 @@ class Rescue:
         self.store.close_incident(iv.incident_id, status="gave_up", now=self.clock(), note=reason)
         self.store.set_run_status(self.run_id, "gave_up")
         log.critical(
-            event("gave_up", {"run": self.run_id, "intervention": iv.id, "reason": reason, "exit_code": EXIT_GAVE_UP})
+            event(
+                "gave_up",
+                {
+                    "run": self.run_id,
+                    "incident": iv.incident_id,
+                    "intervention": iv.number,
+                    "reason": reason,
+                    "exit_code": EXIT_GAVE_UP,
+                },
+            )
         )
         self._stop_trainer(reason="gave up")
         self.exit_code = EXIT_GAVE_UP

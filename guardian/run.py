@@ -147,7 +147,11 @@ def _tick_failed(supervisor: Supervisor, failures: TickFailures, exc: Exception)
 def _render(supervisor: Supervisor) -> Group:
     guardian = supervisor.guardian
     active = supervisor.store.active_intervention(supervisor.run_id)
-    line = f"intervention {active.number}: {active.state}" if active else "no intervention in progress"
+    line = (
+        f"intervention {active.number} of incident #{active.incident_id}: {active.state}"
+        if active
+        else "no intervention in progress"
+    )
     return Group(render(supervisor.run_id, guardian.history, guardian.tracker, time.time()), Text(line))
 
 

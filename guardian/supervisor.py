@@ -170,6 +170,7 @@ class Supervisor(Rescue):
             return None
         # the trainer ended and nothing is left to do: enforce mode finished its job; observe and advise
         # report an unhealthy run (exit 3) as replay and watch do, and so does a rescue left unproven
+        self._sweep_strays()
         self._finish_attempt(exit_status)
         self.store.set_run_status(self.run_id, "finished")
         unproven = [i.id for i in self.store.interventions(self.run_id) if i.state == State.UNRESOLVED.value]
@@ -320,7 +321,7 @@ class Supervisor(Rescue):
                 "intervention",
                 {
                     "run": self.run_id,
-                    "intervention": iv.id,
+                    "intervention": iv.number,
                     "incident": incident.id,
                     "check": incident.check,
                     "kind": kind.value,
@@ -402,6 +403,21 @@ class Supervisor(Rescue):
                 "trainers at once). They are likely stuck in the kernel (D state: GPU driver, NFS): kill -9 them "
                 f"or reboot the node, then guardian run --attach {self.run_id}"
             )
+
+    def _sweep_strays(self) -> None:
+        """The trainer ended by itself: stop what it left running outside its process group (a ``setsid`` child,
+        a daemon; found by the trainer marker), as a stop would, so nothing of the run outlives it."""
+        if self.attempt is None or self.attempt.handle is None:
+            return
+        ic = self.config.intervention
+        result = self.control.stop(
+            self.attempt.handle, StopPolicy(ic.stop_sigint_s, ic.stop_sigterm_s, ic.stop_sigkill_s)
+        )
+        if result.strays:
+            fields = {"run": self.run_id, "attempt": self.attempt.number, "pids": ",".join(map(str, result.strays))}
+            if result.survivors:
+                fields["survivors"] = ",".join(map(str, result.survivors))
+            log.warning(event("strays_after_exit", fields))
 
     def _finish_attempt(self, status: ExitStatus | None) -> None:
         if self.attempt is None:

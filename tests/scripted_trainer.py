@@ -9,7 +9,9 @@ folders with ``latest_checkpointed_iteration.txt`` written after them, ``trainer
 with the validation-only line at the resume step. While ``entropy_coeff`` is negative it learns for 15
 steps (reward 0.1 -> 0.5) and then collapses (entropy -25 % a step, reward flat); a run resumed with a
 non-negative coefficient holds its entropy and scores ``+script.fixed_reward`` - above or below the
-rollback point's level, as the test wants.
+rollback point's level, as the test wants. ``+script.detached_child=FILE``: each launch first starts a child in
+a session of its own (``setsid``, as a daemon or a Ray instance would) that outlives the trainer, and appends its
+pid to FILE.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -34,6 +37,10 @@ def main(argv: list[str]) -> int:
     start = 0
     if args.get("trainer.resume_mode") == "resume_path":
         start = int(args["trainer.resume_from_path"].rsplit("global_step_", 1)[1])
+    if "script.detached_child" in args:
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True)
+        with open(args["script.detached_child"], "a") as pids:
+            pids.write(f"{child.pid}\n")
     log = open(os.environ["VERL_FILE_LOGGER_PATH"], "wb", buffering=0)  # noqa: SIM115 - verl truncates too
     if start:
         log.write(json.dumps({"step": start, "data": {"val-aux/num_turns/mean": 2.0}}).encode() + b"\n")

@@ -4,9 +4,11 @@ guardian can be killed with SIGKILL at every state of the intervention and still
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -150,6 +152,40 @@ def test_probation_resolves_only_a_fix_whose_reward_comes_back(
         incident = store.get_incident(intervention.incident_id)
         assert incident is not None and incident.incident.status == state.value.lower()
         assert len(store.attempts("scripted")) == 2, "the patched trainer ran on to the end"
+
+
+def test_nothing_of_the_run_outlives_it_not_even_a_detached_child_of_the_resumed_attempt(tmp_path: Path) -> None:
+    """Each attempt starts a child in its own session (it leaves the trainer's process group). The rescue's stop
+    finds attempt 1's by the trainer marker; attempt 2 ends by itself and its child is stopped at the run's end."""
+    home, ckpt, pids = tmp_path / "home", tmp_path / "ckpt", tmp_path / "children.txt"
+    command = [
+        sys.executable,
+        str(Path(__file__).with_name("scripted_trainer.py")),
+        f"trainer.default_local_dir={ckpt}",
+        "trainer.total_training_steps=50",
+        "trainer.save_freq=5",
+        f"{ENTROPY_KEY}=-0.1",
+        "+script.fixed_reward=0.6",
+        f"+script.detached_child={pids}",
+    ]
+    try:
+        assert run_guarded(config_for(home), RunRequest(tuple(command), tmp_path, "detached")) == 0
+        children = [int(line) for line in pids.read_text().split()]
+        assert len(children) == 2  # one per attempt
+        assert not [pid for pid in children if _alive(pid)], "a detached child outlived the run"
+    finally:  # never leave one behind, whatever failed
+        for pid in [int(line) for line in pids.read_text().split()] if pids.exists() else []:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+def _alive(pid: int) -> bool:
+    """Alive and not a zombie (a stopped child of another process may linger unreaped)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
 
 
 CHAOS_POINTS = [

@@ -124,7 +124,7 @@ def kl_drift(ctx: CheckContext, cfg: KlDriftConfig, reward_cfg: RewardCollapseCo
         "kl": rounded(smooth[last]),
         "kl_growth_over_window": rounded(rate),
         "window_steps": cfg.window_steps,
-        "reward_improving": str(reward.improving).lower() if reward else None,
+        "reward_improving": reward.improving if reward else None,
     }
     learning = f"; {reward.describe(h.key_of(Signal.REWARD))}" if reward else ""
     return conclude(

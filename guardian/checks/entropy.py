@@ -158,8 +158,8 @@ def entropy_collapse(
         "reward_noise": rounded(reward.noise) if reward else None,
         "reward_gain": rounded(reward.gain) if reward else None,
         "reward_window_steps": reward.window if reward else None,
-        "reward_improving": _flag(reward.improving) if reward else None,
-        "reward_saturated": _flag(reward.saturated) if reward else None,
+        "reward_improving": reward.improving if reward else None,
+        "reward_saturated": reward.saturated if reward else None,
         "egr": rounded(egr.egr) if egr else None,
     }
     if now.fall is not None:
@@ -180,10 +180,6 @@ def entropy_collapse(
         unhealthy=_describe(now, key, reward_key, base),
         advice=now.reason == "converged",
     )
-
-
-def _flag(value: bool) -> str:
-    return str(value).lower()
 
 
 def _fast_fall(
@@ -337,8 +333,8 @@ def entropy_explosion(ctx: CheckContext, cfg: EntropyExplosionConfig, reward_cfg
         "entropy_smoothed": rounded(smooth[last]),
         "entropy_baseline": rounded(base),
         "entropy_ratio": rounded(ratio),
-        "reward_improving": _flag(reward.improving) if reward else None,
-        "reward_falling": _flag(reward.falling) if reward else None,
+        "reward_improving": reward.improving if reward else None,
+        "reward_falling": reward.falling if reward else None,
     }
     reward_text = reward.describe(h.key_of(Signal.REWARD)) if reward else "reward not logged"
     return conclude(

@@ -146,7 +146,7 @@ def truncation(ctx: CheckContext, cfg: LengthConfig, reward_cfg: RewardCollapseC
         "truncated_share": rounded(smooth[-1]),
         "truncated_share_baseline": rounded(base),
         "length_cap": rounded(cap),
-        "reward_or_validation_falling": str(_hurting(ctx, reward_cfg, series.steps[-1])).lower(),
+        "reward_or_validation_falling": _hurting(ctx, reward_cfg, series.steps[-1]),
     }
     at_cap = f"{smooth[-1]:.0%} of responses are cut at the length cap" + (f" ({cap:.0f} tokens)" if cap else "")
     if verdict.severity == Severity.CRITICAL:
