@@ -24,7 +24,7 @@ from rich.text import Text
 from guardian.actions.dirlock import DirLockedError, holding
 from guardian.actions.process import LocalProcessControl
 from guardian.config import GuardianConfig
-from guardian.logs import event, get_logger
+from guardian.logs import event, get_logger, logging_to_file
 from guardian.notify.setup import check_sinks, notifying, sink_names
 from guardian.outage import TickFailures
 from guardian.sinks.export import exporting
@@ -189,6 +189,12 @@ def run_guarded(config: GuardianConfig, request: RunRequest, *, stop: threading.
                 return 1
             if known is None:
                 register_run(store, supervisor, name=" ".join(command)[:200])
+            # with the live view a person reads the terminal: warnings there, every line in the run's guardian.log
+            log_file = held.enter_context(
+                logging_to_file(supervisor.folder.root / "guardian.log", quiet_terminal=request.live)
+            )
+            if request.live:
+                sys.stderr.write(f"guardian: every event line of run {request.run_id} goes to {log_file}\n")
             log.info(
                 event(
                     "run",
@@ -198,6 +204,7 @@ def run_guarded(config: GuardianConfig, request: RunRequest, *, stop: threading.
                         "folder": supervisor.folder.root,
                         "checkpoints": supervisor.checkpoint_dir,
                         "db": store.url,
+                        "log": log_file,
                     },
                 )
             )

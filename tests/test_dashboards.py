@@ -17,7 +17,7 @@ import yaml
 from conftest import required_tool
 
 from guardian import keys
-from guardian.cli import EXIT_ERROR, EXIT_OK, main
+from guardian.cli import EXIT_ERROR, EXIT_OK, EXIT_USAGE, main
 from guardian.dashboards import (
     ANNOTATION_TAG,
     SCHEMA_VERSION,
@@ -277,3 +277,13 @@ def test_panels_read_exported_metrics_and_show_every_one() -> None:
     missing = keys.PROM_METRIC_NAMES - used - set(NOT_ON_PANELS)
     assert not missing, f"exported but on no panel (add a panel or list it in NOT_ON_PANELS): {sorted(missing)}"
     assert not used & set(NOT_ON_PANELS), "listed as not on a panel, but it is"
+
+
+def test_export_to_a_file_is_a_usage_error_and_leaves_it_alone(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    target = tmp_path / "not-a-folder.json"
+    target.write_text("{}")
+    assert main(["dashboards", "export", "-o", str(target)]) == EXIT_USAGE
+    assert f"-o {target} is not a directory" in capsys.readouterr().err
+    assert target.read_text() == "{}"

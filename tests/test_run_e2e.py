@@ -173,6 +173,7 @@ def test_nothing_of_the_run_outlives_it_not_even_a_detached_child_of_the_resumed
         children = [int(line) for line in pids.read_text().split()]
         assert len(children) == 2  # one per attempt
         assert not [pid for pid in children if _alive(pid)], "a detached child outlived the run"
+        assert "event=strays_after_exit" in (home / "runs" / "detached" / "guardian.log").read_text()
     finally:  # never leave one behind, whatever failed
         for pid in [int(line) for line in pids.read_text().split()] if pids.exists() else []:
             with contextlib.suppress(ProcessLookupError):

@@ -34,6 +34,9 @@ def cmd_dashboards_export(args: argparse.Namespace) -> int:
     from guardian.dashboards import DEFAULT_DIR, check, export_all
 
     directory = Path(args.output) if args.output else DEFAULT_DIR
+    if directory.exists() and not directory.is_dir():
+        log.error(event("usage", {"message": f"-o {directory} is not a directory"}))
+        return EXIT_USAGE
     if args.check:
         stale = check(directory)
         for path in stale:
