@@ -70,13 +70,14 @@ class Guardian:
     close_on_clear: bool = True
     # whether the trainer process still runs (None: no process known - `watch` without --pid)
     trainer_alive: Callable[[], bool | None] = lambda: None
+    # what the checks' findings update; `watch` passes one that also remembers the first critical finding
+    tracker: StatusTracker = field(default_factory=StatusTracker)
 
     def __post_init__(self) -> None:
         self.history = RunHistory(
             length_cap=self.config.checks.length.max_response_length,
             train_batch_size=self.config.sources.train_batch_size,
         )
-        self.tracker = StatusTracker()
         self.checks = build_checks(self.config.checks)
         self.started_at = self.clock()
         self._attempt_id: int | None = self.attempt_id

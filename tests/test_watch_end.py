@@ -4,6 +4,7 @@ loop driven through time by an injected clock, and the command on the real verl 
 from __future__ import annotations
 
 import importlib.util
+import logging
 import os
 import subprocess
 import sys
@@ -14,17 +15,19 @@ from pathlib import Path
 import pytest
 from conftest import ManualClock, fixture_path, missing
 
+from guardian.actions.liveness import pid_alive
 from guardian.cli import main
 from guardian.config import ConfigError, GuardianConfig
 from guardian.daemon import Guardian
 from guardian.findings import Severity
-from guardian.sources.hydra_config import config_beside, total_training_steps
-from guardian.sources.jsonl import MetricsFile
+from guardian.sources.hydra_config import MAX_RUN_CONFIG_BYTES, config_beside, total_training_steps
+from guardian.sources.jsonl import MetricsBatch, MetricsFile
 from guardian.store import Store
-from guardian.trainer_pid import TrainerLiveness, pid_alive
-from guardian.watch_end import EndReason, FileState, WatchState, end_reason
-from guardian.watch_loop import FollowedFile, PlainProgress, WatchError, WatchLoop
-from guardian.watch_summary import VerdictTracker
+from guardian.watch.display import PlainProgress
+from guardian.watch.end import EndReason, FileState, WatchState, end_reason
+from guardian.watch.loop import FollowedFile, WatchError, WatchLoop
+from guardian.watch.summary import VerdictTracker
+from guardian.watch.trainer import TrainerLiveness
 
 RUN_30 = fixture_path("verl-0.9.1-run", "metrics-30-steps.jsonl")  # steps 0-30, entropy collapses from ~16
 RUN_10 = fixture_path("verl-0.9.1-run", "metrics-10-steps.jsonl")  # steps 1-10, healthy (truncation warns)
@@ -112,6 +115,22 @@ def test_a_bad_run_config_names_the_file_and_the_key(tmp_path: Path, text: str, 
     assert str(path) in str(raised.value) and complaint in str(raised.value)
 
 
+@pytest.mark.parametrize(
+    ("data", "complaint"),
+    [
+        (b"trainer:\n  total_training_steps: 6\xe9\n", "is not UTF-8 text (byte 0xe9 at offset 34)"),
+        (b"\x89PNG\r\n\x1a\n" + bytes(range(256)), "is not UTF-8 text (byte 0x89 at offset 0)"),
+        (b"# a comment\n" * (MAX_RUN_CONFIG_BYTES // 12 + 1), "is larger than 1 MiB: not a Hydra config.yaml"),
+    ],
+)
+def test_a_binary_or_huge_run_config_is_refused_before_parsing(tmp_path: Path, data: bytes, complaint: str) -> None:
+    path = tmp_path / "config.yaml"
+    path.write_bytes(data)
+    with pytest.raises(ConfigError) as raised:
+        total_training_steps(path)
+    assert str(raised.value) == f"run config {path} {complaint}"
+
+
 def test_a_run_config_without_a_trainer_section_leaves_the_length_unknown(tmp_path: Path) -> None:
     path = tmp_path / "config.yaml"
     path.write_text("data: {train_batch_size: 32}\n")
@@ -119,11 +138,38 @@ def test_a_run_config_without_a_trainer_section_leaves_the_length_unknown(tmp_pa
 
 
 # -- the loop, through time ---------------------------------------------------------------------
+class FailingSource:
+    """The metrics file, its first ``failures`` polls raising (a fault of the guardian, not of the file)."""
+
+    def __init__(self, real: MetricsFile, failures: int) -> None:
+        self.real = real
+        self.failures = failures
+        self.polls = 0
+
+    @property
+    def path(self) -> Path:
+        return self.real.path
+
+    def poll(self, *, final: bool = False) -> MetricsBatch:
+        self.polls += 1
+        if self.failures > 0:
+            self.failures -= 1
+            raise RuntimeError("poll exploded")
+        return self.real.poll(final=final)
+
+
 class Harness:
     """A real guardian over a real file and a real SQLite store, its loop driven by a manual clock: each
     wait of the loop moves the clock on by ``step_s`` and runs the next scripted action (the writer)."""
 
-    def __init__(self, tmp_path: Path, *, step_s: float = 30.0, alive: Callable[[int], bool] | None = None) -> None:
+    def __init__(
+        self,
+        tmp_path: Path,
+        *,
+        step_s: float = 30.0,
+        alive: Callable[[int], bool] | None = None,
+        failing_polls: int = 0,
+    ) -> None:
         self.metrics = tmp_path / "run" / "metrics.jsonl"
         self.metrics.parent.mkdir()
         self.clock = ManualClock(1000.0)
@@ -134,8 +180,10 @@ class Harness:
         self.store.ensure_run(
             "r", name="r", metrics_path="", rollouts_dir="", checkpoints_dir=None, mode="observe", now=1000.0
         )
-        self.file = FollowedFile(MetricsFile(self.metrics))
+        self.source = FailingSource(MetricsFile(self.metrics), failing_polls)
+        self.file = FollowedFile(self.source)
         self.trainer = TrainerLiveness(None if alive is None else 4242, alive or pid_alive)
+        self.tracker = VerdictTracker()
         self.guardian = Guardian(
             config=GuardianConfig(),
             store=self.store,
@@ -143,8 +191,8 @@ class Harness:
             metrics=self.file,
             clock=self.clock,
             trainer_alive=self.trainer,
+            tracker=self.tracker,
         )
-        self.guardian.tracker = self.tracker = VerdictTracker()
 
     def wait(self, _seconds: float) -> bool:
         self.clock.now += self.step_s
@@ -246,6 +294,51 @@ def test_a_path_that_turns_into_a_directory_is_an_error_naming_it(harness: Harne
         harness.run()
 
 
+@pytest.fixture
+def logs(caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> pytest.LogCaptureFixture:
+    monkeypatch.setattr(logging.getLogger("guardian"), "propagate", True)  # the CLI's set-up turns it off
+    caplog.set_level(logging.INFO, logger="guardian")
+    return caplog
+
+
+def events(logs: pytest.LogCaptureFixture, name: str) -> list[str]:
+    return [r.getMessage() for r in logs.records if r.getMessage().startswith(f"event={name} ")]
+
+
+def test_ticks_failing_in_a_row_give_up_in_one_line_saying_the_run_is_unguarded(
+    tmp_path: Path, logs: pytest.LogCaptureFixture
+) -> None:
+    harness = Harness(tmp_path, failing_polls=10_000)
+    harness.metrics.write_bytes(RUN_10.read_bytes())
+    try:
+        assert harness.run() is EndReason.TICK_FAILURES
+    finally:
+        harness.store.close()
+    limit = GuardianConfig().tick_failure_limit
+    assert harness.source.polls == limit
+    (failed,) = events(logs, "tick_failed")
+    assert 'error="RuntimeError: poll exploded"' in failed
+    assert [r.getMessage() for r in logs.records if r.exc_info] == [failed], "the traceback once"
+    (line,) = events(logs, "guardian_cannot_continue")
+    assert f'cause="{limit} ticks in a row failed: RuntimeError: poll exploded"' in line
+    assert "UNGUARDED from now on" in line and "run the same guardian watch command again" in line
+
+
+def test_a_tick_that_fails_a_few_times_is_retried_and_the_watch_goes_on(
+    tmp_path: Path, logs: pytest.LogCaptureFixture
+) -> None:
+    harness = Harness(tmp_path, failing_polls=2)
+    harness.metrics.write_bytes(RUN_10.read_bytes())
+    try:
+        assert harness.run(follow=False) is EndReason.END_OF_FILE
+    finally:
+        harness.store.close()
+    assert harness.guardian.history.last_step == 10
+    assert len(events(logs, "tick_failed")) == 1
+    assert "failed_ticks=2" in events(logs, "tick_recovered")[0]
+    assert events(logs, "guardian_cannot_continue") == []
+
+
 def test_plain_progress_every_ten_steps_or_thirty_seconds(harness: Harness) -> None:
     lines = lines_of(RUN_30)
     # one step per wait of 30 s: a line per step (30 s); then 20 steps at once: two lines of ten
@@ -292,6 +385,43 @@ def test_paths_that_cannot_be_watched_are_errors_naming_them(
     assert main(["watch", "--metrics", str(RUN_10), "--run-config", str(config)]) == 2
     err = capsys.readouterr().err
     assert f"run config {config}" in err and "Traceback" not in err
+
+
+def test_bad_rollouts_and_checkpoints_folders_are_refused_naming_the_option_and_path(
+    home: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    absent = tmp_path / "no-such-folder"
+    for option in ("--rollouts", "--checkpoints"):
+        for argv, complaint in (
+            ([option, str(RUN_10)], f"{option} {RUN_10} is not a directory"),
+            ([option, str(absent), "--no-follow"], f"{option} {absent} does not exist"),
+        ):
+            assert main(["watch", "--metrics", str(RUN_10), "--no-live", *argv]) == 1
+            err = capsys.readouterr().err
+            assert complaint in err and "Traceback" not in err
+    assert not (home / "guardian.db").exists(), "refused before the store is opened"
+
+
+def test_folders_not_there_yet_are_waited_for_while_following(
+    home: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    later = tmp_path / "created-by-the-trainer"
+    argv = ["watch", "--metrics", str(RUN_10), "--no-live", "--total-steps", "10", "--rollouts", str(later)]
+    assert main([*argv, "--checkpoints", str(later)]) == 0
+    assert "verdict: HEALTHY" in capsys.readouterr().out
+
+
+def test_a_watch_whose_ticks_keep_failing_exits_1_with_the_summary(
+    home: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def exploded(self: MetricsFile, *, final: bool = False) -> MetricsBatch:
+        raise RuntimeError("poll exploded")
+
+    monkeypatch.setattr(MetricsFile, "poll", exploded)
+    assert main(["watch", "--metrics", str(RUN_10), "--no-live", "--no-follow"]) == 1
+    captured = capsys.readouterr()
+    assert "watch ended: gave up after failed ticks, the run is UNGUARDED" in captured.out
+    assert "event=guardian_cannot_continue" in captured.err and "event=internal_error" not in captured.err
 
 
 def test_an_empty_file_read_to_its_end_has_nothing_to_judge(

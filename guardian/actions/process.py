@@ -48,6 +48,7 @@ from pathlib import Path
 from typing import Protocol
 
 from guardian.actions import strays
+from guardian.actions.liveness import pid_alive
 from guardian.actions.runner import pid_file_for
 from guardian.logs import event, get_logger
 
@@ -258,18 +259,6 @@ def _proc_group_states(pgid: int) -> list[str] | None:
 
 def _live(state: str | None) -> bool:
     return state not in ("Z", "X")
-
-
-def _pid_alive(pid: int) -> bool:
-    """Whether process ``pid`` exists and is not a zombie."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    state = _proc_state(pid)
-    return state is None or _live(state)
 
 
 def _group_alive(pgid: int) -> bool:
@@ -503,7 +492,7 @@ class LocalProcessControl:
                 new,
                 term_wait_s=policy.sigterm_wait_s,
                 kill_wait_s=policy.sigkill_wait_s,
-                alive=_pid_alive,
+                alive=pid_alive,
                 clock=self._clock,
                 sleep=self._sleep,
             )

@@ -20,20 +20,22 @@ from guardian.cli.common import (
     EXIT_OK,
     EXIT_UNHEALTHY,
     AddCommand,
+    dir_problem,
     file_problem,
     log,
     open_store,
     resolved_config,
 )
-from guardian.config import ConfigError, GuardianConfig
+from guardian.config import GuardianConfig
 from guardian.ids import MAX_RUN_ID, checked_run_id
 from guardian.keys import signals_present
 from guardian.logs import event
+from guardian.outage import EXIT_CANNOT_CONTINUE
 from guardian.sources.hydra_config import config_beside, total_training_steps
 from guardian.store import Store
-from guardian.trainer_pid import TrainerLiveness
-from guardian.watch_end import EndReason
-from guardian.watch_summary import IncidentLine, Verdict, VerdictTracker, WatchSummary, summary_lines
+from guardian.watch.end import EndReason
+from guardian.watch.summary import IncidentLine, Verdict, VerdictTracker, WatchSummary, summary_lines
+from guardian.watch.trainer import TrainerLiveness
 
 if TYPE_CHECKING:  # the guard loop's modules load when a watch starts, not with the CLI
     from guardian.daemon import Guardian
@@ -53,7 +55,9 @@ verdict and exit code:
   3 UNHEALTHY    a check was critical at some step read, even if it cleared later; a stall is critical
                  only while the --pid process runs, so the verdict on a finished file does not depend on
                  how long it was watched
-  1 error        the path cannot be read, or no step was read (nothing to judge)
+  1 error        the metrics file, --rollouts or --checkpoints cannot be read (a missing one is waited
+                 for while following), no step was read (nothing to judge), or the watch gave up after
+                 failed ticks (event=guardian_cannot_continue: the run is unguarded from then on)
   2 usage        bad arguments, an unreadable --config or --run-config
 output: a live table on a terminal; otherwise (or --no-live) plain lines on stdout - "waiting for FILE",
   a line per finding raised or cleared, progress every 10 steps or 30 s - then the summary."""
@@ -110,6 +114,14 @@ def readable_problem(path: Path, *, must_exist: bool) -> str | None:
         return f"cannot read metrics file {path}: {exc.strerror or exc}"
 
 
+def folder_problem(option: str, value: str | None, *, must_exist: bool) -> str | None:
+    """Why the folder ``option`` names cannot be read, or None (a missing one is waited for unless ``must_exist``:
+    verl creates its rollout and checkpoint folders when it first writes to them)."""
+    if value is None or (not must_exist and not Path(value).exists()):
+        return None
+    return dir_problem(Path(value), option)
+
+
 def run_length(args: argparse.Namespace, path: Path) -> int | None:
     """The run's total steps: ``--total-steps``, else its Hydra config's (``--run-config``, or beside the file)."""
     if args.total_steps is not None:
@@ -117,26 +129,30 @@ def run_length(args: argparse.Namespace, path: Path) -> int | None:
     config = Path(args.run_config) if args.run_config else config_beside(path)
     if config is None:
         return None
-    if config.is_dir():
-        raise ConfigError(f"run config {config} is a directory, not a Hydra config.yaml")
     steps = total_training_steps(config)
     log.info(event("watch_run_length", {"config": config, "total_training_steps": steps if steps else "unknown"}))
     return steps
 
 
 def cmd_watch(args: argparse.Namespace) -> int:
-    from guardian.watch_loop import WatchError
+    from guardian.watch.loop import WatchError
 
     config = resolved_config(args)
     path = Path(args.metrics or args.console)
-    problem = readable_problem(path, must_exist=args.no_follow)
+    problem = (
+        readable_problem(path, must_exist=args.no_follow)
+        or folder_problem("--rollouts", args.rollouts, must_exist=args.no_follow)
+        or folder_problem("--checkpoints", args.checkpoints, must_exist=args.no_follow)
+    )
     if problem is not None:
         log.error(event("watch_error", {"message": problem}))
         return EXIT_ERROR
     total_steps = None if args.no_follow else run_length(args, path)
     run_id = checked_run_id(args.run_id) if args.run_id else derive_run_id(path)
-    if not path.exists():
-        log.info(event("watch_waiting", {"metrics": path}))
+    waiting = {"metrics": path, "rollouts": args.rollouts, "checkpoints": args.checkpoints}
+    for what, value in waiting.items():
+        if value is not None and not Path(value).exists():
+            log.info(event("watch_waiting", {what: value}))
     trainer = TrainerLiveness(args.pid)
     if args.pid is not None and not trainer.sample():
         log.warning(event("watch_trainer_gone", {"pid": args.pid, "message": "not running: reading to the end"}))
@@ -147,7 +163,7 @@ def cmd_watch(args: argparse.Namespace) -> int:
         except WatchError as exc:
             log.error(event("watch_error", {"run": run_id, "message": str(exc)}))
             return EXIT_ERROR
-    return EXIT_CODES[summary.verdict]
+    return EXIT_CANNOT_CONTINUE if summary.reason is EndReason.TICK_FAILURES else EXIT_CODES[summary.verdict]
 
 
 def _watch(
@@ -166,7 +182,8 @@ def _watch(
     from guardian.sources.console import ConsoleFile
     from guardian.sources.jsonl import MetricsFile
     from guardian.sources.rollouts import RolloutDir
-    from guardian.watch_loop import Display, FollowedFile, LiveView, PlainProgress, WatchLoop
+    from guardian.watch.display import Display, LiveView, PlainProgress
+    from guardian.watch.loop import FollowedFile, WatchLoop
 
     limits = config.sources
     source = (
@@ -184,6 +201,7 @@ def _watch(
         mode="observe",
         now=time.time(),
     )
+    tracker = VerdictTracker()
     guardian = Guardian(
         config=config,
         store=store,
@@ -193,8 +211,8 @@ def _watch(
         rollouts=RolloutDir(Path(args.rollouts)) if args.rollouts else None,
         checkpoints_dir=Path(args.checkpoints) if args.checkpoints else None,
         trainer_alive=trainer,
+        tracker=tracker,
     )
-    tracker = guardian.tracker = VerdictTracker()
     fields = {"run": run_id, "metrics": path, "db": store.url, "follow": not args.no_follow}
     log.info(event("watch", {**fields, "pid": args.pid, "total_steps": total_steps}))
     live = sys.stdout.isatty() and not args.no_live

@@ -28,6 +28,7 @@ class EndReason(StrEnum):
     TOTAL_STEPS = "total_steps"
     TRAINER_EXITED = "trainer_exited"
     INTERRUPTED = "interrupted"  # Ctrl-C or SIGTERM: decided by the loop, not by this rule
+    TICK_FAILURES = "tick_failures"  # too many failed ticks in a row: decided by the loop
     TICK_LIMIT = "tick_limit"
 
 

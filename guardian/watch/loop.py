@@ -1,8 +1,14 @@
-"""The loop of ``guardian watch``: tick the guardian, show what happened, end when ``watch_end`` says so.
+"""The loop of ``guardian watch``: tick the guardian, show what happened, end when ``end_reason`` says so.
 
 Each pass samples the trainer's liveness first, then reads: a trainer seen gone before a read has
 written all it will, so once that read reaches the end of the file nothing is lost. The clock and the
 wait are injected, so tests drive the loop through time without sleeping.
+
+A tick that raises is handled as ``guardian run`` handles it (``guardian.outage.TickFailures``): the first
+of a streak is logged with its traceback and the loop goes on; ``config.tick_failure_limit`` failures in
+a row end the watch with one ``event=guardian_cannot_continue`` line. A watch only observes, so there is
+no trainer to stop: the line says the run is unguarded from then on. An unreadable metrics path
+(``WatchError``) is no passing fault: it ends the watch at once.
 """
 
 from __future__ import annotations
@@ -10,22 +16,16 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
 
-from rich.console import Group
-from rich.live import Live
-
-from guardian.daemon import Clock, Guardian, MetricsSource, TickResult
+from guardian.daemon import Guardian, MetricsSource, TickResult
 from guardian.logs import event, get_logger
+from guardian.outage import TickFailures
 from guardian.sources.jsonl import MetricsBatch
-from guardian.trainer_pid import TrainerLiveness
-from guardian.view import finding_line, progress_line, render
-from guardian.watch_end import EndReason, FileState, WatchState, end_reason
+from guardian.watch.display import Display
+from guardian.watch.end import EndReason, FileState, WatchState, end_reason
+from guardian.watch.trainer import TrainerLiveness
 
 log = get_logger("watch")
-# plain progress: a line once this many steps arrived since the last one, or this long after it
-PROGRESS_EVERY_STEPS = 10
-PROGRESS_EVERY_SECONDS = 30.0
 
 
 class WatchError(Exception):
@@ -58,81 +58,6 @@ class FollowedFile:
         return batch
 
 
-class Display(Protocol):
-    """Shows the watch: after every tick, with the file's state, and once at the end."""
-
-    def show(self, result: TickResult, file: FileState) -> None: ...
-
-    def finish(self) -> None: ...
-
-
-@dataclass
-class PlainProgress:
-    """Plain lines for a pipe or a log file: "waiting for FILE" once, a line per finding raised, escalated,
-    eased or cleared, and a progress line every ``every_steps`` steps or ``every_seconds`` (with news), and
-    one at the end for the steps not shown yet."""
-
-    guardian: Guardian
-    out: Callable[[str], None]
-    clock: Clock
-    every_steps: int = PROGRESS_EVERY_STEPS
-    every_seconds: float = PROGRESS_EVERY_SECONDS
-    _waited: bool = False
-    _unshown_steps: int = 0
-    _shown_at: float | None = None
-
-    def show(self, result: TickResult, file: FileState) -> None:
-        if file is FileState.MISSING and not self._waited:
-            self.out(f"waiting for {self.guardian.metrics.path}")
-            self._waited = True
-        for transition in result.transitions:
-            self.out(finding_line(transition))
-        self._unshown_steps += result.new_steps
-        now = self.clock()
-        if self._shown_at is None:
-            self._shown_at = now
-        late = now - self._shown_at >= self.every_seconds
-        if self._unshown_steps >= self.every_steps or (self._unshown_steps and late):
-            self._progress(now)
-
-    def finish(self) -> None:
-        if self._unshown_steps:
-            self._progress(self.clock())
-
-    def _progress(self, now: float) -> None:
-        self.out(progress_line(self.guardian.history, self.guardian.tracker))
-        self._unshown_steps = 0
-        self._shown_at = now
-
-
-class LiveView:
-    """The live terminal table (rich), redrawn after every tick."""
-
-    def __init__(self, guardian: Guardian, clock: Clock) -> None:
-        self.guardian = guardian
-        self.clock = clock
-        self._live = Live(self._render(""), refresh_per_second=4)
-
-    def __enter__(self) -> LiveView:
-        self._live.start()
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self._live.stop()
-
-    def show(self, result: TickResult, file: FileState) -> None:
-        self._live.update(
-            self._render(f"waiting for {self.guardian.metrics.path}" if file is FileState.MISSING else "")
-        )
-
-    def finish(self) -> None:
-        self._live.refresh()
-
-    def _render(self, note: str) -> Group:
-        g = self.guardian
-        return render(g.run_id, g.history, g.tracker, self.clock(), note)
-
-
 @dataclass
 class WatchLoop:
     guardian: Guardian
@@ -147,24 +72,70 @@ class WatchLoop:
     steps_read: int = field(default=0, init=False)
 
     def run(self) -> EndReason:
+        failures = TickFailures(limit=self.guardian.config.tick_failure_limit)
         ticks = 0
         while True:
             alive = self.trainer.sample()
             self.file.final = not self.follow or alive is False  # the writer is done: take a last partial line
-            result = self.guardian.tick()
+            result = self._tick(failures)
             ticks += 1
-            self.steps_read += result.new_steps
-            self.after_tick()
-            self.display.show(result, self.file.state)
-            state = WatchState(self.follow, self.file.state, self.guardian.history.last_step, self.total_steps, alive)
-            reason = end_reason(state)
+            if result is None:
+                reason = EndReason.TICK_FAILURES if failures.exhausted else None
+            else:
+                self.display.show(result, self.file.state)
+                reason = end_reason(self._state(alive))
             if reason is None and self.max_ticks is not None and ticks >= self.max_ticks:
                 reason = EndReason.TICK_LIMIT
             if reason is not None:
                 self.display.finish()
                 return reason
-            pause = 0.0 if state.file is FileState.UNREAD else self.guardian.config.sources.poll_interval_s
-            if self.wait(pause):
+            more = result is not None and self.file.state is FileState.UNREAD
+            if self.wait(0.0 if more else self.guardian.config.sources.poll_interval_s):
                 log.info(event("watch_interrupted", {"run": self.guardian.run_id}))
                 self.display.finish()
                 return EndReason.INTERRUPTED
+
+    def _state(self, alive: bool | None) -> WatchState:
+        last = self.guardian.history.last_step
+        return WatchState(self.follow, self.file.state, last, self.total_steps, alive)
+
+    def _tick(self, failures: TickFailures) -> TickResult | None:
+        """One tick of the guardian; None when it failed (logged, counted in ``failures``)."""
+        try:
+            result = self.guardian.tick()
+            self.after_tick()
+        except WatchError:
+            raise
+        except Exception as exc:
+            self._tick_failed(failures, exc)
+            return None
+        if failures.count:
+            log.warning(event("tick_recovered", {"run": self.guardian.run_id, "failed_ticks": failures.succeeded()}))
+        self.steps_read += result.new_steps
+        return result
+
+    def _tick_failed(self, failures: TickFailures, exc: Exception) -> None:
+        run_id = self.guardian.run_id
+        what = _error_text(exc)
+        if failures.failed():
+            fields = {"run": run_id, "error": what, "next": "retrying every tick"}
+            log.error(event("tick_failed", fields), exc_info=True)
+        if failures.exhausted:
+            log.critical(
+                event(
+                    "guardian_cannot_continue",
+                    {
+                        "run": run_id,
+                        "cause": f"{failures.count} ticks in a row failed: {what}",
+                        "trainer": "left running, UNGUARDED from now on (a watch never stops it)",
+                        "fix": "the traceback of event=tick_failed names the fault; fix it, then run the same "
+                        "guardian watch command again (it reads the file from its start; what is stored stays)",
+                    },
+                )
+            )
+
+
+def _error_text(exc: Exception) -> str:
+    """``TypeName: first line of the message`` (just the type when there is no message)."""
+    message = str(exc).strip()
+    return f"{type(exc).__name__}: {message.splitlines()[0]}" if message else type(exc).__name__

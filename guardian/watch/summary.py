@@ -14,7 +14,7 @@ from enum import StrEnum
 
 from guardian.findings import Finding, Severity
 from guardian.tracker import Change, StatusTracker, Transition
-from guardian.watch_end import EndReason
+from guardian.watch.end import EndReason
 
 
 @dataclass
@@ -90,6 +90,8 @@ def ended_text(summary: WatchSummary) -> str:
         EndReason.TOTAL_STEPS: f"the run reached its total_training_steps ({summary.total_steps})",
         EndReason.TRAINER_EXITED: f"the trainer process {summary.pid} exited",
         EndReason.INTERRUPTED: "interrupted (Ctrl-C or SIGTERM); judged on the steps read so far",
+        EndReason.TICK_FAILURES: "gave up after failed ticks, the run is UNGUARDED (event=guardian_cannot_continue "
+        "says what to do); judged on the steps read so far",
         EndReason.TICK_LIMIT: "tick limit reached",
     }[summary.reason]
 

@@ -1,32 +1,10 @@
-"""Whether the trainer process that ``guardian watch --pid PID`` follows still runs.
-
-``os.kill(pid, 0)`` sends nothing: ESRCH means the process is gone, EPERM that it exists (another
-user's). A zombie has exited too: where PID 1 reaps nothing (a container), the trainer's zombie can
-outlive it, so ``/proc/PID/stat`` is read when there is one.
-"""
+"""Whether the trainer process that ``guardian watch --pid PID`` follows still runs, sampled once a tick."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
-from pathlib import Path
 
-PROC = Path("/proc")
-
-
-def pid_alive(pid: int, proc: Path = PROC) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        stat = (proc / str(pid) / "stat").read_text()
-    except OSError:  # no /proc here, or the process ended in between: trust the signal
-        return True
-    state = stat[stat.rfind(")") + 2 :].split()[:1]
-    return state not in (["Z"], ["X"])
+from guardian.actions.liveness import pid_alive
 
 
 class TrainerLiveness:

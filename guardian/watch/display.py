@@ -1,0 +1,97 @@
+"""How ``guardian watch`` shows the run while it reads: the live table on a terminal, else plain lines.
+
+The loop calls ``show`` after every tick and ``finish`` once at the end; what the lines and the table
+hold is formatted by ``guardian.view``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+from rich.console import Group
+from rich.live import Live
+
+from guardian.daemon import Clock, Guardian, TickResult
+from guardian.view import finding_line, progress_line, render
+from guardian.watch.end import FileState
+
+# plain progress: a line once this many steps arrived since the last one, or this long after it
+PROGRESS_EVERY_STEPS = 10
+PROGRESS_EVERY_SECONDS = 30.0
+
+
+class Display(Protocol):
+    """Shows the watch: after every tick, with the file's state, and once at the end."""
+
+    def show(self, result: TickResult, file: FileState) -> None: ...
+
+    def finish(self) -> None: ...
+
+
+@dataclass
+class PlainProgress:
+    """Plain lines for a pipe or a log file: "waiting for FILE" once, a line per finding raised, escalated,
+    eased or cleared, and a progress line every ``every_steps`` steps or ``every_seconds`` (with news), and
+    one at the end for the steps not shown yet."""
+
+    guardian: Guardian
+    out: Callable[[str], None]
+    clock: Clock
+    every_steps: int = PROGRESS_EVERY_STEPS
+    every_seconds: float = PROGRESS_EVERY_SECONDS
+    _waited: bool = False
+    _unshown_steps: int = 0
+    _shown_at: float | None = None
+
+    def show(self, result: TickResult, file: FileState) -> None:
+        if file is FileState.MISSING and not self._waited:
+            self.out(f"waiting for {self.guardian.metrics.path}")
+            self._waited = True
+        for transition in result.transitions:
+            self.out(finding_line(transition))
+        self._unshown_steps += result.new_steps
+        now = self.clock()
+        if self._shown_at is None:
+            self._shown_at = now
+        late = now - self._shown_at >= self.every_seconds
+        if self._unshown_steps >= self.every_steps or (self._unshown_steps and late):
+            self._progress(now)
+
+    def finish(self) -> None:
+        if self._unshown_steps:
+            self._progress(self.clock())
+
+    def _progress(self, now: float) -> None:
+        self.out(progress_line(self.guardian.history, self.guardian.tracker))
+        self._unshown_steps = 0
+        self._shown_at = now
+
+
+class LiveView:
+    """The live terminal table (rich), redrawn after every tick."""
+
+    def __init__(self, guardian: Guardian, clock: Clock) -> None:
+        self.guardian = guardian
+        self.clock = clock
+        self._live = Live(self._render(""), refresh_per_second=4)
+
+    def __enter__(self) -> LiveView:
+        self._live.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._live.stop()
+
+    def show(self, result: TickResult, file: FileState) -> None:
+        self._live.update(
+            self._render(f"waiting for {self.guardian.metrics.path}" if file is FileState.MISSING else "")
+        )
+
+    def finish(self) -> None:
+        self._live.refresh()
+
+    def _render(self, note: str) -> Group:
+        g = self.guardian
+        return render(g.run_id, g.history, g.tracker, self.clock(), note)
