@@ -1,5 +1,6 @@
-"""What ``guardian watch`` shows: the live terminal view (per-check status, latest values, step rate) and,
-when stdout is not a terminal, plain progress lines. Formatting only; the watch loop decides when."""
+"""What ``guardian watch`` and ``guardian run`` show: the live terminal view (per-check status, latest values,
+step rate) and, when stdout is not a terminal, plain progress lines. Formatting only; ``guardian.watch.display``
+and the run's loop decide when."""
 
 from __future__ import annotations
 

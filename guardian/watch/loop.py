@@ -103,6 +103,7 @@ class WatchLoop:
         """One tick of the guardian; None when it failed (logged, counted in ``failures``)."""
         try:
             result = self.guardian.tick()
+            self.steps_read += result.new_steps  # read and judged, even if after_tick fails
             self.after_tick()
         except WatchError:
             raise
@@ -111,7 +112,6 @@ class WatchLoop:
             return None
         if failures.count:
             log.warning(event("tick_recovered", {"run": self.guardian.run_id, "failed_ticks": failures.succeeded()}))
-        self.steps_read += result.new_steps
         return result
 
     def _tick_failed(self, failures: TickFailures, exc: Exception) -> None:
