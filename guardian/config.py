@@ -442,7 +442,7 @@ def load_config(path: Path | None = None, env: Mapping[str, str] | None = None) 
     origin = "defaults"
     if path is not None:
         origin = str(path)
-        text = _read_config_text(path)
+        text = read_small_text(path, f"config file {path}", limit=MAX_CONFIG_BYTES, expected="a guardian.yaml file")
         try:
             loaded = yaml.safe_load(text)
         except yaml.YAMLError as exc:
@@ -460,23 +460,23 @@ def load_config(path: Path | None = None, env: Mapping[str, str] | None = None) 
         raise ConfigError(_format_validation_error(exc, origin)) from None
 
 
-def _read_config_text(path: Path) -> str:
-    """The text of a config file; ``ConfigError`` naming the file when it is no readable YAML text."""
+def read_small_text(path: Path, what: str, *, limit: int, expected: str) -> str:
+    """The UTF-8 text of the small file ``path`` (``what`` names it in messages, ``expected`` says what it should
+    be); ``ConfigError`` naming the file when it is a directory, unreadable, larger than ``limit`` bytes (never
+    read whole) or not UTF-8."""
     if path.is_dir():
-        raise ConfigError(f"config file {path} is a directory, expected a guardian.yaml file")
+        raise ConfigError(f"{what} is a directory, expected {expected}")
     try:
         with path.open("rb") as handle:
-            data = handle.read(MAX_CONFIG_BYTES + 1)
+            data = handle.read(limit + 1)
     except OSError as exc:
-        raise ConfigError(f"cannot read config file {path}: {exc.strerror or exc}") from None
-    if len(data) > MAX_CONFIG_BYTES:
-        raise ConfigError(f"config file {path} is larger than {MAX_CONFIG_BYTES >> 20} MiB: not a guardian.yaml")
+        raise ConfigError(f"cannot read {what}: {exc.strerror or exc}") from None
+    if len(data) > limit:
+        raise ConfigError(f"{what} is larger than {limit >> 20} MiB: not {expected}")
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise ConfigError(
-            f"config file {path} is not UTF-8 text (byte 0x{data[exc.start]:02x} at offset {exc.start})"
-        ) from None
+        raise ConfigError(f"{what} is not UTF-8 text (byte 0x{data[exc.start]:02x} at offset {exc.start})") from None
 
 
 def _without_empty(value: Any) -> Any:

@@ -79,3 +79,10 @@ class TickFailures:
         """A tick went through: the streak ends; returns how many ticks it had failed."""
         failed, self.count = self.count, 0
         return failed
+
+
+def failure_text(exc: BaseException) -> str:
+    """``TypeName: first line of the message`` (just the type when there is no message): a failed tick in one
+    log line."""
+    message = str(exc).strip()
+    return f"{type(exc).__name__}: {message.splitlines()[0]}" if message else type(exc).__name__

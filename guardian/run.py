@@ -26,7 +26,7 @@ from guardian.actions.process import LocalProcessControl
 from guardian.config import GuardianConfig
 from guardian.logs import event, get_logger, logging_to_file
 from guardian.notify.setup import check_sinks, notifying, sink_names
-from guardian.outage import TickFailures
+from guardian.outage import TickFailures, failure_text
 from guardian.sinks.export import exporting
 from guardian.store import Store
 from guardian.supervisor import Supervisor
@@ -129,7 +129,7 @@ def _loop(
 
 
 def _tick_failed(supervisor: Supervisor, failures: TickFailures, exc: Exception) -> int | None:
-    what = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}".rstrip(": ")
+    what = failure_text(exc)
     if failures.failed():
         log.error(
             event("tick_failed", {"run": supervisor.run_id, "error": what, "next": "retrying every tick"}),

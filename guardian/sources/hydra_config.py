@@ -12,7 +12,7 @@ from pathlib import Path
 
 import yaml
 
-from guardian.config import ConfigError
+from guardian.config import ConfigError, read_small_text
 
 TOTAL_STEPS_KEY = ("trainer", "total_training_steps")
 HYDRA_CONFIG = Path(".hydra") / "config.yaml"
@@ -30,7 +30,9 @@ def total_training_steps(path: Path) -> int | None:
     Raises ``ConfigError`` naming the file and key when it cannot be read or holds something else."""
     where = f"run config {path}"
     try:
-        loaded = yaml.safe_load(_config_text(path, where))
+        loaded = yaml.safe_load(
+            read_small_text(path, where, limit=MAX_RUN_CONFIG_BYTES, expected="a Hydra config.yaml")
+        )
     except yaml.YAMLError as exc:
         raise ConfigError(f"{where} is not valid YAML: {exc}") from None
     value: object = loaded
@@ -45,20 +47,3 @@ def total_training_steps(path: Path) -> int | None:
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise ConfigError(f"{where}: {'.'.join(TOTAL_STEPS_KEY)} must be a positive integer or null, got {value!r:.60}")
     return value
-
-
-def _config_text(path: Path, where: str) -> str:
-    """The text of the run config; ``ConfigError`` naming it when it is no Hydra config's text."""
-    if path.is_dir():
-        raise ConfigError(f"{where} is a directory, not a Hydra config.yaml")
-    try:
-        with path.open("rb") as handle:
-            data = handle.read(MAX_RUN_CONFIG_BYTES + 1)
-    except OSError as exc:
-        raise ConfigError(f"cannot read {where}: {exc.strerror or exc}") from None
-    if len(data) > MAX_RUN_CONFIG_BYTES:
-        raise ConfigError(f"{where} is larger than {MAX_RUN_CONFIG_BYTES >> 20} MiB: not a Hydra config.yaml")
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"{where} is not UTF-8 text (byte 0x{data[exc.start]:02x} at offset {exc.start})") from None

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from guardian.daemon import Guardian, MetricsSource, TickResult
 from guardian.logs import event, get_logger
-from guardian.outage import TickFailures
+from guardian.outage import TickFailures, failure_text
 from guardian.sources.jsonl import MetricsBatch
 from guardian.watch.display import Display
 from guardian.watch.end import EndReason, FileState, WatchState, end_reason
@@ -116,7 +116,7 @@ class WatchLoop:
 
     def _tick_failed(self, failures: TickFailures, exc: Exception) -> None:
         run_id = self.guardian.run_id
-        what = _error_text(exc)
+        what = failure_text(exc)
         if failures.failed():
             fields = {"run": run_id, "error": what, "next": "retrying every tick"}
             log.error(event("tick_failed", fields), exc_info=True)
@@ -133,9 +133,3 @@ class WatchLoop:
                     },
                 )
             )
-
-
-def _error_text(exc: Exception) -> str:
-    """``TypeName: first line of the message`` (just the type when there is no message)."""
-    message = str(exc).strip()
-    return f"{type(exc).__name__}: {message.splitlines()[0]}" if message else type(exc).__name__
