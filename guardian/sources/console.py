@@ -11,12 +11,11 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterator
 from pathlib import Path
 
 from guardian.history import StepRecord
-from guardian.sources.jsonl import BadLine, BadLineReport, MetricsFile
-from guardian.sources.tail import OversizedLine
+from guardian.sources.jsonl import BadLine, MetricsFile, Pieces, read_in_pieces
+from guardian.sources.tail import MAX_LINE_BYTES, MAX_POLL_BYTES, OversizedLine
 
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 # Ray's per-actor prefix: "(TaskRunnerV1 pid=1543)", "(pid=2122)", "(TaskRunner pid=1, ip=10.0.0.1)"
@@ -75,14 +74,8 @@ class ConsoleFile(MetricsFile):
 
 
 def iter_console_records(
-    path: Path, *, max_poll_bytes: int = 4 << 20
-) -> Iterator[tuple[list[StepRecord], list[BadLineReport]]]:
+    path: Path, *, max_poll_bytes: int = MAX_POLL_BYTES, max_line_bytes: int = MAX_LINE_BYTES
+) -> Pieces:
     """Replay a finished stdout log in bounded pieces, like ``jsonl.iter_records`` does for the JSONL."""
-    if not path.is_file():
-        raise FileNotFoundError(f"console log {path} does not exist")
-    source = ConsoleFile(path, max_poll_bytes=max_poll_bytes)
-    while True:
-        batch = source.poll(final=True)
-        yield [item for item in batch.items if isinstance(item, StepRecord)], batch.bad_lines
-        if not batch.more:
-            return
+    source = ConsoleFile(Path(path), max_poll_bytes=max_poll_bytes, max_line_bytes=max_line_bytes)
+    return read_in_pieces(source, "console log")

@@ -8,11 +8,18 @@ line never costs the good lines around it.
 
 Damage is contained to the smallest piece that carries it. A key that is not valid UTF-8 (or not
 valid Unicode: a lone ``\\udXXX`` escape) is dropped with its value and reported; the step keeps its
-other metrics. A step with more than ``MAX_KEYS_PER_STEP`` keys keeps every key the guardian reads
-(``keys.CHECKED_KEYS`` and ``keys.CHECKED_PREFIXES``) plus the first ``MAX_KEYS_PER_STEP`` others,
-and the first capped step of a file is reported with the count dropped (verl logs ~150-300 keys; a
-logger gone wrong may log one per sample). A line longer than ``MAX_LINE_BYTES`` is never held in
-memory whole (guardian/sources/tail.py skips it) and is reported as a bad line.
+other metrics. A line longer than ``MAX_LINE_BYTES`` is never held in memory whole
+(guardian/sources/tail.py skips it) and is reported as a bad line.
+
+A step with more than ``MAX_KEYS_PER_STEP`` keys is capped (verl logs ~150-300 keys; a logger gone
+wrong may log one per sample). It keeps every exact key the checks read (``keys.CHECKED_KEYS``, a
+few dozen) and ``MAX_KEYS_PER_STEP`` others: the keys under ``keys.CHECKED_PREFIXES`` first (verl's
+``val-core/`` validation metrics, which the checks read too), then the rest, each in file order. The
+prefixed keys share the one cap rather than having one of their own: a logger writing a ``val-core/``
+key per sample is the same fault as any other, and one setting (``sources.max_keys_per_step``) bounds
+a step at ``len(CHECKED_KEYS) + MAX_KEYS_PER_STEP`` keys whatever the keys are called. A replay that
+keeps only the keys the checks read (``keys``) keeps at most ``MAX_KEYS_PER_STEP`` prefixed ones the
+same way. The first capped step of a file is reported with the count dropped.
 """
 
 from __future__ import annotations
@@ -20,7 +27,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
@@ -30,19 +37,16 @@ import orjson
 from guardian.history import StepRecord
 from guardian.keys import CHECKED_KEYS, CHECKED_PREFIXES
 from guardian.logs import event, get_logger
-from guardian.sources.tail import LineTail, NewSegment, OversizedLine
+from guardian.sources.tail import CHUNK_BYTES, MAX_LINE_BYTES, MAX_POLL_BYTES, LineTail, NewSegment, OversizedLine
 
 log = get_logger("jsonl")
 
-# Keys kept per step besides the ones the guardian reads (verl logs ~150-300).
+# Keys kept per step besides the exact keys the checks read (verl logs ~150-300); see the module docstring.
 MAX_KEYS_PER_STEP: Final = 5_000
-# The longest line read: 5,000 keys of ~100 bytes each with room to spare (verl's are ~15 kB). Parsing
-# a line takes ~10x its length in memory, so this bounds a parse at a few tens of MB.
-MAX_LINE_BYTES: Final = 4 << 20
 
 __all__ = [
     "MAX_KEYS_PER_STEP",
-    "MAX_LINE_BYTES",
+    "MAX_LINE_BYTES",  # re-exported: the limit on a metrics line is LineTail's
     "BadLine",
     "BadLineReport",
     "MetricsBatch",
@@ -54,6 +58,7 @@ __all__ = [
     "parse_line",
     "parse_metrics_line",
     "read_all",
+    "read_in_pieces",
 ]
 
 
@@ -168,7 +173,7 @@ def parse_line(line: bytes, keys: frozenset[str] | None = None, max_keys: int = 
 
     ``keys`` keeps only those metrics, and those under ``keys.CHECKED_PREFIXES`` (a replay needs the ~60
     keys the checks read, not all 300). Keys that are not valid Unicode are left out, and so are the
-    keys beyond ``max_keys`` that the guardian does not read (see the module docstring).
+    keys beyond the ``max_keys`` cap (see the module docstring).
     """
     obj, check_unicode = _loads(line)
     if not isinstance(obj, dict):
@@ -187,10 +192,14 @@ def parse_line(line: bytes, keys: frozenset[str] | None = None, max_keys: int = 
         invalid = len(raw) - len(valid)
         raw = valid
     capped = 0
-    if keys is None and len(raw) > max_keys:
-        raw, capped = _capped(raw, max_keys)
+    pairs: Iterable[tuple[str, Any]]
+    if keys is not None:
+        pairs, capped = _kept(raw, keys, max_keys, prefixed=_PREFIX_BYTES.search(line) is not None)
+    elif len(raw) > max_keys:
+        pairs, capped = _capped(raw, max_keys)
+    else:
+        pairs = raw.items()
     data: dict[str, float] = {}
-    pairs = raw.items() if keys is None else _kept(raw, keys, prefixed=_PREFIX_BYTES.search(line) is not None)
     for key, value in pairs:
         kind = type(value)
         if kind is float:  # the common case first: no call per value on 300-key lines
@@ -202,16 +211,23 @@ def parse_line(line: bytes, keys: frozenset[str] | None = None, max_keys: int = 
     return ParsedLine(StepRecord(step=step, data=data), invalid_keys=invalid, capped_keys=capped)
 
 
-def _capped(raw: dict[str, Any], max_keys: int) -> tuple[dict[str, Any], int]:
-    """Every key the guardian reads plus the first ``max_keys`` others; and how many were dropped."""
-    kept: dict[str, Any] = {}
-    others = 0
+def _capped(raw: dict[str, Any], max_keys: int) -> tuple[list[tuple[str, Any]], int]:
+    """The pairs of ``raw`` kept under the cap (the module docstring says which), in file order; and how
+    many were dropped."""
+    prefixed = sum(1 for key in raw if key.startswith(CHECKED_PREFIXES) and key not in CHECKED_KEYS)
+    prefixed_room = min(prefixed, max_keys)
+    others_room = max_keys - prefixed_room
+    kept: list[tuple[str, Any]] = []
     for key, value in raw.items():
-        if key in CHECKED_KEYS or key.startswith(CHECKED_PREFIXES):
-            kept[key] = value
-        elif others < max_keys:
-            kept[key] = value
-            others += 1
+        if key in CHECKED_KEYS:
+            kept.append((key, value))
+        elif key.startswith(CHECKED_PREFIXES):
+            if prefixed_room:
+                kept.append((key, value))
+                prefixed_room -= 1
+        elif others_room:
+            kept.append((key, value))
+            others_room -= 1
     return kept, len(raw) - len(kept)
 
 
@@ -219,12 +235,17 @@ def _capped(raw: dict[str, Any], max_keys: int) -> tuple[dict[str, Any], int]:
 _PREFIX_BYTES = re.compile(b"|".join(re.escape(p.encode()) for p in CHECKED_PREFIXES))
 
 
-def _kept(raw: dict[str, Any], keys: frozenset[str], *, prefixed: bool) -> list[tuple[str, Any]]:
-    """The pairs of ``raw`` whose key is in ``keys`` or (``prefixed``) starts with one of ``CHECKED_PREFIXES``."""
+def _kept(
+    raw: dict[str, Any], keys: frozenset[str], max_keys: int, *, prefixed: bool
+) -> tuple[list[tuple[str, Any]], int]:
+    """The pairs of ``raw`` whose key is in ``keys`` and (``prefixed``) the first ``max_keys`` others
+    that start with one of ``CHECKED_PREFIXES``; and how many of those were dropped."""
     kept = [(k, raw[k]) for k in keys if k in raw]
-    if prefixed:
-        kept.extend((k, v) for k, v in raw.items() if k.startswith(CHECKED_PREFIXES))
-    return kept
+    if not prefixed:
+        return kept, 0
+    under = [(k, v) for k, v in raw.items() if k.startswith(CHECKED_PREFIXES) and k not in keys]
+    kept.extend(under[:max_keys])
+    return kept, max(0, len(under) - max_keys)
 
 
 class MetricsFile:
@@ -240,9 +261,9 @@ class MetricsFile:
         self,
         path: Path,
         *,
-        chunk_bytes: int = 1 << 20,
+        chunk_bytes: int = CHUNK_BYTES,
         max_line_bytes: int = MAX_LINE_BYTES,
-        max_poll_bytes: int = 4 << 20,
+        max_poll_bytes: int = MAX_POLL_BYTES,
         keys: frozenset[str] | None = None,
         max_keys: int = MAX_KEYS_PER_STEP,
     ) -> None:
@@ -318,21 +339,43 @@ class MetricsFile:
         log.warning(event("metrics_keys_dropped", fields))
 
 
+Pieces = Iterator[tuple[list[StepRecord], list[BadLineReport]]]
+
+
+def read_in_pieces(source: MetricsFile, what: str) -> Pieces:
+    """Read a finished file to its end in bounded pieces (one poll each: its records and bad lines), then
+    close it; ``what`` names the file in the error if it does not exist. The one loop behind
+    ``iter_records`` and ``console.iter_console_records``."""
+    if not source.path.is_file():
+        raise FileNotFoundError(f"{what} {source.path} does not exist")
+    try:
+        while True:
+            batch = source.poll(final=True)
+            yield [item for item in batch.items if isinstance(item, StepRecord)], batch.bad_lines
+            if not batch.more:
+                return
+    finally:
+        source.close()
+
+
 def iter_records(
-    path: Path, *, max_poll_bytes: int = 4 << 20, keys: frozenset[str] | None = None
-) -> Iterator[tuple[list[StepRecord], list[BadLineReport]]]:
-    """Replay a finished file in bounded pieces: each yield is one poll's records and bad lines."""
-    if not Path(path).is_file():
-        raise FileNotFoundError(f"metrics file {path} does not exist")
-    source = MetricsFile(path, max_poll_bytes=max_poll_bytes, keys=keys)
-    while True:
-        batch = source.poll(final=True)
-        yield [item for item in batch.items if isinstance(item, StepRecord)], batch.bad_lines
-        if not batch.more:
-            return
+    path: Path,
+    *,
+    max_poll_bytes: int = MAX_POLL_BYTES,
+    max_line_bytes: int = MAX_LINE_BYTES,
+    max_keys: int = MAX_KEYS_PER_STEP,
+    keys: frozenset[str] | None = None,
+) -> Pieces:
+    """Replay a finished file in bounded pieces: each yield is one poll's records and bad lines. The
+    limits are ``MetricsFile``'s; a replay passes the configured ones so it reads a file as the live
+    guardian does."""
+    source = MetricsFile(
+        Path(path), max_poll_bytes=max_poll_bytes, max_line_bytes=max_line_bytes, max_keys=max_keys, keys=keys
+    )
+    return read_in_pieces(source, "metrics file")
 
 
-def read_all(path: Path, *, max_poll_bytes: int = 4 << 20) -> tuple[list[StepRecord], list[BadLineReport]]:
+def read_all(path: Path, *, max_poll_bytes: int = MAX_POLL_BYTES) -> tuple[list[StepRecord], list[BadLineReport]]:
     """Every record of a finished file, and its bad lines (the file is streamed, never slurped)."""
     records: list[StepRecord] = []
     bad: list[BadLineReport] = []

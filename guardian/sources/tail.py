@@ -29,14 +29,22 @@ import os
 import weakref
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, Final
 
 from guardian.logs import event, get_logger
 
 log = get_logger("tail")
 
 # How many leading bytes fingerprint a segment (compared on every poll to catch same-size rewrites).
-HEAD_BYTES = 256
+HEAD_BYTES: Final = 256
+# The size limits of every reader built on ``LineTail`` (the metrics JSONL, console logs), in one place.
+# Bytes asked of the file system per read.
+CHUNK_BYTES: Final = 1 << 20
+# The most one poll reads: a replay of a large finished file goes in pieces of this size.
+MAX_POLL_BYTES: Final = 4 << 20
+# The longest line kept: a metrics line of 5,000 keys of ~100 bytes each with room to spare (verl's are
+# ~15 kB). Parsing a JSON line takes ~10x its length in memory, so this bounds a parse at a few tens of MB.
+MAX_LINE_BYTES: Final = 4 << 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,9 +94,9 @@ class LineTail:
         self,
         path: Path,
         *,
-        chunk_bytes: int = 1 << 20,
-        max_line_bytes: int = 16 << 20,
-        max_poll_bytes: int = 4 << 20,
+        chunk_bytes: int = CHUNK_BYTES,
+        max_line_bytes: int = MAX_LINE_BYTES,
+        max_poll_bytes: int = MAX_POLL_BYTES,
     ) -> None:
         if chunk_bytes <= 0 or max_line_bytes <= 0 or max_poll_bytes <= 0:
             raise ValueError(
