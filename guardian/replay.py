@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from guardian.checks import CheckContext, build_checks, evaluate
-from guardian.config import ChecksConfig
+from guardian.config import ChecksConfig, SourcesConfig
 from guardian.findings import Finding, Severity
 from guardian.history import Arrival, RunHistory, StepRecord
 from guardian.keys import CHECKED_KEYS, signals_present
@@ -117,12 +117,21 @@ def replay_file(
     rollouts: Path | None = None,
     history: RunHistory | None = None,
     console: bool = False,
+    sources: SourcesConfig | None = None,
 ) -> ReplayResult:
     """Replay a metrics JSONL file (or, ``console``, a stdout log) streamed, with rollout dumps from
-    ``rollouts`` if given."""
+    ``rollouts`` if given. ``sources`` holds the limits on a line and on a step's keys (the defaults if
+    None): pass the configured ones, so the replay judges the file as ``guardian run`` and ``watch`` do."""
+    limits = sources if sources is not None else SourcesConfig()
     stats, problems = read_finished(rollouts) if rollouts is not None else ({}, [])
     bad: list[BadLineReport] = []
-    chunks = iter_console_records(path) if console else iter_records(path, keys=CHECKED_KEYS)
+    chunks = (
+        iter_console_records(path, max_line_bytes=limits.max_line_bytes)
+        if console
+        else iter_records(
+            path, keys=CHECKED_KEYS, max_line_bytes=limits.max_line_bytes, max_keys=limits.max_keys_per_step
+        )
+    )
 
     def records() -> Iterable[StepRecord]:
         for chunk, chunk_bad in chunks:
@@ -150,15 +159,16 @@ def replay_trace(
     console: bool = False,
     rules: str | None = None,
     rollouts: Path | None = None,
+    sources: SourcesConfig | None = None,
 ) -> ReplayResult:
     """``replay_file``, reading the file as a console log when asked or when its JSONL held no step but
     its head has verl console lines; a result without steps says what the file looked like (``shape``)."""
-    result = replay_file(path, checks_config, rules=rules, rollouts=rollouts, console=console)
+    result = replay_file(path, checks_config, rules=rules, rollouts=rollouts, console=console, sources=sources)
     if result.steps:
         return result
     sample, truncated = read_sample(path)
     shape = sniff(sample, truncated=truncated)
     if not console and shape.kind is TraceKind.CONSOLE:
-        result = replay_file(path, checks_config, rules=rules, rollouts=rollouts, console=True)
+        result = replay_file(path, checks_config, rules=rules, rollouts=rollouts, console=True, sources=sources)
     result.shape = shape
     return result

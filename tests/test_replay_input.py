@@ -4,14 +4,16 @@ command on real files (empty, binary, console logs, partly bad JSONL, bad paths)
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from conftest import fixture_path
 
-from guardian.cli import EXIT_ERROR, EXIT_UNHEALTHY, EXIT_USAGE, main
-from guardian.config import ChecksConfig
-from guardian.replay import replay_trace
+from guardian.cli import EXIT_ERROR, EXIT_OK, EXIT_UNHEALTHY, EXIT_USAGE, main
+from guardian.config import ChecksConfig, SourcesConfig
+from guardian.history import RunHistory
+from guardian.replay import replay_file, replay_trace
 from guardian.sources.sniff import SAMPLE_BYTES, TraceKind, read_sample, sniff
 
 RUN = ("verl-0.9.1-run",)
@@ -169,3 +171,58 @@ def test_one_input_exactly(capsys: pytest.CaptureFixture[str]) -> None:
     for argv in ([], [str(SAME_RUN_JSONL), "--console", str(CONSOLE_LOG)]):
         code, _, err = _replay(argv, capsys)
         assert code == EXIT_USAGE and "--console FILE" in err
+
+
+# ------------------------------------------------------------------------------- configured read limits
+
+SMALL_LINE = 1024  # the least sources.max_line_bytes allows
+LONG_PAD = "x" * (2 * SMALL_LINE)  # a value that makes its line longer than SMALL_LINE, shorter than the default
+
+
+def _small_line_config(tmp_path: Path) -> Path:
+    config = tmp_path / "guardian.yaml"
+    config.write_text(f"sources: {{max_line_bytes: {SMALL_LINE}}}\n")
+    return config
+
+
+def _jsonl_with_a_long_line(tmp_path: Path) -> Path:
+    path = tmp_path / "metrics.jsonl"
+    lines = [
+        json.dumps({"step": step, "data": {"actor/entropy": 0.5, "pad": LONG_PAD if step == 2 else ""}})
+        for step in (1, 2, 3)
+    ]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def _console_with_a_long_line(tmp_path: Path) -> Path:
+    path = tmp_path / "stdout.log"
+    lines = [f"step:{step} - actor/entropy:0.5 - pad:{LONG_PAD if step == 2 else ''}" for step in (1, 2, 3)]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+@pytest.mark.parametrize(
+    ("make", "console"), [(_jsonl_with_a_long_line, False), (_console_with_a_long_line, True)], ids=["jsonl", "console"]
+)
+def test_replay_skips_a_line_longer_than_the_configured_max_line_bytes(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], make: Callable[[Path], Path], console: bool
+) -> None:
+    path = make(tmp_path)
+    trace = ["--console", str(path)] if console else [str(path)]
+    code, out, _ = _replay([*trace, "--json"], capsys)
+    assert code == EXIT_OK
+    assert (json.loads(out)["steps"], json.loads(out)["bad_lines"]) == (3, 0)  # the default limit reads it
+    code, out, err = _replay(["--config", str(_small_line_config(tmp_path)), *trace, "--json"], capsys)
+    assert code == EXIT_OK
+    assert (json.loads(out)["steps"], json.loads(out)["bad_lines"]) == (2, 1)
+    assert f"line longer than {SMALL_LINE} bytes, skipped" in err
+
+
+def test_replay_caps_a_step_at_the_configured_max_keys_per_step(tmp_path: Path) -> None:
+    path = tmp_path / "metrics.jsonl"
+    data = {f"val-core/x_{i}/acc/mean@1": 0.5 for i in range(50)} | {"actor/entropy": 0.5}
+    path.write_text(json.dumps({"step": 1, "data": data}) + "\n")
+    history = RunHistory()
+    replay_file(path, ChecksConfig(), history=history, sources=SourcesConfig(max_keys_per_step=10))
+    assert history.keys_seen == {"actor/entropy"} | {f"val-core/x_{i}/acc/mean@1" for i in range(10)}

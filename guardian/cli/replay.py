@@ -55,7 +55,9 @@ def cmd_replay(args: argparse.Namespace) -> int:
         log.error(event("error", {"message": problem}))
         return EXIT_ERROR
     rollouts = Path(args.rollouts) if args.rollouts else None
-    result = replay_trace(path, config.checks, console=bool(args.console), rules=args.rules, rollouts=rollouts)
+    result = replay_trace(
+        path, config.checks, console=bool(args.console), rules=args.rules, rollouts=rollouts, sources=config.sources
+    )
     _log_problems(path, result)
     if not result.steps:
         found = result.shape.describe() if result.shape else "nothing"
