@@ -6,13 +6,18 @@ stop. The clock is injected, so tests drive ticks against files they write.
 Judging happens in memory; the store gets a tick's writes through ``store.writebehind.WriteBehind``: the
 steps of the tick and the findings and incidents they produced commit in one transaction (a guardian
 killed in between neither loses findings nor records them twice when it re-reads the file), and while
-the database refuses writes they wait in memory, in order, and the judging goes on.
+the database refuses writes they wait in memory, in order, and the judging goes on. The lines naming
+stored rows (``event=incident_opened``, ``event=incident_recovered``) are logged once that transaction
+committed. Should the database refuse the unit for a bug (a constraint violated) rather than an outage, the
+tracker forgets the checks whose transitions it held: the next tick raises them again, and the incident a
+RAISED transition opens is opened then instead of never.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -29,11 +34,15 @@ from guardian.sources.checkpoints import scan_checkpoints
 from guardian.sources.jsonl import MetricsBatch, NewSegment
 from guardian.sources.rollouts import RolloutDir, read_finished
 from guardian.store import Store
-from guardian.store.writebehind import Unit, WriteBehind
+from guardian.store.writebehind import WriteBehind
 from guardian.tracker import Change, StatusTracker, Transition
 
 log = get_logger("daemon")
 Clock = Callable[[], float]
+Said = tuple[int, str]
+"""A log line (level, message) that a write says about the rows it wrote: logged once they are committed."""
+Part = Callable[[Store], Iterable[Said]]
+"""One write of a tick (its steps, a transition's finding and incident)."""
 
 
 class MetricsSource(Protocol):
@@ -50,6 +59,26 @@ class TickResult:
     new_steps: int = 0
     transitions: list[Transition] = field(default_factory=list)
     bad_lines: int = 0
+
+
+@dataclass
+class TickWrites:
+    """A tick's writes, one unit of the write-behind (all of it commits or none): its parts, the checks whose
+    transitions they record, and what the last run of them said (logged by ``say`` once it committed)."""
+
+    parts: list[Part] = field(default_factory=list)
+    checks: set[str] = field(default_factory=set)
+    said: list[Said] = field(default_factory=list)
+
+    def __call__(self, store: Store) -> None:
+        said: list[Said] = []
+        for part in self.parts:
+            said.extend(part(store))
+        self.said = said  # a replay's run replaces a rolled-back one's
+
+    def say(self) -> None:
+        for level, line in self.said:
+            log.log(level, line)
 
 
 @dataclass
@@ -117,13 +146,13 @@ class Guardian:
         self.bad_lines_total += result.bad_lines
         for bad in batch.bad_lines:
             log.warning(event("bad_line", {"run": self.run_id, "detail": str(bad)}))
-        work: list[Unit] = []  # this tick's writes, committed together
+        work = TickWrites()  # this tick's writes, committed together
         pending: list[StepRecord] = []
         for item in batch.items:
             if isinstance(item, NewSegment):
                 self._flush(pending, work, now)
                 if self.attempt_id is None:
-                    self._commit_work(work)
+                    work = self._commit_work(work)
                     self._begin_attempt(item.segment, now)
                 elif item.segment > 0:
                     log.warning(event("metrics_file_restarted", {"run": self.run_id, "path": self.metrics.path}))
@@ -145,7 +174,7 @@ class Guardian:
                 values = group_stats.as_metrics()
                 self.history.merge(step, values)
                 if self._attempt_id is not None:
-                    work.append(
+                    work.parts.append(
                         partial(_merge_values, self.run_id, self._attempt_id, self.history.branch, step, values, now)
                     )
             for problem in stats.bad:
@@ -225,23 +254,44 @@ class Guardian:
             trainer_alive=self.trainer_alive(),
         )
 
-    def _flush(self, pending: list[StepRecord], work: list[Unit], now: float, branch: int | None = None) -> None:
+    def _flush(self, pending: list[StepRecord], work: TickWrites, now: float, branch: int | None = None) -> None:
         if pending and self._attempt_id is not None:
             line = self.history.branch if branch is None else branch
-            work.append(partial(_write_steps, self.run_id, self._attempt_id, line, list(pending), now))
+            work.parts.append(partial(_write_steps, self.run_id, self._attempt_id, line, list(pending), now))
         pending.clear()
 
-    def _commit_work(self, work: list[Unit]) -> None:
-        if work:
-            self.writes.submit("tick", partial(_run_all, tuple(work)))
-        work.clear()
+    def _commit_work(self, work: TickWrites) -> TickWrites:
+        """Hand ``work`` to the write-behind (which keeps it: it must not change after); returns the next one."""
+        if work.parts:
+            self.writes.submit("tick", work, committed=work.say, refused=partial(self._judge_again, work.checks))
+        return TickWrites()
 
-    def _judge(self, now: float, work: list[Unit]) -> list[Transition]:
+    def _judge_again(self, checks: set[str], error: BaseException) -> None:
+        """A tick's writes were lost to a bug: the transitions of ``checks`` were never stored. Forget their
+        state, so the next tick raises whatever trouble they still see (opening its incident then); the
+        checkpoint verdicts cached in that unit are forgotten too (the next scan records them again)."""
+        for check in checks:
+            self.tracker.latest.pop(check, None)
+        self._known_checkpoints.clear()
+        if checks:
+            log.warning(
+                event(
+                    "checks_judged_again",
+                    {
+                        "run": self.run_id,
+                        "checks": ",".join(sorted(checks)),
+                        "why": "their transitions were not stored",
+                    },
+                )
+            )
+
+    def _judge(self, now: float, work: TickWrites) -> list[Transition]:
         transitions = self.tracker.update(evaluate(self._context(now), self.checks))
         fresh = [t for t in transitions if not self._already_stored(t)]
         for transition in fresh:
             _log_finding(self.run_id, transition)
-            work.append(partial(self._record, transition=transition, now=now, attempt_id=self._attempt_id))
+            work.parts.append(partial(self._record, transition=transition, now=now, attempt_id=self._attempt_id))
+            work.checks.add(transition.finding.check)
             for sink in self.on_transition:
                 sink(self.run_id, transition)
         return fresh
@@ -251,14 +301,16 @@ class Guardian:
             self._judged_through is not None and t.finding.step is not None and (t.finding.step <= self._judged_through)
         )
 
-    def _record(self, store: Store, *, transition: Transition, now: float, attempt_id: int | None) -> None:
+    def _record(self, store: Store, *, transition: Transition, now: float, attempt_id: int | None) -> list[Said]:
+        said: list[Said] = []
         finding = transition.finding
         incident = store.open_incident_for(self.run_id, finding.check)
         if finding.severity == Severity.CRITICAL and transition.change in (Change.RAISED, Change.ESCALATED):
             if incident is None:
                 incident = store.open_incident(self.run_id, finding, now)
-                log.error(
-                    event(
+                said.append(
+                    _line(
+                        logging.ERROR,
                         "incident_opened",
                         {
                             "run": self.run_id,
@@ -279,7 +331,14 @@ class Guardian:
             store.close_incident(
                 incident.id, status="resolved", now=now, step=finding.step, note="recovered without intervention"
             )
-            log.info(event("incident_recovered", {"run": self.run_id, "incident": incident.id, "step": finding.step}))
+            said.append(
+                _line(
+                    logging.INFO,
+                    "incident_recovered",
+                    {"run": self.run_id, "incident": incident.id, "step": finding.step},
+                )
+            )
+        return said
 
     def _scan_checkpoints(self, store: Store, *, now: float) -> None:
         """Record new checkpoints and changed verdicts; each record commits on its own, so the cache of
@@ -312,8 +371,9 @@ class Guardian:
         ]
 
     def _mark_checkpoints_after(self, store: Store, onset: int, note: str, now: float) -> None:
-        # inside the tick's transaction: the cache may run ahead of a commit that fails, but the unit is
-        # replayed until it commits and marks the same checkpoints again
+        # inside the tick's transaction: the cache may run ahead of a commit that fails, but an outage's unit
+        # is replayed until it commits and marks the same checkpoints again, and a unit lost to a bug clears
+        # the cache (_judge_again)
         for ckpt in store.checkpoints(self.run_id):
             if ckpt.step >= onset and ckpt.verdict != "unhealthy":
                 store.record_checkpoint(
@@ -356,18 +416,19 @@ def _log_finding(run_id: str, t: Transition) -> None:
     )
 
 
+def _line(level: int, name: str, fields: Mapping[str, object]) -> Said:
+    return level, event(name, fields)
+
+
 def _write_steps(
     run_id: str, attempt_id: int, branch: int, records: list[StepRecord], now: float, store: Store
-) -> None:
+) -> list[Said]:
     store.write_steps(run_id, attempt_id, branch, records, now)
+    return []
 
 
 def _merge_values(
     run_id: str, attempt_id: int, branch: int, step: int, values: Mapping[str, float], now: float, store: Store
-) -> None:
+) -> list[Said]:
     store.merge_step_values(run_id, attempt_id, branch, step, values, now)
-
-
-def _run_all(work: tuple[Unit, ...], store: Store) -> None:
-    for unit in work:
-        unit(store)
+    return []

@@ -20,6 +20,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Final
 
+from guardian.store.engine import reason
+
 STORE_WAIT_S: Final = 600.0
 """How long no trainer may run while the store refuses writes before the guardian gives up."""
 TICK_FAILURE_LIMIT: Final = 5
@@ -83,6 +85,5 @@ class TickFailures:
 
 def failure_text(exc: BaseException) -> str:
     """``TypeName: first line of the message`` (just the type when there is no message): a failed tick in one
-    log line."""
-    message = str(exc).strip()
-    return f"{type(exc).__name__}: {message.splitlines()[0]}" if message else type(exc).__name__
+    log line, scrubbed as the store's errors are (no SQL text or parameters, no password of a URL)."""
+    return reason(exc)

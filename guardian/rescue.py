@@ -206,10 +206,14 @@ class Rescue:
         number = self._next_attempt_number()
         argv = stored_argv(iv.plan["argv"])
         extra_env = stored_env(iv.plan["env"])
-        attempt = self.store.start_attempt(
-            self.run_id, metrics_path=str(self.folder.metrics(number)), now=self.clock(), command=list(argv)
-        )
-        iv = self._commit(iv, State.RESUMING, to_attempt_id=attempt.id)
+        # the new attempt and RESUMING in one transaction: a refused commit keeps neither, so the next pass
+        # starts over from PATCHED instead of recording a second attempt while the first is never launched
+        with self.store.transaction() as store:
+            attempt = store.start_attempt(
+                self.run_id, metrics_path=str(self.folder.metrics(number)), now=self.clock(), command=list(argv)
+            )
+            iv = self._advance(store, iv, State.RESUMING, to_attempt_id=attempt.id)
+        self._committed(iv, State.RESUMING)
         self._start(attempt.id, attempt.number, argv, extra_env)
         return iv
 
@@ -287,9 +291,18 @@ class Rescue:
         return iv
 
     def _commit(self, iv: InterventionView, state: State, **fields: object) -> InterventionView:
+        updated = self._advance(self.store, iv, state, **fields)
+        self._committed(updated, state)
+        return updated
+
+    def _advance(self, store: Store, iv: InterventionView, state: State, **fields: object) -> InterventionView:
+        """Write ``state`` on ``store`` (the store itself, or a transaction of it): ``_committed`` follows once
+        it is committed."""
         check_transition(State(iv.state), state)
         detail = fields.pop("detail", None)
-        updated = self.store.advance(iv.id, state.value, now=self.clock(), detail=detail, **fields)  # type: ignore[arg-type]
+        return store.advance(iv.id, state.value, now=self.clock(), detail=detail, **fields)  # type: ignore[arg-type]
+
+    def _committed(self, iv: InterventionView, state: State) -> None:
         log.warning(
             event(
                 "intervention_state",
@@ -297,7 +310,6 @@ class Rescue:
             )
         )
         self.after_commit(state.value)
-        return updated
 
     def _relapse(self, iv: InterventionView, reason: str, **figures: object) -> InterventionView:
         log.error(

@@ -1,7 +1,9 @@
 """Engines on the guardian's database and the schema migrations that keep it current.
 
 ``open_engine`` builds the SQLAlchemy engine for a URL and runs ``alembic upgrade head`` on it, so
-history survives upgrades; every failure surfaces as ``StoreError`` with the password masked.
+history survives upgrades; every failure surfaces as ``StoreError`` with the password masked. Engines are
+built with ``hide_parameters=True``: a statement's parameters (run data, URLs) never reach an error's
+text, so a logged traceback carries the SQL but not the values.
 
 SQLite (the default) is opened in WAL mode with a busy timeout (``BUSY_TIMEOUT_S``), ``synchronous=NORMAL`` and
 ``foreign_keys=ON`` on every connection; SQLAlchemy emits the ``BEGIN`` itself (``BEGIN IMMEDIATE``
@@ -83,7 +85,7 @@ def open_engine(url: str, *, busy_timeout_s: float = BUSY_TIMEOUT_S) -> Engine:
         if parsed.get_backend_name() == "sqlite":
             engine = _sqlite_engine(parsed, busy_timeout_s)
         else:
-            engine = create_engine(parsed, pool_pre_ping=True)
+            engine = create_engine(parsed, pool_pre_ping=True, hide_parameters=True)
         _upgrade(engine, parsed)
     except (SQLAlchemyError, CommandError, OSError, ImportError, ValueError) as exc:
         if engine is not None:
@@ -137,18 +139,21 @@ def _sqlite_engine(url: URL, busy_timeout_s: float) -> Engine:
     database = url.database or ""
     in_memory = database in ("", ":memory:") or "mode=memory" in database
     if in_memory:
-        engine = create_engine(url, poolclass=StaticPool, connect_args={"check_same_thread": False})
+        engine = create_engine(
+            url, poolclass=StaticPool, connect_args={"check_same_thread": False}, hide_parameters=True
+        )
     else:
         if not database.startswith("file:"):
             Path(database).expanduser().parent.mkdir(parents=True, exist_ok=True)
-        engine = create_engine(url)
+        engine = create_engine(url, hide_parameters=True)
     event.listen(engine, "connect", _sqlite_on_connect(busy_timeout_s))
     event.listen(engine, "begin", _sqlite_on_begin)
     return engine
 
 
 def reason(exc: BaseException, url: URL | None = None) -> str:
-    """The first line of an error, with the password scrubbed should a driver echo it."""
+    """``TypeName: first line of the message`` (just the type when there is none), with the password scrubbed
+    should a driver echo it. The first line only: SQLAlchemy puts the SQL text on the lines after it."""
     lines = str(exc).strip().splitlines()
     text = f"{type(exc).__name__}: {lines[0] if lines else ''}".rstrip(": ")
     if url is not None and url.password:

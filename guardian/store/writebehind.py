@@ -11,8 +11,13 @@ counted, and the first drop of an outage is logged: the steps stay in the run's 
 restarted guardian reads again.
 
 An error that is not about the database's availability (a constraint violated, a bug) is no outage:
-``submit`` raises it; in a replay the unit is logged with its traceback and dropped, so one bad unit
-cannot hold every later one back.
+the unit is lost - ``submit`` raises the error, a replay logs it with its traceback and goes on, so one
+bad unit cannot hold every later one back. Either way it is counted in ``failed_units`` (``dropped``
+counts the full queue's drops only), logged (``event=store_write_failed``) and the unit's ``refused``
+hook runs, so its owner can make the loss good (the guard loop judges the unit's checks afresh).
+
+A unit's ``committed`` hook runs once its transaction committed: what the unit has to say about the rows
+it wrote (an incident's id) is logged from there, once, and never for a transaction rolled back.
 """
 
 from __future__ import annotations
@@ -37,6 +42,8 @@ RETRY_FIRST_S: Final = 1.0
 RETRY_MAX_S: Final = 60.0
 
 Unit = Callable[[Store], object]
+Committed = Callable[[], None]
+Refused = Callable[[BaseException], None]
 
 
 def unavailable(exc: BaseException) -> bool:
@@ -73,6 +80,8 @@ class _Pending:
     name: str
     unit: Unit
     atomic: bool
+    committed: Committed | None = None
+    refused: Refused | None = None
 
 
 @dataclass
@@ -84,6 +93,7 @@ class WriteBehind:
     limit: int = MAX_PENDING
     down_since: float | None = None  # when the current outage began; None while the store takes writes
     dropped: int = 0  # units dropped because the queue was full, over the guardian's life
+    failed_units: int = 0  # units the database refused for a non-outage error (a bug), over the guardian's life
     error: str | None = None  # the database's last refusal
     _queue: deque[_Pending] = field(default_factory=deque)
     _next_try: float = 0.0
@@ -98,23 +108,37 @@ class WriteBehind:
     def pending(self) -> int:
         return len(self._queue)
 
-    def submit(self, name: str, unit: Unit, *, atomic: bool = True, coalesce: bool = False) -> None:
+    def submit(
+        self,
+        name: str,
+        unit: Unit,
+        *,
+        atomic: bool = True,
+        coalesce: bool = False,
+        committed: Committed | None = None,
+        refused: Refused | None = None,
+    ) -> None:
         """Run ``unit`` on the store now (``atomic``: in one transaction; else each of its calls commits
         on its own, so a repeat redoes only what is left), or queue it while the store is unavailable.
-        ``coalesce``: the unit redoes the whole of its job, so an older queued one of ``name`` is dropped."""
+        ``coalesce``: the unit redoes the whole of its job, so an older queued one of ``name`` is dropped.
+        ``committed`` runs once the unit committed (now or in a replay); ``refused`` once it is lost to a
+        non-outage error (before ``submit`` raises it, or when a replay drops it)."""
         if coalesce:
             self._queue = deque(p for p in self._queue if p.name != name)
-        pending = _Pending(name, unit, atomic)
+        pending = _Pending(name, unit, atomic, committed, refused)
         if self.degraded:
             self._enqueue(pending)
             return
         try:
             self._run(pending)
         except Exception as exc:
-            if not unavailable(exc):
-                raise
-            self._enqueue(pending)
-            self.failed(exc)
+            if unavailable(exc):
+                self._enqueue(pending)
+                self.failed(exc)
+                return
+            self._lost(pending, exc, traceback=False)  # the caller gets the error (and logs its traceback)
+            raise
+        self._committed(pending)
 
     def failed(self, exc: BaseException) -> None:
         """The store refused work (a unit here, or a write of the caller's own): degraded until ``retry``
@@ -154,9 +178,11 @@ class WriteBehind:
                 except Exception as exc:
                     if unavailable(exc):
                         raise
-                    log.exception(event("store_write_failed", {"db": self.store.url, "unit": head.name}))
-                    self.dropped += 1
-                self._queue.popleft()
+                    self._queue.popleft()
+                    self._lost(head, exc, traceback=True)
+                else:
+                    self._queue.popleft()
+                    self._committed(head)
                 replayed += 1
         except Exception as exc:
             if not unavailable(exc):
@@ -172,10 +198,35 @@ class WriteBehind:
                     "replayed": replayed,
                     "outage_s": round(self.clock() - self.down_since, 1),
                     "dropped": self.dropped,
+                    "failed_units": self.failed_units,
                 },
             )
         )
         self.down_since, self.error, self._delay, self._dropped_in_outage = None, None, RETRY_FIRST_S, 0
+
+    def _committed(self, pending: _Pending) -> None:
+        if pending.committed is not None:
+            pending.committed()
+
+    def _lost(self, pending: _Pending, exc: BaseException, *, traceback: bool) -> None:
+        """A unit refused for a non-outage error: counted, said loudly (the error's first line only: no SQL
+        parameters), and handed to its owner's ``refused`` hook."""
+        self.failed_units += 1
+        log.critical(
+            event(
+                "store_write_failed",
+                {
+                    "db": self.store.url,
+                    "unit": pending.name,
+                    "error": _message(exc),
+                    "failed_units": self.failed_units,
+                    "lost": "its writes (a bug, not an outage: the traceback names it)",
+                },
+            ),
+            exc_info=exc if traceback else None,
+        )
+        if pending.refused is not None:
+            pending.refused(exc)
 
     def _run(self, pending: _Pending) -> None:
         scope: AbstractContextManager[Store] = self.store.transaction() if pending.atomic else nullcontext(self.store)
