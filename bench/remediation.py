@@ -68,6 +68,7 @@ from guardian.actions.process import StopPolicy
 from guardian.config import GuardianConfig
 from guardian.demo.scenarios import SCENARIOS, RunFiles, Scenario
 from guardian.demo_run import FINAL_STEPS, demo_config
+from guardian.exits import EXIT_GAVE_UP, EXIT_OK
 from guardian.keys import VERL_ALIASES, Signal
 from guardian.run import local_supervisor, register_run
 from guardian.sources.jsonl import read_all
@@ -84,7 +85,7 @@ DEFAULT_STEPS: dict[str, int] = {}
 SLOW_STEPS_S = 0.01
 REWARD_KEY = VERL_ALIASES[Signal.REWARD][0]  # critic/score/mean, which the demo trainer logs
 TARGET_LATENCY_S = 2.0
-EXIT_FINISHED, EXIT_GAVE_UP = 0, 93
+
 # a safety net per run (the hang scenario's restarts wait out a 60 s start-up allowance each)
 RUN_TIMEOUT_S = 600.0
 
@@ -144,7 +145,7 @@ class RunRecord:
 
     @property
     def finished(self) -> bool:
-        return self.exit_code == EXIT_FINISHED
+        return self.exit_code == EXIT_OK
 
     @property
     def recovered(self) -> bool:
@@ -372,9 +373,9 @@ def summarise(name: str, runs: Sequence[RunRecord]) -> ScenarioSummary:
         save_freq=runs[0].save_freq if runs else None,
         steps=runs[0].steps if runs else 0,
         runs=len(runs),
-        finished=sum(r.exit_code == EXIT_FINISHED for r in runs),
+        finished=sum(r.exit_code == EXIT_OK for r in runs),
         gave_up=sum(r.exit_code == EXIT_GAVE_UP for r in runs),
-        other_exit=sum(r.exit_code not in (EXIT_FINISHED, EXIT_GAVE_UP) for r in runs),
+        other_exit=sum(r.exit_code not in (EXIT_OK, EXIT_GAVE_UP) for r in runs),
         recovered=sum(r.recovered for r in runs),
         interventions=len(ivs),
         resolved=sum(iv.state == "RESOLVED" for iv in ivs),
@@ -415,7 +416,7 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[str]], right: set[int]
 
 
 def render(runs: Sequence[RunRecord], summaries: Sequence[ScenarioSummary], total_s: float) -> str:
-    outcome = {EXIT_FINISHED: "finished", EXIT_GAVE_UP: "gave up", None: "timeout"}
+    outcome = {EXIT_OK: "finished", EXIT_GAVE_UP: "gave up", None: "timeout"}
     header = (
         "scenario",
         "seed",

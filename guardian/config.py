@@ -245,8 +245,8 @@ class SourcesConfig(_Section):
     max_keys_per_step: int = Field(
         MAX_KEYS_PER_STEP,
         ge=1,
-        description="A metrics line with more keys keeps the ones the checks read plus this many others (with a "
-        "warning; verl logs ~150-300).",
+        description="A metrics line with more keys keeps the exact keys the checks read plus this many others, "
+        "val-core/ keys first (with a warning; verl logs ~150-300).",
     )
     max_line_bytes: int = Field(
         MAX_LINE_BYTES,

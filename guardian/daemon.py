@@ -271,7 +271,7 @@ class Guardian:
         state, so the next tick raises whatever trouble they still see (opening its incident then); the
         checkpoint verdicts cached in that unit are forgotten too (the next scan records them again)."""
         for check in checks:
-            self.tracker.latest.pop(check, None)
+            self.tracker.forget(check)
         self._known_checkpoints.clear()
         if checks:
             log.warning(

@@ -27,7 +27,7 @@ from guardian.demo.scenarios import SCENARIOS, RunFiles
 from guardian.findings import Severity
 from guardian.keys import Signal
 from guardian.logs import logging_to_file
-from guardian.notify.compose import format_value
+from guardian.notify.compose import at_step, format_setting, format_value
 from guardian.notify.setup import notifying, sink_names
 from guardian.policy import CRASH_OUTPUT_EVIDENCE
 from guardian.run import local_supervisor, register_run
@@ -90,7 +90,7 @@ class Narrator:
             if incident.id in self.told_incidents or incident.status == "dismissed":
                 continue
             self.told_incidents.add(incident.id)
-            at = f"at step {incident.opened_step}" if incident.opened_step is not None else "before the first step"
+            at = at_step(incident.opened_step)
             onset = f" (estimated onset step {incident.onset_step})" if incident.onset_step is not None else ""
             self.console.print(
                 f"[bold red]DETECTED[/] incident #{incident.id}: {incident.check} {at}{onset}: "
@@ -127,7 +127,7 @@ class Narrator:
                 say(f"{more}{escape(str(detail['why']))}")
         elif state == "PATCHED":
             for key, before, after in detail.get("diff", []):  # type: ignore[attr-defined]
-                say(f"{tag} {key}: {escape(_setting(before))} -> {escape(_setting(after))}")
+                say(f"{tag} {key}: {escape(format_setting(before))} -> {escape(format_setting(after))}")
             for note in detail.get("notes", []):  # type: ignore[attr-defined]
                 say(f"{more}note: {escape(str(note))}")
         elif state == "RESUMING":
@@ -139,11 +139,6 @@ class Narrator:
                 state
             ]
             say(f"[{style}]intervention {iv.number} {state}[/] {escape(str(detail.get('why', '')))}")
-
-
-def _setting(value: object) -> str:
-    """An override's value in a patch line: ``unset`` where the command did not set it."""
-    return "unset" if value is None or value == "" else str(value)
 
 
 def _values(supervisor: Supervisor) -> str:
@@ -185,7 +180,7 @@ def run_demo(config: GuardianConfig, *, scenario: str, json_output: bool) -> int
             supervisor.start()
             while code is None and not stop.is_set():
                 code = supervisor.tick()
-                polled()
+                polled(True)
                 narrate(supervisor)
                 stop.wait(config.sources.poll_interval_s)
         incidents = store.list_incidents(run_id, limit=1000)

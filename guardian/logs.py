@@ -22,12 +22,14 @@ _terminal_level_chosen = False  # --log-level given: the terminal keeps it, stor
 
 
 def init_logging(level: str | None = None) -> None:
-    """Log lines to stderr at ``level`` (INFO when None); ValueError for an unknown level name."""
+    """Log lines to stderr at ``level`` (INFO when None); ValueError for an unknown level name. ``level`` is the
+    terminal's: a run's guardian.log (``logging_to_file``) still gets every INFO line."""
     global _terminal, _terminal_level_chosen
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter(FORMAT))
+    handler.setLevel((level or "INFO").upper())
     root = logging.getLogger(LOGGER_NAME)
-    root.setLevel((level or "INFO").upper())
+    root.setLevel(min(handler.level, logging.INFO))
     for old in root.handlers:
         old.close()
     root.handlers[:] = [handler]

@@ -11,7 +11,7 @@ what these return.
 - A tick that raises an unexpected exception is logged once with its traceback and the loop goes on; after
   ``TICK_FAILURE_LIMIT`` failed ticks in a row the guardian gives up.
 - Giving up is one ``event=guardian_cannot_continue`` line naming the cause, what became of the trainer
-  and what to do, and exit status ``EXIT_CANNOT_CONTINUE``. The trainer: stopped if enforce mode sees it
+  and what to do, and exit status ``EXIT_ERROR`` (guardian/exits.py). The trainer: stopped if enforce mode sees it
   collapsing; otherwise left running and the line says UNGUARDED.
 """
 
@@ -26,7 +26,6 @@ STORE_WAIT_S: Final = 600.0
 """How long no trainer may run while the store refuses writes before the guardian gives up."""
 TICK_FAILURE_LIMIT: Final = 5
 """Failed ticks in a row after which the guardian gives up."""
-EXIT_CANNOT_CONTINUE: Final = 1  # the CLI's "error" status
 
 
 def stop_while_store_down(*, mode: str, running: bool, collapsing: bool) -> bool:

@@ -66,9 +66,6 @@ ALLOWED: dict[State, frozenset[State]] = {
     State.GAVE_UP: frozenset(),
 }
 
-# exit code of `guardian run` when it gave up: the run must not be requeued as is
-EXIT_GAVE_UP = 93
-
 
 class TransitionError(RuntimeError):
     """A transition the state machine does not allow (a bug, or a corrupted store)."""

@@ -29,11 +29,12 @@ from guardian.actions.verl_keys import PatchError
 from guardian.checks.stall import typical_step_seconds
 from guardian.config import GuardianConfig
 from guardian.daemon import Clock, Guardian
+from guardian.exits import EXIT_GAVE_UP
 from guardian.findings import Severity
 from guardian.launcher import RunFolder
 from guardian.logs import event, get_logger
 from guardian.outcome import measure_outcome
-from guardian.policy import EXIT_GAVE_UP, Ending, Kind, State, check_transition, judge_probation, resume_deadline
+from guardian.policy import Ending, Kind, State, check_transition, judge_probation, resume_deadline
 from guardian.store import CheckpointView, IncidentView, InterventionView, Store
 
 log = get_logger("supervisor")
@@ -96,7 +97,7 @@ class Rescue:
         if state is State.DETECTED:
             return self._commit(iv, State.STOPPING)
         if state is State.STOPPING:
-            self._stop_trainer(reason=f"intervention {iv.number} of incident #{iv.incident_id}")
+            self._stop_trainer(reason=iv.name)
             return self._commit(iv, State.STOPPED)
         if state is State.STOPPED:
             return self._roll_back(iv, incident.incident)

@@ -6,6 +6,7 @@ session, and ``guardian run --attach RUN_ID`` (or the same ``guardian run`` comm
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
@@ -13,17 +14,20 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from contextlib import ExitStack, nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import orjson
 from rich.console import Group
 from rich.live import Live
 from rich.text import Text
+from sqlalchemy.exc import DBAPIError
 
 from guardian.actions.dirlock import DirLockedError, holding
 from guardian.actions.process import LocalProcessControl
 from guardian.config import GuardianConfig
+from guardian.exits import EXIT_INTERRUPTED
+from guardian.ids import MAX_RUN_ID, checked_run_id
 from guardian.logs import event, get_logger, logging_to_file
 from guardian.notify.setup import check_sinks, notifying, sink_names
 from guardian.outage import TickFailures, failure_text
@@ -33,7 +37,6 @@ from guardian.supervisor import Supervisor
 from guardian.view import render
 
 log = get_logger("run")
-EXIT_INTERRUPTED = 130
 # Test hook for the chaos tests: the guardian SIGKILLs itself right after committing this state.
 DIE_AFTER_ENV = "GUARDIAN_TEST_DIE_AFTER"
 
@@ -101,27 +104,30 @@ def _loop(
     poll_s: float,
     *,
     live: bool,
-    after_tick: Callable[[], None] = lambda: None,
+    after_tick: Callable[[bool], None] = lambda ok: None,
 ) -> int | None:
     """Tick until the run is over (its exit code) or the guardian is told to stop (None). A tick that raises
-    is logged once with its traceback and the loop goes on; ``outage.TICK_FAILURE_LIMIT`` failed ticks in a
-    row end it through ``Supervisor.cannot_continue``."""
+    is logged once with its traceback and the loop goes on; ``tick_failure_limit`` failed ticks in a row end it
+    through ``Supervisor.cannot_continue``. ``after_tick(ok)`` follows every tick (the exporter's poll status);
+    the live view is drawn after it and can never fail a tick."""
     view = Live(_render(supervisor), refresh_per_second=4) if live else None
     failures = TickFailures(limit=supervisor.config.tick_failure_limit)
     with view or nullcontext():
         while not stop.is_set():
             try:
                 code = supervisor.tick()
-                after_tick()
-                if view is not None:
-                    view.update(_render(supervisor))
+                after_tick(True)
             except Exception as exc:
                 code = _tick_failed(supervisor, failures, exc)
+                with contextlib.suppress(Exception):  # the exporter's view of it; the failure is logged already
+                    after_tick(False)
             else:
                 if failures.count:
                     log.warning(
                         event("tick_recovered", {"run": supervisor.run_id, "failed_ticks": failures.succeeded()})
                     )
+            if view is not None:
+                view.update(_render(supervisor))
             if code is not None:
                 return code
             stop.wait(poll_s)
@@ -146,12 +152,12 @@ def _tick_failed(supervisor: Supervisor, failures: TickFailures, exc: Exception)
 
 def _render(supervisor: Supervisor) -> Group:
     guardian = supervisor.guardian
-    active = supervisor.store.active_intervention(supervisor.run_id)
-    line = (
-        f"intervention {active.number} of incident #{active.incident_id}: {active.state}"
-        if active
-        else "no intervention in progress"
-    )
+    try:
+        active = supervisor.store.active_intervention(supervisor.run_id)
+    except DBAPIError:  # the store cannot be read: the view says so, the guarding goes on from memory
+        line = "intervention: unknown (the store cannot be read)"
+    else:
+        line = f"{active.name}: {active.state}" if active else "no intervention in progress"
     return Group(render(supervisor.run_id, guardian.history, guardian.tracker, time.time()), Text(line))
 
 
@@ -162,7 +168,9 @@ def run_guarded(config: GuardianConfig, request: RunRequest, *, stop: threading.
         known = store.get_run(request.run_id)
         command, cwd = request.command, request.cwd
         if known is not None and known.status in ("finished", "gave_up") and not request.attach:
-            request = RunRequest(command, cwd, f"{request.run_id}-{time.strftime('%Y%m%d%H%M%S')}")
+            # a new run under a fresh id; the request's flags (--dry-run above all) stay as asked
+            fresh = f"{request.run_id[: MAX_RUN_ID - 15]}-{time.strftime('%Y%m%d%H%M%S')}"
+            request = replace(request, run_id=checked_run_id(fresh))
             known = None
         if known is not None:
             saved = orjson.loads(known.config_json or "{}")
@@ -212,11 +220,12 @@ def run_guarded(config: GuardianConfig, request: RunRequest, *, stop: threading.
             try:
                 # sinks and the exporter first: a bad webhook setting or a busy port fails before the trainer starts
                 with (
-                    notifying(config, store, request.run_id, time.time, os.environ),
+                    notifying(config, store, request.run_id, time.time, os.environ) as dispatcher,
                     exporting(
                         supervisor.guardian, store, config.exporter, time.time, stop, sink_names(config)
                     ) as polled,
                 ):
+                    supervisor.announce = dispatcher.announce
                     supervisor.start()
                     code = _loop(supervisor, stop, config.sources.poll_interval_s, live=request.live, after_tick=polled)
                 if code is not None:

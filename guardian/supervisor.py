@@ -26,19 +26,22 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from guardian.actions import strays
 from guardian.actions.ladder import Rung
 from guardian.actions.patch import RunFiles, first_effective_rung, plan_patch
 from guardian.actions.process import ExitStatus, StopPolicy, TrainerControl, TrainerHandle
 from guardian.actions.verl_keys import PatchError
 from guardian.config import GuardianConfig
 from guardian.daemon import Clock, Guardian
+from guardian.exits import EXIT_ERROR, EXIT_GAVE_UP, EXIT_UNHEALTHY
 from guardian.findings import Finding, Severity
 from guardian.launcher import RunFolder, attach_attempt, launch_attempt
 from guardian.logs import event, get_logger
-from guardian.outage import EXIT_CANNOT_CONTINUE, StoreWait, stop_while_store_down, trainer_fate
+from guardian.notify.compose import Alert
+from guardian.notify.events import Level
+from guardian.outage import StoreWait, stop_while_store_down, trainer_fate
 from guardian.policy import (
     CRASH_OUTPUT_EVIDENCE,
-    EXIT_GAVE_UP,
     RESTART_CHECKS,
     Kind,
     PastIntervention,
@@ -53,7 +56,6 @@ from guardian.store import IncidentView, InterventionView, Store
 from guardian.store.writebehind import outage_fix, unavailable
 
 log = get_logger("supervisor")
-EXIT_UNHEALTHY = 3
 
 
 @dataclass
@@ -77,6 +79,8 @@ class Supervisor(Rescue):
     clock: Clock
     # called right after each state is committed (tests kill the guardian here: chaos tests)
     after_commit: Callable[[str], None] = lambda state: None
+    # sends an alert straight to the notifiers, bypassing the store (Dispatcher.announce)
+    announce: Callable[[Alert], None] = lambda alert: None
 
     def __post_init__(self) -> None:
         self.folder = RunFolder(self.config.home.resolve() / "runs" / self.run_id)
@@ -217,7 +221,18 @@ class Supervisor(Rescue):
         log.critical(
             event("guardian_cannot_continue", {"run": self.run_id, "cause": cause, "trainer": trainer, "fix": fix})
         )
-        return EXIT_CANNOT_CONTINUE
+        self.announce(
+            Alert(
+                key=f"run:{self.run_id}:cannot_continue",
+                run_id=self.run_id,
+                check="guardian",
+                level=Level.CRITICAL,
+                title=f"[critical] guardian cannot continue on {self.run_id}"[:63],
+                text=f"*Cause:* {cause}\n*Trainer:* {trainer}\n*What to do:* {fix}",
+                fields={"run": self.run_id, "cause": cause, "trainer": trainer},
+            )
+        )
+        return EXIT_ERROR
 
     def _collapsing(self) -> bool:
         """Whether a critical finding stands on a step the current attempt logged."""
@@ -405,18 +420,31 @@ class Supervisor(Rescue):
             )
 
     def _sweep_strays(self) -> None:
-        """The trainer ended by itself: stop what it left running outside its process group (a ``setsid`` child,
-        a daemon; found by the trainer marker), as a stop would, so nothing of the run outlives it."""
+        """The trainer ended by itself: what it left running outside its process group (a ``setsid`` child, a
+        daemon; found by the trainer marker) is stopped in enforce mode, as a stop would, so nothing of the run
+        outlives it; observe and advise never touch a process, they name the leftovers."""
         if self.attempt is None or self.attempt.handle is None:
+            return
+        fields: dict[str, object] = {"run": self.run_id, "attempt": self.attempt.number}
+        if self.config.mode != "enforce":
+            left = strays.find(str(self.attempt.handle.exit_file))
+            if left:
+                fix = "stop them: kill " + " ".join(map(str, left))
+                log.warning(event("strays_after_exit", {**fields, "pids": ",".join(map(str, left)), "fix": fix}))
             return
         ic = self.config.intervention
         result = self.control.stop(
             self.attempt.handle, StopPolicy(ic.stop_sigint_s, ic.stop_sigterm_s, ic.stop_sigkill_s)
         )
-        if result.strays:
-            fields = {"run": self.run_id, "attempt": self.attempt.number, "pids": ",".join(map(str, result.strays))}
+        if result.strays or result.signals_sent or result.survivors:
+            fields |= {
+                "signals": ",".join(result.signals_sent) or "none",
+                "pids": ",".join(map(str, result.strays)) or "none",
+                "stopped": "yes" if not result.survivors else "no",
+            }
             if result.survivors:
                 fields["survivors"] = ",".join(map(str, result.survivors))
+                fields["fix"] = "they survived SIGKILL (D state?): kill -9 them or reboot the node"
             log.warning(event("strays_after_exit", fields))
 
     def _finish_attempt(self, status: ExitStatus | None) -> None:

@@ -43,6 +43,10 @@ class StatusTracker:
     def worst(self) -> Severity:
         return max((f.severity for f in self.latest.values()), default=Severity.UNKNOWN)
 
+    def forget(self, check: str) -> None:
+        """Drop what is known of ``check``: its next finding is a transition from unknown (raised again)."""
+        self.latest.pop(check, None)
+
 
 def _change(before: Severity, after: Severity) -> Change | None:
     troubled_before = before >= Severity.WARN

@@ -2,12 +2,29 @@
 
 from __future__ import annotations
 
+import logging
 import shlex
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from guardian import logs
 from guardian.logs import event, get_logger, init_logging, logging_to_file
+
+
+@pytest.fixture(autouse=True)
+def _logging_restored() -> Iterator[None]:
+    """init_logging changes the process's logging: every test here leaves it as it found it."""
+    logger = logging.getLogger("guardian")
+    handlers, level, propagate = list(logger.handlers), logger.level, logger.propagate
+    saved = (logs._terminal, logs._terminal_level_chosen)
+    yield
+    for handler in logger.handlers:
+        if handler not in handlers:
+            handler.close()
+    logger.handlers[:], logger.level, logger.propagate = handlers, level, propagate
+    logs._terminal, logs._terminal_level_chosen = saved
 
 
 def fields_of(line: str) -> dict[str, str]:
@@ -63,3 +80,13 @@ def test_a_chosen_log_level_keeps_the_terminal_as_asked(tmp_path: Path, capsys: 
     with logging_to_file(tmp_path / "guardian.log", quiet_terminal=True):
         get_logger("test").info(event("step_seen", {"step": 2}))
     assert "event=step_seen step=2" in capsys.readouterr().err
+
+
+def test_a_quieter_terminal_level_still_keeps_every_info_line_in_the_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    init_logging("WARNING")
+    with logging_to_file(tmp_path / "guardian.log", quiet_terminal=False) as path:
+        get_logger("test").info(event("step_seen", {"step": 3}))
+    assert "event=step_seen" not in capsys.readouterr().err
+    assert "event=step_seen step=3" in path.read_text()

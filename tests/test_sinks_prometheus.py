@@ -544,7 +544,7 @@ def test_a_stopped_guardian_lingers_with_up_zero_until_a_second_signal(tmp_path:
 
         started = time.monotonic()
         with exporting(guardian, store, cfg, time.time, stop) as polled:
-            polled()
+            polled(True)
             stop.set()  # the first Ctrl-C / SIGTERM ended the guard loop: the exporter still lingers
             threading.Thread(target=scrape_then_stop, daemon=True).start()
         assert seen == [0.0] and 0.3 <= time.monotonic() - started < 4.0
@@ -606,7 +606,7 @@ def test_scrapes_serve_the_snapshot_of_the_last_tick(tmp_path: Path) -> None:
 
         clock[0] = 1_011.0
         source.record_poll(True)
-        source.up = False
+        source.stopped()
         [fresh] = source.snapshot()
     assert (fresh.step, fresh.last_step_age_seconds, fresh.up) == (5, 1.0, False)
     assert (fresh.last_poll_success, fresh.last_poll_success_at) == (True, 1_011.0)

@@ -14,8 +14,9 @@ from collections.abc import Sequence
 from guardian import __version__
 from guardian.actions.verl_keys import PatchError
 from guardian.cli import checkpoints, dashboards, incidents, replay, run, setup, watch
-from guardian.cli.common import EXIT_ERROR, EXIT_OK, EXIT_UNHEALTHY, EXIT_USAGE, guardian_home, log, write_traceback
+from guardian.cli.common import guardian_home, log, write_traceback
 from guardian.config import ConfigError
+from guardian.exits import EXIT_ERROR, EXIT_OK, EXIT_UNHEALTHY, EXIT_USAGE
 from guardian.logs import event, init_logging
 from guardian.store import StoreError
 

@@ -6,17 +6,10 @@ import argparse
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 
-from guardian.cli.common import (
-    EXIT_ERROR,
-    EXIT_OK,
-    EXIT_USAGE,
-    AddCommand,
-    log,
-    open_store,
-    print_json,
-    resolved_config,
-)
+from guardian.cli.common import AddCommand, log, open_store, print_json, resolved_config, store_int
+from guardian.exits import EXIT_ERROR, EXIT_OK, EXIT_USAGE
 from guardian.logs import event
 
 
@@ -24,7 +17,7 @@ def register(add: AddCommand) -> None:
     p = add("checkpoints", "A run's checkpoints with their health verdicts; 'restore' undoes a quarantine.")
     p.add_argument("target", help="RUN id, or 'restore'")
     p.add_argument("run", nargs="?", help="RUN id (with restore)")
-    p.add_argument("--incident", type=int, help="the incident whose quarantine to undo (with restore)")
+    p.add_argument("--incident", type=store_int, help="the incident whose quarantine to undo (with restore)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_checkpoints)
 
@@ -75,7 +68,8 @@ def cmd_checkpoints(args: argparse.Namespace) -> int:
         for c in sorted(listed, key=lambda c: c.step):
             where = "present" if Path(c.path).is_dir() else "moved"
             style = {"healthy": "green", "unhealthy": "red"}.get(c.verdict, "dim")
-            console.print(f"step {c.step:>6}  [{style}]{c.verdict:9}[/] {where:8} {c.path}  {c.note or ''}")
+            note = escape(c.note or "")
+            console.print(f"step {c.step:>6}  [{style}]{c.verdict:9}[/] {where:8} {escape(c.path)}  {note}")
         for path, incident in quarantined.items():
-            console.print(f"quarantined by incident #{incident}: {path}")
+            console.print(f"quarantined by incident #{incident}: {escape(path)}")
         return EXIT_OK

@@ -19,7 +19,6 @@ from guardian.config import ConfigError, GuardianConfig, load_config
 from guardian.logs import get_logger
 from guardian.store import Store
 
-EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_UNHEALTHY = 0, 1, 2, 3
 STORE_INT_MAX = 2**63 - 1  # the largest integer the store's columns hold (SQLite INTEGER)
 SEVERITY_STYLE = {"warn": "yellow", "critical": "bold red", "ok": "green", "unknown": "dim"}
 log = get_logger("cli")

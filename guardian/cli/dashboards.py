@@ -8,7 +8,8 @@ import sys
 from pathlib import Path
 
 from guardian import __version__
-from guardian.cli.common import EXIT_ERROR, EXIT_OK, EXIT_USAGE, AddCommand, log, resolved_config
+from guardian.cli.common import AddCommand, log, resolved_config
+from guardian.exits import EXIT_ERROR, EXIT_OK, EXIT_USAGE
 from guardian.logs import event
 
 

@@ -14,19 +14,11 @@ from dataclasses import dataclass
 from rich.console import Console
 from rich.markup import escape
 
-from guardian.cli.common import (
-    EXIT_ERROR,
-    EXIT_OK,
-    SEVERITY_STYLE,
-    AddCommand,
-    log,
-    open_store,
-    print_json,
-    resolved_config,
-    store_int,
-)
+from guardian.cli.common import SEVERITY_STYLE, AddCommand, log, open_store, print_json, resolved_config, store_int
+from guardian.exits import EXIT_ERROR, EXIT_OK
 from guardian.findings import EvidenceValue
 from guardian.logs import event
+from guardian.notify.compose import at_step, format_setting, format_value
 from guardian.notify.events import incident_key, intervention_key
 from guardian.outcome import outcome_line
 from guardian.policy import CRASH_OUTPUT_EVIDENCE
@@ -93,21 +85,6 @@ def cmd_incidents(args: argparse.Namespace) -> int:
 # ------------------------------------------------------------------------------------------ the text view (pure)
 
 
-def at_step(step: int | None) -> str:
-    return f"at step {step}" if step is not None else "before the first step"
-
-
-def shown_value(value: object) -> str:
-    """A stored value as people read it: flags lower-case, floats to four significant digits, unset."""
-    if value is None:
-        return "unset"
-    if isinstance(value, bool):
-        return str(value).lower()
-    if isinstance(value, float):
-        return f"{value:.4g}"
-    return str(value)
-
-
 @dataclass(frozen=True, slots=True)
 class Stage:
     """One state of an intervention's timeline: when it was first entered, the details of all its events."""
@@ -142,13 +119,9 @@ def _steps(value: object) -> str:
     return ", ".join(steps) if steps else "none"
 
 
-def intervention_name(iv: InterventionView) -> str:
-    return f"intervention {iv.number} of incident #{iv.incident_id}"
-
-
 def intervention_lines(iv: InterventionView, timeline: Timeline) -> list[str]:
     by_state = {s.state: s for s in stages(timeline)}
-    lines = [f"  [bold]{intervention_name(iv)}[/] ({iv.kind}, rung {iv.rung + 1}): {iv.state}"]
+    lines = [f"  [bold]{iv.name}[/] ({iv.kind}, rung {iv.rung + 1}): {iv.state}"]
     rolled_back = by_state.get("ROLLED_BACK")
     why = next((str(s.detail["why"]) for s in (by_state.get("STOPPED"), rolled_back) if s and s.detail.get("why")), "")
     if iv.target_step is not None:
@@ -171,7 +144,9 @@ def intervention_lines(iv: InterventionView, timeline: Timeline) -> list[str]:
     diff = diff_rows(plan.get("diff")) or diff_rows(patched.detail.get("diff") if patched else None)
     if diff:
         lines.append("    patch:")
-        lines.extend(f"      {escape(k)}: {escape(shown_value(b))} -> {escape(shown_value(a))}" for k, b, a in diff)
+        lines.extend(
+            f"      {escape(k)}: {escape(format_setting(b))} -> {escape(format_setting(a))}" for k, b, a in diff
+        )
     notes = plan.get("notes") or (patched.detail.get("notes") if patched else None)
     lines.extend(f"      note: {escape(str(n))}" for n in (notes if isinstance(notes, list) else []))
     lines.append("    timeline:")
@@ -196,7 +171,7 @@ def _evidence_lines(evidence: Mapping[str, EvidenceValue]) -> list[str]:
             lines.append(f"    {escape(key)}:")
             lines.extend(f"      | {escape(line)}" for line in str(value).splitlines())
             continue
-        lines.append(f"    {escape(key)} = {escape(shown_value(value))}")
+        lines.append(f"    {escape(key)} = {escape(format_value(value))}")
     return lines
 
 
@@ -234,9 +209,7 @@ def show_lines(
         )
     for iv, timeline in interventions:
         lines += intervention_lines(iv, timeline)
-    names = {
-        intervention_key(e.id): f"{intervention_name(iv)} {e.state}" for iv, timeline in interventions for e in timeline
-    }
+    names = {intervention_key(e.id): f"{iv.name} {e.state}" for iv, timeline in interventions for e in timeline}
     for d in told:
         error = f" - {escape(d.last_error)}" if d.last_error else ""
         lines.append(f"  told {d.sink}: {delivery_label(i.id, d, names)} {d.status} ({d.attempts} attempt(s)){error}")

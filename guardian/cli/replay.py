@@ -8,19 +8,8 @@ from pathlib import Path
 from rich.console import Console
 from rich.markup import escape
 
-from guardian.cli.common import (
-    EXIT_ERROR,
-    EXIT_OK,
-    EXIT_UNHEALTHY,
-    EXIT_USAGE,
-    SEVERITY_STYLE,
-    AddCommand,
-    dir_problem,
-    file_problem,
-    log,
-    print_json,
-    resolved_config,
-)
+from guardian.cli.common import SEVERITY_STYLE, AddCommand, dir_problem, file_problem, log, print_json, resolved_config
+from guardian.exits import EXIT_ERROR, EXIT_OK, EXIT_UNHEALTHY, EXIT_USAGE
 from guardian.logs import event
 from guardian.replay import ReplayResult, replay_trace
 from guardian.sources.sniff import TraceKind, TraceShape

@@ -8,7 +8,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from guardian.cli.common import EXIT_USAGE, AddCommand, log, resolved_config
+from guardian.cli.common import AddCommand, log, resolved_config
+from guardian.exits import EXIT_USAGE
 from guardian.ids import checked_run_id
 from guardian.logs import event
 

@@ -7,8 +7,9 @@ import sys
 
 from rich.console import Console
 
-from guardian.cli.common import EXIT_ERROR, EXIT_OK, AddCommand, print_json, resolved_config
+from guardian.cli.common import AddCommand, print_json, resolved_config
 from guardian.config import example_yaml
+from guardian.exits import EXIT_ERROR, EXIT_OK
 from guardian.store import mask_url
 
 

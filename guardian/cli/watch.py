@@ -15,22 +15,12 @@ from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from guardian.cli.common import (
-    EXIT_ERROR,
-    EXIT_OK,
-    EXIT_UNHEALTHY,
-    AddCommand,
-    dir_problem,
-    file_problem,
-    log,
-    open_store,
-    resolved_config,
-)
+from guardian.cli.common import AddCommand, dir_problem, file_problem, log, open_store, resolved_config
 from guardian.config import GuardianConfig
+from guardian.exits import EXIT_ERROR, EXIT_OK, EXIT_UNHEALTHY
 from guardian.ids import MAX_RUN_ID, checked_run_id
 from guardian.keys import signals_present
 from guardian.logs import event
-from guardian.outage import EXIT_CANNOT_CONTINUE
 from guardian.sources.hydra_config import config_beside, total_training_steps
 from guardian.store import Store
 from guardian.watch.end import EndReason
@@ -163,7 +153,7 @@ def cmd_watch(args: argparse.Namespace) -> int:
         except WatchError as exc:
             log.error(event("watch_error", {"run": run_id, "message": str(exc)}))
             return EXIT_ERROR
-    return EXIT_CANNOT_CONTINUE if summary.reason is EndReason.TICK_FAILURES else EXIT_CODES[summary.verdict]
+    return EXIT_ERROR if summary.reason is EndReason.TICK_FAILURES else EXIT_CODES[summary.verdict]
 
 
 def _watch(
@@ -189,7 +179,7 @@ def _watch(
     source = (
         MetricsFile(path, max_keys=limits.max_keys_per_step, max_line_bytes=limits.max_line_bytes)
         if args.metrics
-        else ConsoleFile(path)
+        else ConsoleFile(path, max_line_bytes=limits.max_line_bytes)
     )
     followed = FollowedFile(source)
     store.ensure_run(

@@ -17,9 +17,10 @@ from dataclasses import dataclass
 from datetime import UTC
 from typing import Final
 
+from guardian.exits import EXIT_GAVE_UP
 from guardian.findings import Severity
 from guardian.notify.events import EventKind, GuardianEvent, Level
-from guardian.policy import CRASH_OUTPUT_EVIDENCE, EXIT_GAVE_UP, RESTART_CHECKS, State
+from guardian.policy import CRASH_OUTPUT_EVIDENCE, RESTART_CHECKS, State
 
 TITLE_MAX: Final = 63  # W&B: a title must be under 64 characters
 TEXT_MAX: Final = 3000  # Slack: a section block's text holds at most 3000 characters
@@ -104,6 +105,19 @@ def compose(event: GuardianEvent) -> Alert:
 def truncate(text: str, limit: int) -> str:
     """``text`` cut to at most ``limit`` characters, the cut marked with an ellipsis."""
     return text if len(text) <= limit else text[: max(limit - 1, 0)] + ELLIPSIS
+
+
+def at_step(step: int | None) -> str:
+    """Where in the run something happened, as people read it."""
+    return f"at step {step}" if step is not None else "before the first step"
+
+
+def format_setting(value: object) -> str:
+    """An override's value in a patch (before -> after): ``unset`` where the command did not set it; strings (a
+    checkpoint path) whole."""
+    if value is None or value == "":
+        return "unset"
+    return value if isinstance(value, str) else format_value(value)
 
 
 def format_value(value: object) -> str:
@@ -254,7 +268,7 @@ def _steps(value: object) -> str:
 def _intervention_label(event: GuardianEvent) -> str:
     iv = event.intervention
     assert iv is not None
-    return f"intervention {iv.number} of incident #{iv.incident_id} ({iv.kind}, rung {iv.rung + 1})"
+    return f"{iv.name} ({iv.kind}, rung {iv.rung + 1})"
 
 
 def _opt(value: int | None) -> str | None:

@@ -25,6 +25,7 @@ from enum import StrEnum
 from typing import Protocol
 
 from guardian.logs import event, get_logger
+from guardian.notify.compose import Alert
 from guardian.notify.events import EventKind, GuardianEvent, is_incident_alert, load_events, opening_keys
 from guardian.store import Store
 from guardian.store.deliveries import DROPPED, FAILING, SENT, SUPPRESSED, DeliveryView
@@ -128,6 +129,19 @@ class Dispatcher:
         # sent, but the store refused the bookkeeping (busy): recorded before anything else is sent,
         # so a busy store never makes an event go out twice
         self._unrecorded: dict[tuple[str, str], tuple[GuardianEvent, float, str | None]] = {}
+
+    def announce(self, alert: Alert) -> None:
+        """Send ``alert`` at once, straight to every notifier that takes its level, bypassing the store: for
+        what must reach a person when the store itself is the trouble (the guardian cannot continue). Best
+        effort, in the caller's thread, each notifier bounded by its own timeout; never raises."""
+        for sink in self.sinks:
+            announce = getattr(sink, "announce", None)
+            if announce is None:
+                continue
+            try:
+                announce(alert)
+            except Exception as exc:  # the log line below is the last resort: it names what failed
+                log.error(event("announce_failed", {"run": self.run_id, "sink": sink.name, "error": str(exc)}))
 
     def pass_once(self) -> int:
         """Deliver every due event; returns how many delivery attempts were made. Never raises."""

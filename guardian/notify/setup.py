@@ -14,7 +14,7 @@ from pathlib import Path
 from guardian import grafana
 from guardian.config import ConfigError, GrafanaConfig, GuardianConfig, WebhookConfig
 from guardian.notify.annotations import GrafanaAnnotations
-from guardian.notify.compose import compose
+from guardian.notify.compose import Alert, compose
 from guardian.notify.dispatcher import Dispatcher, DispatchPolicy, Sink, dispatching
 from guardian.notify.events import GuardianEvent, Level
 from guardian.notify.notifiers import LogNotifier, Notifier, WebhookNotifier
@@ -43,6 +43,11 @@ class NotifierSink:
     def deliver(self, event: GuardianEvent, earlier: Mapping[str, DeliveryView]) -> str | None:
         self.notifier.send(compose(event))
         return None
+
+    def announce(self, alert: Alert) -> None:
+        """Send an alert that has no stored event (see ``Dispatcher.announce``), if its level is routed here."""
+        if alert.level >= self.min_level:
+            self.notifier.send(alert)
 
     def close(self) -> None:
         self.notifier.close()
@@ -95,22 +100,22 @@ def check_sinks(config: GuardianConfig, env: Mapping[str, str]) -> None:
     """Raise the ConfigError that ``build_sinks`` would (a webhook URL or the Grafana token missing or unusable)
     without building anything: ``guardian run`` refuses before it touches the disk or launches a trainer."""
     for hook in config.notify.webhooks:
-        try:
-            WebhookNotifier(webhook_url(hook, env), timeout_s=hook.timeout_s, name=hook.name)
-        except ValueError as exc:
-            raise ConfigError(f"notify.webhooks[{hook.name}]: {exc}") from None
+        _webhook(hook, env)
     annotations_sink(config.grafana, env)
+
+
+def _webhook(hook: WebhookConfig, env: Mapping[str, str]) -> WebhookNotifier:
+    try:
+        return WebhookNotifier(webhook_url(hook, env), timeout_s=hook.timeout_s, name=hook.name)
+    except ValueError as exc:  # the URL itself is unusable (its message never repeats the secret part)
+        raise ConfigError(f"notify.webhooks[{hook.name}]: {exc}") from None
 
 
 def build_sinks(config: GuardianConfig, store: Store, run_id: str, env: Mapping[str, str]) -> list[Sink]:
     notify = config.notify
     sinks: list[Sink] = [NotifierSink(LogNotifier(), _level(notify.log_level), 0.0)]
     for hook in notify.webhooks:
-        try:
-            notifier = WebhookNotifier(webhook_url(hook, env), timeout_s=hook.timeout_s, name=hook.name)
-        except ValueError as exc:  # the URL itself is unusable (its message never repeats the secret part)
-            raise ConfigError(f"notify.webhooks[{hook.name}]: {exc}") from None
-        sinks.append(NotifierSink(notifier, _level(hook.min_level), notify.cooldown_s))
+        sinks.append(NotifierSink(_webhook(hook, env), _level(hook.min_level), notify.cooldown_s))
     if notify.wandb.enabled:
         run = store.get_run(run_id)
         project = notify.wandb.project or (run.override("trainer.project_name") if run else None)

@@ -24,9 +24,9 @@ def exporting(
     clock: Clock,
     stop: threading.Event | None = None,
     sinks: Sequence[str] = (),
-) -> Iterator[Callable[[], None]]:
-    """Serve ``/metrics`` while the block runs; yields the callback to call after every successful tick.
-    Disabled: serves nothing and yields a no-op.
+) -> Iterator[Callable[[bool], None]]:
+    """Serve ``/metrics`` while the block runs; yields the callback to call after every tick with whether it
+    succeeded (``guardian_last_poll_success``). Disabled: serves nothing and yields a no-op.
 
     When the block ends the exporter says ``guardian_up 0`` and keeps serving for ``cfg.linger_s``, so
     the last state (a gave-up, the final counters) is scraped and a stop reads differently from a
@@ -35,17 +35,17 @@ def exporting(
     KeyboardInterrupt in ``guardian demo``) ends it at once.
     """
     if not cfg.enabled:
-        yield lambda: None
+        yield lambda ok: None
         return
     source = GuardianSource(guardian, store, clock, sinks=sinks)
     server, thread = serve(source, cfg.host, cfg.port, allow_public=cfg.allow_public)
     log.info(event("exporter", {"url": f"http://{cfg.host}:{server.server_port}/metrics", "run": guardian.run_id}))
     ended = False
     try:
-        yield lambda: source.record_poll(True)
+        yield source.record_poll
         ended = True
     finally:
-        source.up = False
+        source.stopped()
         stop = stop or threading.Event()
         try:
             if ended and cfg.linger_s > 0:  # not after an exception

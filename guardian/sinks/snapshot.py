@@ -205,9 +205,9 @@ class GuardianSource:
     while nothing changes them. ``snapshot`` (the HTTP threads) hands out that same sequence until the
     next publish, so its exposition is rendered once (guardian/sinks/exposition.py); publishing is one
     reference assignment, so a scrape sees a whole snapshot, old or new, never half of each. The step
-    age is therefore as of the last tick (one poll interval of resolution). Set ``up`` to False once
-    the guardian stops guarding the run while the exporter keeps serving. The first snapshot is built
-    when the source is made.
+    age is therefore as of the last tick (one poll interval of resolution). Call ``stopped`` once the
+    guardian stops guarding the run while the exporter keeps serving. The first snapshot is built when
+    the source is made.
     """
 
     guardian: Guardian
@@ -251,13 +251,17 @@ class GuardianSource:
         except DBAPIError as exc:
             if not unavailable(exc):
                 raise
-            recorded = self._latest[0] if self._latest else RunSnapshot(self.guardian.run_id, self.guardian.run_id)
+            run_id = self.guardian.run_id
+            recorded = self._latest[0] if self._latest else RunSnapshot(run_id, self.experiment or run_id)
             latest = from_memory(recorded, self.guardian, now, *poll)
         self._latest = (latest,)
 
+    def stopped(self) -> None:
+        """The guardian stopped guarding the run: from now on scrapes read ``guardian_up 0`` over the last state
+        (no store read: it may be what stopped the guardian)."""
+        self.up = False
+        self._latest = (replace(self._latest[0], up=False),)
+
     def snapshot(self) -> tuple[RunSnapshot, ...]:
-        """The run as of the last publish (``up`` as of now)."""
-        latest = self._latest
-        if latest[0].up != self.up:  # stopped since: one new snapshot, then the same one again
-            latest = self._latest = (replace(latest[0], up=self.up),)
-        return latest
+        """The run as of the last publish (read-only: the HTTP threads never replace it)."""
+        return self._latest

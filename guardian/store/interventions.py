@@ -57,6 +57,12 @@ class InterventionView:
     def finished(self) -> bool:
         return self.state in FINISHED_STATES
 
+    @property
+    def name(self) -> str:
+        """How people read it everywhere (terminal, notifications, incidents show): its run-wide number and its
+        incident, never the row id."""
+        return f"intervention {self.number} of incident #{self.incident_id}"
+
     def to_json(self) -> dict[str, object]:
         return {
             "id": self.id,

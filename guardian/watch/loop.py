@@ -13,6 +13,7 @@ no trainer to stop: the line says the run is unguarded from then on. An unreadab
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -68,7 +69,7 @@ class WatchLoop:
     total_steps: int | None
     wait: Callable[[float], bool]  # sleep up to the given seconds; True when asked to stop
     max_ticks: int | None = None
-    after_tick: Callable[[], None] = lambda: None
+    after_tick: Callable[[bool], None] = lambda ok: None
     steps_read: int = field(default=0, init=False)
 
     def run(self) -> EndReason:
@@ -104,11 +105,13 @@ class WatchLoop:
         try:
             result = self.guardian.tick()
             self.steps_read += result.new_steps  # read and judged, even if after_tick fails
-            self.after_tick()
+            self.after_tick(True)
         except WatchError:
             raise
         except Exception as exc:
             self._tick_failed(failures, exc)
+            with contextlib.suppress(Exception):  # the exporter's view of it; the failure is logged already
+                self.after_tick(False)
             return None
         if failures.count:
             log.warning(event("tick_recovered", {"run": self.guardian.run_id, "failed_ticks": failures.succeeded()}))

@@ -1,0 +1,54 @@
+"""guardian run's loop, tick by tick: a failed tick is reported to the exporter as a failed poll, the loop goes
+on, and a tick that keeps failing ends it through the supervisor's one line."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+
+from guardian.config import GuardianConfig
+from guardian.run import _loop
+
+
+@dataclass
+class TickingSupervisor:
+    """The part of ``Supervisor`` the loop drives: ``tick`` follows a script of results and failures."""
+
+    script: list[int | Exception | None]
+    config: GuardianConfig = field(default_factory=lambda: GuardianConfig(tick_failure_limit=3))
+    run_id: str = "run-a"
+    gave_up: list[str] = field(default_factory=list)
+
+    def tick(self) -> int | None:
+        outcome = self.script.pop(0)
+        if isinstance(outcome, Exception):
+            raise outcome
+        return outcome
+
+    def cannot_continue(self, *, cause: str, fix: str) -> int:
+        self.gave_up.append(cause)
+        return 1
+
+
+def test_failed_ticks_are_failed_polls_and_the_loop_goes_on_to_the_run_end() -> None:
+    supervisor = TickingSupervisor([None, RuntimeError("disk"), RuntimeError("disk"), None, 0])
+    polls: list[bool] = []
+    code = _loop(supervisor, threading.Event(), 0.0, live=False, after_tick=polls.append)  # type: ignore[arg-type]
+    assert code == 0 and polls == [True, False, False, True, True] and not supervisor.gave_up
+
+
+def test_a_tick_failing_every_time_gives_up_after_the_configured_limit() -> None:
+    supervisor = TickingSupervisor([RuntimeError("store gone")] * 5)
+    polls: list[bool] = []
+    code = _loop(supervisor, threading.Event(), 0.0, live=False, after_tick=polls.append)  # type: ignore[arg-type]
+    assert code == 1 and polls == [False, False, False]
+    assert supervisor.gave_up == ["3 ticks in a row failed: RuntimeError: store gone"]
+
+
+def test_an_exporter_that_fails_on_a_failed_tick_does_not_end_the_loop() -> None:
+    def exporter(ok: bool) -> None:
+        if not ok:
+            raise OSError("exporter broken too")
+
+    supervisor = TickingSupervisor([RuntimeError("once"), 0])
+    assert _loop(supervisor, threading.Event(), 0.0, live=False, after_tick=exporter) == 0  # type: ignore[arg-type]
