@@ -124,6 +124,13 @@ def test_collapse_is_rolled_back_patched_resumed_and_resolved(tmp_path: Path) ->
     assert min(int(p.stem) for p in second.glob("*.jsonl")) == target + 1
 
 
+def scripted_command(ckpt: Path, steps: int, *extra: str) -> list[str]:
+    """tests/scripted_trainer.py with a wrong-signed entropy bonus: it learns for 15 steps, then collapses."""
+    script = Path(__file__).with_name("scripted_trainer.py")
+    base = [f"trainer.default_local_dir={ckpt}", f"trainer.total_training_steps={steps}", "trainer.save_freq=5"]
+    return [sys.executable, str(script), *base, f"{ENTROPY_KEY}=-0.1", *extra]
+
+
 @pytest.mark.parametrize(("fixed_reward", "state", "exit_code"), [(0.6, State.RESOLVED, 0), (0.4, State.UNRESOLVED, 3)])
 def test_probation_resolves_only_a_fix_whose_reward_comes_back(
     tmp_path: Path, fixed_reward: float, state: State, exit_code: int
@@ -132,15 +139,7 @@ def test_probation_resolves_only_a_fix_whose_reward_comes_back(
     the rollback point's level the fix is proven; below it the probation cannot prove it, and the run ends
     UNRESOLVED (the trainer ran on with the patch, a person must look, exit 3) instead of RESOLVED."""
     home, ckpt = tmp_path / "home", tmp_path / "ckpt"
-    command = [
-        sys.executable,
-        str(Path(__file__).with_name("scripted_trainer.py")),
-        f"trainer.default_local_dir={ckpt}",
-        "trainer.total_training_steps=60",
-        "trainer.save_freq=5",
-        f"{ENTROPY_KEY}=-0.1",
-        f"+script.fixed_reward={fixed_reward}",
-    ]
+    command = scripted_command(ckpt, 60, f"+script.fixed_reward={fixed_reward}")
     config = config_for(home)
     assert run_guarded(config, RunRequest(tuple(command), tmp_path, "scripted")) == exit_code
     with Store.open(config.database_url()) as store:
@@ -158,16 +157,7 @@ def test_nothing_of_the_run_outlives_it_not_even_a_detached_child_of_the_resumed
     """Each attempt starts a child in its own session (it leaves the trainer's process group). The rescue's stop
     finds attempt 1's by the trainer marker; attempt 2 ends by itself and its child is stopped at the run's end."""
     home, ckpt, pids = tmp_path / "home", tmp_path / "ckpt", tmp_path / "children.txt"
-    command = [
-        sys.executable,
-        str(Path(__file__).with_name("scripted_trainer.py")),
-        f"trainer.default_local_dir={ckpt}",
-        "trainer.total_training_steps=50",
-        "trainer.save_freq=5",
-        f"{ENTROPY_KEY}=-0.1",
-        "+script.fixed_reward=0.6",
-        f"+script.detached_child={pids}",
-    ]
+    command = scripted_command(ckpt, 50, "+script.fixed_reward=0.6", f"+script.detached_child={pids}")
     try:
         assert run_guarded(config_for(home), RunRequest(tuple(command), tmp_path, "detached")) == 0
         children = [int(line) for line in pids.read_text().split()]

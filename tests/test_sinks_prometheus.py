@@ -579,6 +579,16 @@ def test_notification_counters_start_at_zero_and_only_count_final_results(tmp_pa
     }  # the failing row is not counted: it will turn sent or dropped, and a counter never goes down
 
 
+def _watched(run_id: str, metrics: Path, store: Store, clock: list[float]) -> Guardian:
+    """An observe-mode guardian of ``metrics`` on the clock ``clock[0]``."""
+    store.ensure_run(
+        run_id, name=run_id, metrics_path=str(metrics), rollouts_dir="", checkpoints_dir=None, mode="observe", now=0.0
+    )
+    return Guardian(
+        config=GuardianConfig(), store=store, run_id=run_id, metrics=MetricsFile(metrics), clock=lambda: clock[0]
+    )
+
+
 def test_scrapes_serve_the_snapshot_of_the_last_tick(tmp_path: Path) -> None:
     """Store reads happen when a tick publishes, never at scrape time; between ticks a scrape gets the
     very same snapshot (so its exposition is rendered once), only ``up`` follows at once."""
@@ -586,12 +596,7 @@ def test_scrapes_serve_the_snapshot_of_the_last_tick(tmp_path: Path) -> None:
     _write_run(metrics, range(1, 4), null_grad_from=99)
     clock = [1_000.0]
     with Store.open(f"sqlite:///{tmp_path / 'guardian.db'}") as store:
-        store.ensure_run(
-            "r1", name="r1", metrics_path=str(metrics), rollouts_dir="", checkpoints_dir=None, mode="observe", now=0.0
-        )
-        guardian = Guardian(
-            config=GuardianConfig(), store=store, run_id="r1", metrics=MetricsFile(metrics), clock=lambda: clock[0]
-        )
+        guardian = _watched("r1", metrics, store, clock)
         guardian.tick()
         clock[0] = 1_002.0
         source = GuardianSource(guardian, store, clock=lambda: clock[0])
@@ -647,12 +652,7 @@ def test_a_store_that_cannot_be_read_keeps_the_live_state_fresh_and_says_it_is_d
     _write_run(metrics, range(1, 4), null_grad_from=99)
     clock = [1_000.0]
     with Store.open(f"sqlite:///{db}") as store:
-        store.ensure_run(
-            "r1", name="r1", metrics_path=str(metrics), rollouts_dir="", checkpoints_dir=None, mode="observe", now=0.0
-        )
-        guardian = Guardian(
-            config=GuardianConfig(), store=store, run_id="r1", metrics=MetricsFile(metrics), clock=lambda: clock[0]
-        )
+        guardian = _watched("r1", metrics, store, clock)
         guardian.tick()
         source = GuardianSource(guardian, store, clock=lambda: clock[0])
         [healthy] = source.snapshot()
