@@ -9,6 +9,7 @@ lives. ``--json`` prints the incident timeline instead.
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import statistics
@@ -164,7 +165,10 @@ def run_demo(config: GuardianConfig, *, scenario: str, json_output: bool) -> int
     console = Console(stderr=json_output, soft_wrap=True)  # piped: whole lines, paths unbroken
     console.print(f"[bold]guardian demo[/] - scenario [cyan]{scenario}[/]: {chosen.notes or _first_line(scenario)}")
     with (
-        logging_to_file(root / "guardian.log", quiet_terminal=console.is_terminal) as log_file,
+        # in a terminal the narration is the story; only a line that ends the guarding joins it
+        logging_to_file(
+            root / "guardian.log", quiet_terminal=console.is_terminal, quiet_level=logging.CRITICAL
+        ) as log_file,
         Store.open(config.database_url(), busy_timeout_s=config.store.busy_timeout_s) as store,
     ):
         console.print(f"  every event line: {log_file}")

@@ -38,10 +38,10 @@ def init_logging(level: str | None = None) -> None:
 
 
 @contextmanager
-def logging_to_file(path: Path, *, quiet_terminal: bool) -> Iterator[Path]:
+def logging_to_file(path: Path, *, quiet_terminal: bool, quiet_level: int = logging.WARNING) -> Iterator[Path]:
     """Every log line of the block also goes to ``path`` (appended). With ``quiet_terminal`` - a person reads the
-    story the command prints - the terminal shows warnings and errors only, unless ``--log-level`` chose its
-    level."""
+    story the command prints - the terminal shows lines from ``quiet_level`` up only (warnings and errors by
+    default), unless ``--log-level`` chose its level."""
     path.parent.mkdir(parents=True, exist_ok=True)
     handler = logging.FileHandler(path, encoding="utf-8")
     handler.setFormatter(logging.Formatter(FORMAT))
@@ -49,7 +49,7 @@ def logging_to_file(path: Path, *, quiet_terminal: bool) -> Iterator[Path]:
     root.addHandler(handler)
     terminal, before = _terminal, _terminal.level if _terminal is not None else logging.NOTSET
     if quiet_terminal and terminal is not None and not _terminal_level_chosen:
-        terminal.setLevel(logging.WARNING)
+        terminal.setLevel(quiet_level)
     try:
         yield path
     finally:
