@@ -118,6 +118,8 @@ class Guardian:
         self.attempt_steps: list[int] = []
         self._reported_signals = False
         self.bad_lines_total = 0
+        self.steps_judged = 0  # steps read and judged since this guardian started (a failed tick's too)
+        self._carried: MetricsBatch | None = None  # read, not yet judged: a tick failed before it got there
         self.writes = WriteBehind(self.store, self.clock, limit=self.config.store.max_pending_writes)
 
     # -- the store's health, for the exporter ---------------------------------------------------
@@ -141,24 +143,24 @@ class Guardian:
         now = self.clock()
         self.writes.retry()
         result = TickResult()
-        batch = self.metrics.poll()
+        batch, self._carried = self._carried or self.metrics.poll(), None
         result.bad_lines = len(batch.bad_lines)
         self.bad_lines_total += result.bad_lines
         for bad in batch.bad_lines:
             log.warning(event("bad_line", {"run": self.run_id, "detail": str(bad)}))
         work = TickWrites()  # this tick's writes, committed together
         pending: list[StepRecord] = []
-        for item in batch.items:
+        for index, item in enumerate(batch.items):
             if isinstance(item, NewSegment):
                 self._flush(pending, work, now)
                 if self.attempt_id is None:
                     work = self._commit_work(work)
-                    self._begin_attempt(item.segment, now)
+                    self._begin_attempt(item.segment, now, batch, index)
                 elif item.segment > 0:
                     log.warning(event("metrics_file_restarted", {"run": self.run_id, "path": self.metrics.path}))
                 continue
             if self._attempt_id is None:
-                self._begin_attempt(0, now)
+                self._begin_attempt(0, now, batch, index)
             before = self.history.branch
             arrival = self.history.add(item, arrived_at=now)
             if self.history.branch != before:
@@ -166,6 +168,7 @@ class Guardian:
             pending.append(item)
             self.attempt_steps.append(item.step)
             result.new_steps += arrival is not Arrival.MERGED
+            self.steps_judged += arrival is not Arrival.MERGED
             result.transitions.extend(self._judge(now, work))
         self._flush(pending, work, now)
         if self.rollouts is not None:
@@ -195,7 +198,16 @@ class Guardian:
             stop.wait(self.config.sources.poll_interval_s)
 
     # -- stages -------------------------------------------------------------------------------
-    def _begin_attempt(self, segment: int, now: float) -> None:
+    def _begin_attempt(self, segment: int, now: float, batch: MetricsBatch, index: int) -> None:
+        """Begin the attempt the file's segment belongs to (``watch``); when the store refuses, the batch from
+        ``index`` on is kept and judged by the next tick - read lines are never lost."""
+        try:
+            self._begin_attempt_in_store(segment, now)
+        except Exception:
+            self._carried = MetricsBatch(batch.items[index:], [], batch.more)
+            raise
+
+    def _begin_attempt_in_store(self, segment: int, now: float) -> None:
         latest = self.store.latest_attempt(self.run_id)
         if segment == 0 and latest is not None and latest.ended_at is None:
             # a restarted guardian re-reads the file from the start: same attempt, steps already stored

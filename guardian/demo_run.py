@@ -165,7 +165,7 @@ def run_demo(config: GuardianConfig, *, scenario: str, json_output: bool) -> int
     console = Console(stderr=json_output, soft_wrap=True)  # piped: whole lines, paths unbroken
     console.print(f"[bold]guardian demo[/] - scenario [cyan]{scenario}[/]: {chosen.notes or _first_line(scenario)}")
     with (
-        # in a terminal the narration is the story; only a line that ends the guarding joins it
+        # in a terminal the narration is the story; only critical log lines (the store failing, giving up) join it
         logging_to_file(
             root / "guardian.log", quiet_terminal=console.is_terminal, quiet_level=logging.CRITICAL
         ) as log_file,

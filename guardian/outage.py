@@ -20,6 +20,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Final
 
+from sqlalchemy.exc import DBAPIError
+
 from guardian.store.engine import reason
 
 STORE_WAIT_S: Final = 600.0
@@ -85,4 +87,4 @@ class TickFailures:
 def failure_text(exc: BaseException) -> str:
     """``TypeName: first line of the message`` (just the type when there is no message): a failed tick in one
     log line, scrubbed as the store's errors are (no SQL text or parameters, no password of a URL)."""
-    return reason(exc)
+    return reason(exc.orig if isinstance(exc, DBAPIError) and exc.orig is not None else exc)

@@ -50,8 +50,6 @@ RESTART_CHECKS: frozenset[str] = frozenset({"stall", "crash"})
 CRASH_OUTPUT_EVIDENCE = "stdout_tail"
 
 
-FINISHED = frozenset({State.RESOLVED, State.UNRESOLVED, State.RELAPSED, State.GAVE_UP})
-
 ALLOWED: dict[State, frozenset[State]] = {
     State.DETECTED: frozenset({State.STOPPING, State.GAVE_UP}),
     State.STOPPING: frozenset({State.STOPPED}),

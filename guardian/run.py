@@ -6,7 +6,6 @@ session, and ``guardian run --attach RUN_ID`` (or the same ``guardian run`` comm
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import sys
@@ -30,10 +29,11 @@ from guardian.exits import EXIT_INTERRUPTED
 from guardian.ids import MAX_RUN_ID, checked_run_id
 from guardian.logs import event, get_logger, logging_to_file
 from guardian.notify.setup import check_sinks, notifying, sink_names
-from guardian.outage import TickFailures, failure_text
+from guardian.outage import TickFailures
 from guardian.sinks.export import exporting
 from guardian.store import Store
 from guardian.supervisor import Supervisor
+from guardian.ticks import GuardedTick
 from guardian.view import render
 
 log = get_logger("run")
@@ -111,43 +111,22 @@ def _loop(
     through ``Supervisor.cannot_continue``. ``after_tick(ok)`` follows every tick (the exporter's poll status);
     the live view is drawn after it and can never fail a tick."""
     view = Live(_render(supervisor), refresh_per_second=4) if live else None
-    failures = TickFailures(limit=supervisor.config.tick_failure_limit)
+    guarded = GuardedTick(supervisor.run_id, TickFailures(limit=supervisor.config.tick_failure_limit), after_tick)
     with view or nullcontext():
         while not stop.is_set():
-            try:
-                code = supervisor.tick()
-                after_tick(True)
-            except Exception as exc:
-                code = _tick_failed(supervisor, failures, exc)
-                with contextlib.suppress(Exception):  # the exporter's view of it; the failure is logged already
-                    after_tick(False)
-            else:
-                if failures.count:
-                    log.warning(
-                        event("tick_recovered", {"run": supervisor.run_id, "failed_ticks": failures.succeeded()})
-                    )
+            _, code = guarded(supervisor.tick)
+            if guarded.exhausted:
+                code = supervisor.cannot_continue(
+                    cause=guarded.cause(),
+                    fix="the traceback of event=tick_failed names the fault; fix it, then guardian run --attach "
+                    + supervisor.run_id,
+                )
             if view is not None:
-                view.update(_render(supervisor))
+                guarded.aside("live view", lambda: view.update(_render(supervisor)))
             if code is not None:
                 return code
             stop.wait(poll_s)
     return None
-
-
-def _tick_failed(supervisor: Supervisor, failures: TickFailures, exc: Exception) -> int | None:
-    what = failure_text(exc)
-    if failures.failed():
-        log.error(
-            event("tick_failed", {"run": supervisor.run_id, "error": what, "next": "retrying every tick"}),
-            exc_info=True,
-        )
-    if not failures.exhausted:
-        return None
-    return supervisor.cannot_continue(
-        cause=f"{failures.count} ticks in a row failed: {what}",
-        fix="the traceback of event=tick_failed names the fault; fix it, then guardian run --attach "
-        + supervisor.run_id,
-    )
 
 
 def _render(supervisor: Supervisor) -> Group:

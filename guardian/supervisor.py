@@ -37,8 +37,7 @@ from guardian.exits import EXIT_ERROR, EXIT_GAVE_UP, EXIT_UNHEALTHY
 from guardian.findings import Finding, Severity
 from guardian.launcher import RunFolder, attach_attempt, launch_attempt
 from guardian.logs import event, get_logger
-from guardian.notify.compose import Alert
-from guardian.notify.events import Level
+from guardian.notify.compose import Alert, cannot_continue_alert
 from guardian.outage import StoreWait, stop_while_store_down, trainer_fate
 from guardian.policy import (
     CRASH_OUTPUT_EVIDENCE,
@@ -221,17 +220,7 @@ class Supervisor(Rescue):
         log.critical(
             event("guardian_cannot_continue", {"run": self.run_id, "cause": cause, "trainer": trainer, "fix": fix})
         )
-        self.announce(
-            Alert(
-                key=f"run:{self.run_id}:cannot_continue",
-                run_id=self.run_id,
-                check="guardian",
-                level=Level.CRITICAL,
-                title=f"[critical] guardian cannot continue on {self.run_id}"[:63],
-                text=f"*Cause:* {cause}\n*Trainer:* {trainer}\n*What to do:* {fix}",
-                fields={"run": self.run_id, "cause": cause, "trainer": trainer},
-            )
-        )
+        self.announce(cannot_continue_alert(self.run_id, cause=cause, trainer=trainer, fix=fix))
         return EXIT_ERROR
 
     def _collapsing(self) -> bool:

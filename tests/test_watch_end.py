@@ -25,7 +25,7 @@ from guardian.sources.jsonl import MetricsBatch, MetricsFile
 from guardian.store import Store
 from guardian.watch.display import PlainProgress
 from guardian.watch.end import EndReason, FileState, WatchState, end_reason
-from guardian.watch.loop import FollowedFile, WatchError, WatchLoop
+from guardian.watch.loop import FollowedFile, WatchLoop
 from guardian.watch.summary import VerdictTracker
 from guardian.watch.trainer import TrainerLiveness
 
@@ -288,10 +288,13 @@ def test_following_ends_when_the_trainer_exits_after_its_last_line_is_read(tmp_p
         harness.store.close()
 
 
-def test_a_path_that_turns_into_a_directory_is_an_error_naming_it(harness: Harness) -> None:
+def test_a_path_that_turns_into_a_directory_ends_the_watch_with_an_error_naming_it(
+    harness: Harness, logs: pytest.LogCaptureFixture
+) -> None:
     harness.actions = iter([harness.metrics.mkdir])
-    with pytest.raises(WatchError, match=f"cannot read {harness.metrics}: Is a directory"):
-        harness.run()
+    assert harness.run() is EndReason.UNREADABLE  # the summary and the verdict of the steps read still follow
+    (line,) = events(logs, "watch_error")
+    assert f"cannot read {harness.metrics}: Is a directory" in line
 
 
 @pytest.fixture

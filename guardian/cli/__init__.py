@@ -29,8 +29,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"verl-guardian {__version__}")
     parser.add_argument(
         "--log-level",
-        help="DEBUG, INFO, WARNING, ERROR on the terminal (default INFO; WARNING while run or demo tell their story "
-        "in a terminal, every line then in the run's guardian.log)",
+        help="DEBUG, INFO, WARNING, ERROR on the terminal (default INFO; in a terminal, guardian run's live view "
+        "shows WARNING and up, the demo's narration CRITICAL only; every line goes to the run's guardian.log)",
     )
     sub = parser.add_subparsers(dest="command", required=True)
 

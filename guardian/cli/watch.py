@@ -15,6 +15,8 @@ from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from sqlalchemy.exc import DBAPIError
+
 from guardian.cli.common import AddCommand, dir_problem, file_problem, log, open_store, resolved_config
 from guardian.config import GuardianConfig
 from guardian.exits import EXIT_ERROR, EXIT_OK, EXIT_UNHEALTHY
@@ -23,6 +25,7 @@ from guardian.keys import signals_present
 from guardian.logs import event
 from guardian.sources.hydra_config import config_beside, total_training_steps
 from guardian.store import Store
+from guardian.store.engine import reason as store_error_text
 from guardian.watch.end import EndReason
 from guardian.watch.summary import IncidentLine, Verdict, VerdictTracker, WatchSummary, summary_lines
 from guardian.watch.trainer import TrainerLiveness
@@ -125,7 +128,6 @@ def run_length(args: argparse.Namespace, path: Path) -> int | None:
 
 
 def cmd_watch(args: argparse.Namespace) -> int:
-    from guardian.watch.loop import WatchError
 
     config = resolved_config(args)
     path = Path(args.metrics or args.console)
@@ -148,12 +150,12 @@ def cmd_watch(args: argparse.Namespace) -> int:
         log.warning(event("watch_trainer_gone", {"pid": args.pid, "message": "not running: reading to the end"}))
     stop = threading.Event()
     with open_store(config) as store, _stopped_by_signals(stop):
-        try:
-            summary = _watch(args, config, store, path, run_id, trainer, total_steps, stop)
-        except WatchError as exc:
-            log.error(event("watch_error", {"run": run_id, "message": str(exc)}))
-            return EXIT_ERROR
-    return EXIT_ERROR if summary.reason is EndReason.TICK_FAILURES else EXIT_CODES[summary.verdict]
+        summary = _watch(args, config, store, path, run_id, trainer, total_steps, stop)
+    if summary.reason is EndReason.TICK_FAILURES:
+        return EXIT_ERROR  # the guardian cannot continue
+    if summary.reason is EndReason.UNREADABLE and summary.verdict is not Verdict.UNHEALTHY:
+        return EXIT_ERROR
+    return EXIT_CODES[summary.verdict]
 
 
 def _watch(
@@ -208,7 +210,7 @@ def _watch(
     live = sys.stdout.isatty() and not args.no_live
     display: Display = LiveView(guardian, time.time) if live else PlainProgress(guardian, _print, time.time)
     with (
-        notifying(config, store, run_id, time.time, os.environ),
+        notifying(config, store, run_id, time.time, os.environ) as dispatcher,
         exporting(guardian, store, config.exporter, time.time, stop, sink_names(config)) as polled,
     ):
         loop = WatchLoop(
@@ -221,11 +223,14 @@ def _watch(
             wait=stop.wait,
             max_ticks=args.max_ticks,
             after_tick=polled,
+            announce=dispatcher.announce,
         )
         view: AbstractContextManager[object] = display if isinstance(display, LiveView) else nullcontext()
         with view:
             reason = loop.run()
-        summary = _summary(guardian, store, tracker, reason, loop.steps_read, pid=args.pid, total_steps=total_steps)
+        summary = _summary(
+            guardian, store, tracker, reason, guardian.steps_judged, pid=args.pid, total_steps=total_steps
+        )
         for line in summary_lines(summary):
             _print(line)
         log.info(
@@ -261,10 +266,7 @@ def _summary(
         last_step=guardian.history.last_step,
         signals=tuple(s.value for s in signals_present(frozenset(guardian.history.keys_seen))),
         bad_lines=guardian.bad_lines_total,
-        incidents=tuple(
-            IncidentLine(i.id, i.check, i.severity.label, i.status, i.onset_step)
-            for i in reversed(store.list_incidents(guardian.run_id, limit=1000))  # oldest first
-        ),
+        incidents=_incidents(guardian, store),
         first_critical=tracker.first_critical,
         store_url=store.url,
         pid=pid,
@@ -272,8 +274,33 @@ def _summary(
     )
 
 
+def _incidents(guardian: Guardian, store: Store) -> tuple[IncidentLine, ...]:
+    """The run's incidents, oldest first, as the store holds them; what the store could not take is said."""
+    if guardian.store_pending_writes:
+        log.error(
+            event(
+                "watch_writes_lost",
+                {
+                    "run": guardian.run_id,
+                    "pending": guardian.store_pending_writes,
+                    "fix": "run the same guardian watch again once the store takes writes: it reads the file from "
+                    "its start and stores what is missing",
+                },
+            )
+        )
+    try:
+        stored = store.list_incidents(guardian.run_id, limit=1000)
+    except DBAPIError as exc:
+        log.error(event("watch_store_unreadable", {"run": guardian.run_id, "error": store_error_text(exc)}))
+        return ()
+    return tuple(IncidentLine(i.id, i.check, i.severity.label, i.status, i.onset_step) for i in reversed(stored))
+
+
 def _print(line: str) -> None:
-    print(line, flush=True)
+    try:
+        print(line, flush=True)
+    except BrokenPipeError:  # `guardian watch ... | head`: the reader left; the watch goes on, quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
 @contextmanager

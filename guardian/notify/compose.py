@@ -107,6 +107,19 @@ def truncate(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[: max(limit - 1, 0)] + ELLIPSIS
 
 
+def cannot_continue_alert(run_id: str, *, cause: str, trainer: str, fix: str) -> Alert:
+    """The alert that the guardian stopped guarding a run (sent past the store: it may be the trouble)."""
+    return Alert(
+        key=f"run:{run_id}:cannot_continue",
+        run_id=run_id,
+        check="guardian",
+        level=Level.CRITICAL,
+        title=truncate(f"[{Level.CRITICAL.label}] guardian cannot continue on {run_id}", TITLE_MAX),
+        text=truncate(f"*Cause:* {cause}\n*Trainer:* {trainer}\n*What to do:* {fix}", TEXT_MAX),
+        fields={"run": run_id, "cause": truncate(_one_line(cause), 200), "trainer": truncate(_one_line(trainer), 200)},
+    )
+
+
 def at_step(step: int | None) -> str:
     """Where in the run something happened, as people read it."""
     return f"at step {step}" if step is not None else "before the first step"

@@ -31,7 +31,7 @@ from typing import Final
 from sqlalchemy.exc import DataError, DBAPIError, IntegrityError, NotSupportedError, ProgrammingError
 
 from guardian.logs import event, get_logger
-from guardian.store.engine import reason
+from guardian.outage import failure_text
 from guardian.store.repository import Store
 
 log = get_logger("store")
@@ -68,11 +68,6 @@ def outage_fix(error: str, url: str) -> str:
     if "i/o" in text:
         return f"check the disk under {url} (dmesg)"
     return f"check that the database at {url} is reachable and accepts writes"
-
-
-def _message(exc: BaseException) -> str:
-    """The driver's own first line (no SQL text or parameters: those can hold run data)."""
-    return reason(exc.orig if isinstance(exc, DBAPIError) and exc.orig is not None else exc)
 
 
 @dataclass
@@ -144,7 +139,7 @@ class WriteBehind:
         """The store refused work (a unit here, or a write of the caller's own): degraded until ``retry``
         gets through; the first refusal of an outage is logged loudly."""
         now = self.clock()
-        self.error = _message(exc)
+        self.error = failure_text(exc)
         if self.down_since is None:
             self.down_since = now
             log.critical(
@@ -218,7 +213,7 @@ class WriteBehind:
                 {
                     "db": self.store.url,
                     "unit": pending.name,
-                    "error": _message(exc),
+                    "error": failure_text(exc),
                     "failed_units": self.failed_units,
                     "lost": "its writes (a bug, not an outage: the traceback names it)",
                 },

@@ -1,6 +1,7 @@
 """How ``guardian watch`` shows the run while it reads: the live table on a terminal, else plain lines.
 
-The loop calls ``show`` after every tick and ``finish`` once at the end; what the lines and the table
+The loop calls ``show`` after every tick that worked and ``finish`` once at the end (a failure of either is
+logged, never fatal); what the lines and the table
 hold is formatted by ``guardian.view``.
 """
 

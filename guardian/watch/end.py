@@ -29,6 +29,7 @@ class EndReason(StrEnum):
     TRAINER_EXITED = "trainer_exited"
     INTERRUPTED = "interrupted"  # Ctrl-C or SIGTERM: decided by the loop, not by this rule
     TICK_FAILURES = "tick_failures"  # too many failed ticks in a row: decided by the loop
+    UNREADABLE = "unreadable"  # the watched path became unreadable (a directory, no permission): by the loop
     TICK_LIMIT = "tick_limit"
 
 

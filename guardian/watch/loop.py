@@ -13,15 +13,17 @@ no trainer to stop: the line says the run is unguarded from then on. An unreadab
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
-from guardian.daemon import Guardian, MetricsSource, TickResult
+from guardian.daemon import Guardian, MetricsSource
 from guardian.logs import event, get_logger
-from guardian.outage import TickFailures, failure_text
+from guardian.notify.compose import Alert, cannot_continue_alert
+from guardian.outage import TickFailures
 from guardian.sources.jsonl import MetricsBatch
+from guardian.ticks import GuardedTick
 from guardian.watch.display import Display
 from guardian.watch.end import EndReason, FileState, WatchState, end_reason
 from guardian.watch.trainer import TrainerLiveness
@@ -70,69 +72,52 @@ class WatchLoop:
     wait: Callable[[float], bool]  # sleep up to the given seconds; True when asked to stop
     max_ticks: int | None = None
     after_tick: Callable[[bool], None] = lambda ok: None
-    steps_read: int = field(default=0, init=False)
+    announce: Callable[[Alert], None] = lambda alert: None  # straight to the notifiers (Dispatcher.announce)
 
     def run(self) -> EndReason:
-        failures = TickFailures(limit=self.guardian.config.tick_failure_limit)
+        guarded = GuardedTick(
+            self.guardian.run_id, TickFailures(limit=self.guardian.config.tick_failure_limit), self.after_tick
+        )
         ticks = 0
         while True:
             alive = self.trainer.sample()
             self.file.final = not self.follow or alive is False  # the writer is done: take a last partial line
-            result = self._tick(failures)
+            try:
+                ok, result = guarded(self.guardian.tick, passthrough=(WatchError,))
+            except WatchError as exc:
+                log.error(event("watch_error", {"run": self.guardian.run_id, "message": str(exc)}))
+                guarded.aside("display", self.display.finish)
+                return EndReason.UNREADABLE
             ticks += 1
             if result is None:
-                reason = EndReason.TICK_FAILURES if failures.exhausted else None
+                reason = EndReason.TICK_FAILURES if guarded.exhausted else None
             else:
-                self.display.show(result, self.file.state)
+                guarded.aside("display", partial(self.display.show, result, self.file.state))
                 reason = end_reason(self._state(alive))
             if reason is None and self.max_ticks is not None and ticks >= self.max_ticks:
                 reason = EndReason.TICK_LIMIT
+            if reason is EndReason.TICK_FAILURES:
+                self._give_up(guarded.cause())
             if reason is not None:
-                self.display.finish()
+                guarded.aside("display", self.display.finish)
                 return reason
-            more = result is not None and self.file.state is FileState.UNREAD
+            more = ok and self.file.state is FileState.UNREAD
             if self.wait(0.0 if more else self.guardian.config.sources.poll_interval_s):
                 log.info(event("watch_interrupted", {"run": self.guardian.run_id}))
-                self.display.finish()
+                guarded.aside("display", self.display.finish)
                 return EndReason.INTERRUPTED
 
     def _state(self, alive: bool | None) -> WatchState:
         last = self.guardian.history.last_step
         return WatchState(self.follow, self.file.state, last, self.total_steps, alive)
 
-    def _tick(self, failures: TickFailures) -> TickResult | None:
-        """One tick of the guardian; None when it failed (logged, counted in ``failures``)."""
-        try:
-            result = self.guardian.tick()
-            self.steps_read += result.new_steps  # read and judged, even if after_tick fails
-            self.after_tick(True)
-        except WatchError:
-            raise
-        except Exception as exc:
-            self._tick_failed(failures, exc)
-            with contextlib.suppress(Exception):  # the exporter's view of it; the failure is logged already
-                self.after_tick(False)
-            return None
-        if failures.count:
-            log.warning(event("tick_recovered", {"run": self.guardian.run_id, "failed_ticks": failures.succeeded()}))
-        return result
-
-    def _tick_failed(self, failures: TickFailures, exc: Exception) -> None:
-        run_id = self.guardian.run_id
-        what = failure_text(exc)
-        if failures.failed():
-            fields = {"run": run_id, "error": what, "next": "retrying every tick"}
-            log.error(event("tick_failed", fields), exc_info=True)
-        if failures.exhausted:
-            log.critical(
-                event(
-                    "guardian_cannot_continue",
-                    {
-                        "run": run_id,
-                        "cause": f"{failures.count} ticks in a row failed: {what}",
-                        "trainer": "left running, UNGUARDED from now on (a watch never stops it)",
-                        "fix": "the traceback of event=tick_failed names the fault; fix it, then run the same "
-                        "guardian watch command again (it reads the file from its start; what is stored stays)",
-                    },
-                )
-            )
+    def _give_up(self, cause: str) -> None:
+        """One line (and an alert straight to the notifiers): the watch ends, the run goes on unguarded."""
+        trainer = "left running, UNGUARDED from now on (a watch never stops it)"
+        fix = (
+            "the traceback of event=tick_failed names the fault; fix it, then run the same guardian watch command "
+            "again (it reads the file from its start; what is stored stays)"
+        )
+        fields = {"run": self.guardian.run_id, "cause": cause, "trainer": trainer, "fix": fix}
+        log.critical(event("guardian_cannot_continue", fields))
+        self.announce(cannot_continue_alert(self.guardian.run_id, cause=cause, trainer=trainer, fix=fix))

@@ -93,6 +93,8 @@ def ended_text(summary: WatchSummary) -> str:
         EndReason.TICK_FAILURES: "gave up after failed ticks, the run is UNGUARDED (event=guardian_cannot_continue "
         "says what to do); judged on the steps read so far",
         EndReason.TICK_LIMIT: "tick limit reached",
+        EndReason.UNREADABLE: f"{summary.path} became unreadable (event=watch_error says why); judged on the steps "
+        "read so far",
     }[summary.reason]
 
 

@@ -1,0 +1,63 @@
+"""One tick of a guard loop (``guardian run``'s and ``guardian watch``'s), guarded.
+
+A tick that raises is logged once per streak with its traceback (``event=tick_failed``) and the loop goes on;
+the first tick that works again says so (``event=tick_recovered``); ``outage.TickFailures`` tells when a streak
+is long enough to give up. Whatever follows a tick - the exporter's poll status, a terminal view - is a side
+show: its failure is logged, never counted as a failed tick, and never loses the tick's result.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TypeVar
+
+from guardian.logs import event, get_logger
+from guardian.outage import TickFailures, failure_text
+
+log = get_logger("ticks")
+T = TypeVar("T")
+
+
+@dataclass
+class GuardedTick:
+    run_id: str
+    failures: TickFailures
+    after_tick: Callable[[bool], None] = lambda ok: None  # the exporter's poll status, after every tick
+    last_error: str = ""
+
+    def __call__(
+        self, tick: Callable[[], T], *, passthrough: tuple[type[Exception], ...] = ()
+    ) -> tuple[bool, T | None]:
+        """Run ``tick``: (True, its result), or (False, None) when it raised (``passthrough`` exceptions are
+        re-raised: they end the loop on purpose)."""
+        try:
+            result = tick()
+        except passthrough:
+            raise
+        except Exception as exc:
+            self.last_error = failure_text(exc)
+            if self.failures.failed():
+                fields = {"run": self.run_id, "error": self.last_error, "next": "retrying every tick"}
+                log.error(event("tick_failed", fields), exc_info=True)
+            self.aside("exporter", lambda: self.after_tick(False))
+            return False, None
+        if self.failures.count:
+            log.warning(event("tick_recovered", {"run": self.run_id, "failed_ticks": self.failures.succeeded()}))
+        self.aside("exporter", lambda: self.after_tick(True))
+        return True, result
+
+    @property
+    def exhausted(self) -> bool:
+        return self.failures.exhausted
+
+    def cause(self) -> str:
+        """Why the guarding ends after a streak, for the one give-up line."""
+        return f"{self.failures.count} ticks in a row failed: {self.last_error}"
+
+    def aside(self, what: str, action: Callable[[], object]) -> None:
+        """Run ``action`` (what follows a tick: the exporter, a view); its failure is logged, nothing more."""
+        try:
+            action()
+        except Exception as exc:
+            log.warning(event("tick_aside_failed", {"run": self.run_id, "what": what, "error": failure_text(exc)}))
