@@ -53,13 +53,13 @@ def required_tool(name: str, package: str) -> str:
     return found
 
 
-def corrupt_steps_table(db: Path) -> None:
-    """Overwrite the root page of a guardian SQLite file's steps table (after moving the WAL into the file)
+def corrupt_table(db: Path, table: str = "steps") -> None:
+    """Overwrite the root page of ``table`` in a guardian SQLite file (after moving the WAL into the file)
     with garbage: connections opened afterwards fail to read or write it ("database disk image is
     malformed")."""
     with sqlite3.connect(db) as connection:
         connection.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-        (root,) = connection.execute("SELECT rootpage FROM sqlite_master WHERE name = 'steps'").fetchone()
+        (root,) = connection.execute("SELECT rootpage FROM sqlite_master WHERE name = ?", (table,)).fetchone()
         (size,) = connection.execute("PRAGMA page_size").fetchone()
     with db.open("r+b") as handle:
         handle.seek((root - 1) * size)

@@ -170,6 +170,22 @@ def test_nothing_of_the_run_outlives_it_not_even_a_detached_child_of_the_resumed
                 os.kill(pid, signal.SIGKILL)
 
 
+def test_observe_mode_names_a_detached_child_left_at_the_run_end_and_touches_nothing(tmp_path: Path) -> None:
+    home, ckpt, pids = tmp_path / "home", tmp_path / "ckpt", tmp_path / "children.txt"
+    command = scripted_command(ckpt, 30, f"+script.detached_child={pids}")
+    config = config_for(home).model_copy(update={"mode": "observe"})
+    try:
+        assert run_guarded(config, RunRequest(tuple(command), tmp_path, "observed")) == 3  # it collapsed
+        (child,) = [int(line) for line in pids.read_text().split()]
+        assert _alive(child), "observe mode stopped a process"
+        log = (home / "runs" / "observed" / "guardian.log").read_text()
+        assert f"event=strays_after_exit run=observed attempt=1 pids={child}" in log and "fix=" in log
+    finally:
+        for pid in [int(line) for line in pids.read_text().split()] if pids.exists() else []:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
 def _alive(pid: int) -> bool:
     """Alive and not a zombie (a stopped child of another process may linger unreaped)."""
     try:

@@ -3,11 +3,17 @@ on, and a tick that keeps failing ends it through the supervisor's one line."""
 
 from __future__ import annotations
 
+import io
+import sys
 import threading
 from dataclasses import dataclass, field
+from pathlib import Path
+
+from rich.console import Console
 
 from guardian.config import GuardianConfig
-from guardian.run import _loop
+from guardian.run import _loop, _render, local_supervisor, register_run
+from guardian.store import Store
 
 
 @dataclass
@@ -52,3 +58,17 @@ def test_an_exporter_that_fails_on_a_failed_tick_does_not_end_the_loop() -> None
 
     supervisor = TickingSupervisor([RuntimeError("once"), 0])
     assert _loop(supervisor, threading.Event(), 0.0, live=False, after_tick=exporter) == 0  # type: ignore[arg-type]
+
+
+def test_the_live_view_says_when_the_store_cannot_be_read(tmp_path: Path) -> None:
+    command = [sys.executable, "-m", "verl.trainer.main_ppo", f"trainer.default_local_dir={tmp_path / 'ckpt'}"]
+    config = GuardianConfig(home=tmp_path / "home")
+    with Store.open(config.database_url()) as store:
+        supervisor = local_supervisor(config, store, run_id="r1", command=command, cwd=tmp_path)
+        register_run(store, supervisor, name="r1")
+        store.close()
+        with (config.home / "guardian.db").open("r+b") as damaged:  # the schema page: no query can be planned
+            damaged.write(b"\xa5" * 4096)
+        console = Console(file=io.StringIO(), width=200)
+        console.print(_render(supervisor))
+    assert "intervention: unknown (the store cannot be read)" in console.file.getvalue()  # type: ignore[attr-defined]

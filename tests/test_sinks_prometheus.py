@@ -22,7 +22,7 @@ from importlib.resources import files
 from pathlib import Path
 
 import pytest
-from conftest import corrupt_steps_table, free_port, required_tool
+from conftest import corrupt_table, free_port, required_tool
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as parse_openmetrics
@@ -658,7 +658,7 @@ def test_a_store_that_cannot_be_read_keeps_the_live_state_fresh_and_says_it_is_d
         [healthy] = source.snapshot()
         assert (healthy.step, healthy.attempt, healthy.store_degraded) == (3, 1, False)
 
-        corrupt_steps_table(db)
+        corrupt_table(db)
         store.close()  # connections opened from here on read the damaged file
         _write_run(metrics, range(1, 6), null_grad_from=99)
         clock[0] = 1_010.0

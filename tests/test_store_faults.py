@@ -16,7 +16,7 @@ from pathlib import Path
 
 import orjson
 import pytest
-from conftest import ManualClock, corrupt_steps_table
+from conftest import ManualClock, corrupt_table
 from sqlalchemy import Engine, event
 
 from guardian.actions.process import LocalProcessControl
@@ -476,7 +476,7 @@ def test_a_corrupted_page_mid_run_stops_the_collapsing_trainer_and_says_so_in_on
         try:
             supervisor.start()
             tick_until(supervisor, lambda: (supervisor.guardian.history.last_step or 0) >= 5)
-            corrupt_steps_table(db)
+            corrupt_table(db)
             store.close()  # connections opened from here on read the damaged file
             tick_until(supervisor, lambda: stopped(supervisor))
             assert supervisor.guardian.store_degraded
