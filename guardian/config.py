@@ -18,11 +18,14 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from guardian.actions.ladder import RemediationConfig
-from guardian.outage import STORE_WAIT_S, TICK_FAILURE_LIMIT
 from guardian.sources.jsonl import MAX_KEYS_PER_STEP, MAX_LINE_BYTES
-from guardian.store.engine import BUSY_TIMEOUT_S
-from guardian.store.writebehind import MAX_PENDING
 
+# defaults the store and the guard loops start from when no configuration is given (store/engine.py,
+# store/writebehind.py, outage.py import them; nothing here imports the store)
+BUSY_TIMEOUT_S = 5.0
+MAX_PENDING_WRITES = 10_000
+STORE_WAIT_S = 600.0
+TICK_FAILURE_LIMIT = 5
 MAX_CONFIG_BYTES = 1 << 20  # a guardian.yaml is a few KiB; a larger file is the wrong file
 
 
@@ -262,7 +265,7 @@ class StoreConfig(_Section):
         description="SQLite: wait this long for another writer's lock before a write counts as refused.",
     )
     max_pending_writes: int = Field(
-        MAX_PENDING,
+        MAX_PENDING_WRITES,
         ge=1,
         description="While the store refuses writes, keep up to this many units of the guard loop's work (a tick's "
         "writes each) in memory; beyond it new ones are dropped and counted (their steps stay in the metrics files).",

@@ -18,16 +18,11 @@ what these return.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Final
 
 from sqlalchemy.exc import DBAPIError
 
+from guardian.config import STORE_WAIT_S, TICK_FAILURE_LIMIT
 from guardian.store.engine import reason
-
-STORE_WAIT_S: Final = 600.0
-"""How long no trainer may run while the store refuses writes before the guardian gives up."""
-TICK_FAILURE_LIMIT: Final = 5
-"""Failed ticks in a row after which the guardian gives up."""
 
 
 def stop_while_store_down(*, mode: str, running: bool, collapsing: bool) -> bool:

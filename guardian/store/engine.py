@@ -29,6 +29,7 @@ from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 from sqlalchemy.pool import StaticPool
 
+from guardian.config import BUSY_TIMEOUT_S  # a write waits this long for another writer's lock
 from guardian.store.errors import StoreError
 
 MIGRATIONS_DIR: Final = Path(__file__).resolve().parent / "migrations"
@@ -36,8 +37,6 @@ MIGRATIONS_DIR: Final = Path(__file__).resolve().parent / "migrations"
 WRITE_OPTION: Final = "guardian_write"
 """Execution option that marks a connection's transactions as writes (``BEGIN IMMEDIATE`` on SQLite)."""
 
-BUSY_TIMEOUT_S: Final = 5.0
-"""How long a SQLite write waits for another writer's lock before it fails with ``database is locked``."""
 
 _SQLITE_PRAGMAS: Final = (
     "PRAGMA journal_mode=WAL",

@@ -25,10 +25,11 @@ import orjson
 from sqlalchemy import Connection, Engine, func, insert, select, text, update
 from sqlalchemy.orm import Session, sessionmaker
 
+from guardian.config import BUSY_TIMEOUT_S
 from guardian.findings import Finding
 from guardian.history import StepRecord
 from guardian.store.deliveries import DeliveryRecords
-from guardian.store.engine import BUSY_TIMEOUT_S, WRITE_OPTION, current_revision, mask_url, open_engine
+from guardian.store.engine import WRITE_OPTION, current_revision, mask_url, open_engine
 from guardian.store.errors import NotFoundError, StoreError
 from guardian.store.interventions import InterventionRecords
 from guardian.store.models import Attempt, Checkpoint, FindingRow, Incident, Run, Step

@@ -30,14 +30,13 @@ from typing import Final
 
 from sqlalchemy.exc import DataError, DBAPIError, IntegrityError, NotSupportedError, ProgrammingError
 
+from guardian.config import MAX_PENDING_WRITES
 from guardian.logs import event, get_logger
 from guardian.outage import failure_text
 from guardian.store.repository import Store
 
 log = get_logger("store")
 
-MAX_PENDING: Final = 10_000
-"""Units kept while the store is unavailable (a tick's writes are one unit: hours of training)."""
 RETRY_FIRST_S: Final = 1.0
 RETRY_MAX_S: Final = 60.0
 
@@ -85,7 +84,7 @@ class WriteBehind:
 
     store: Store
     clock: Callable[[], float]
-    limit: int = MAX_PENDING
+    limit: int = MAX_PENDING_WRITES
     down_since: float | None = None  # when the current outage began; None while the store takes writes
     dropped: int = 0  # units dropped because the queue was full, over the guardian's life
     failed_units: int = 0  # units the database refused for a non-outage error (a bug), over the guardian's life
