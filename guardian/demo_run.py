@@ -31,7 +31,7 @@ from guardian.logs import logging_to_file
 from guardian.notify.compose import at_step, format_setting, format_value
 from guardian.notify.setup import notifying, sink_names
 from guardian.policy import CRASH_OUTPUT_EVIDENCE
-from guardian.run import local_supervisor, register_run
+from guardian.run import guard_loop, local_supervisor, register_run
 from guardian.sinks.export import exporting
 from guardian.store import InterventionView, Store
 from guardian.supervisor import Supervisor
@@ -176,17 +176,18 @@ def run_demo(config: GuardianConfig, *, scenario: str, json_output: bool) -> int
         register_run(store, supervisor, name=f"demo {scenario}")
         narrate = Narrator(console, store, run_id)
         stop = threading.Event()
-        code: int | None = None
         with (
-            notifying(config, store, run_id, time.time, os.environ),
+            notifying(config, store, run_id, time.time, os.environ) as dispatcher,
             exporting(supervisor.guardian, store, config.exporter, time.time, stop, sink_names(config)) as polled,
         ):
+            supervisor.announce = dispatcher.announce
             supervisor.start()
-            while code is None and not stop.is_set():
-                code = supervisor.tick()
-                polled(True)
+
+            def after_tick(ok: bool) -> None:  # the exporter's poll status, then the narration of the tick
+                polled(ok)
                 narrate(supervisor)
-                stop.wait(config.sources.poll_interval_s)
+
+            code = guard_loop(supervisor, stop, config.sources.poll_interval_s, live=False, after_tick=after_tick)
         incidents = store.list_incidents(run_id, limit=1000)
         if json_output:
             document = {

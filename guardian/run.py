@@ -98,7 +98,7 @@ def register_run(store: Store, supervisor: Supervisor, *, name: str) -> None:
     )
 
 
-def _loop(
+def guard_loop(
     supervisor: Supervisor,
     stop: threading.Event,
     poll_s: float,
@@ -206,7 +206,9 @@ def run_guarded(config: GuardianConfig, request: RunRequest, *, stop: threading.
                 ):
                     supervisor.announce = dispatcher.announce
                     supervisor.start()
-                    code = _loop(supervisor, stop, config.sources.poll_interval_s, live=request.live, after_tick=polled)
+                    code = guard_loop(
+                        supervisor, stop, config.sources.poll_interval_s, live=request.live, after_tick=polled
+                    )
                 if code is not None:
                     return code
             finally:

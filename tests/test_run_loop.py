@@ -12,7 +12,7 @@ from pathlib import Path
 from rich.console import Console
 
 from guardian.config import GuardianConfig
-from guardian.run import _loop, _render, local_supervisor, register_run
+from guardian.run import _render, guard_loop, local_supervisor, register_run
 from guardian.store import Store
 
 
@@ -39,14 +39,14 @@ class TickingSupervisor:
 def test_failed_ticks_are_failed_polls_and_the_loop_goes_on_to_the_run_end() -> None:
     supervisor = TickingSupervisor([None, RuntimeError("disk"), RuntimeError("disk"), None, 0])
     polls: list[bool] = []
-    code = _loop(supervisor, threading.Event(), 0.0, live=False, after_tick=polls.append)  # type: ignore[arg-type]
+    code = guard_loop(supervisor, threading.Event(), 0.0, live=False, after_tick=polls.append)  # type: ignore[arg-type]
     assert code == 0 and polls == [True, False, False, True, True] and not supervisor.gave_up
 
 
 def test_a_tick_failing_every_time_gives_up_after_the_configured_limit() -> None:
     supervisor = TickingSupervisor([RuntimeError("store gone")] * 5)
     polls: list[bool] = []
-    code = _loop(supervisor, threading.Event(), 0.0, live=False, after_tick=polls.append)  # type: ignore[arg-type]
+    code = guard_loop(supervisor, threading.Event(), 0.0, live=False, after_tick=polls.append)  # type: ignore[arg-type]
     assert code == 1 and polls == [False, False, False]
     assert supervisor.gave_up == ["3 ticks in a row failed: RuntimeError: store gone"]
 
@@ -57,7 +57,7 @@ def test_an_exporter_that_fails_on_a_failed_tick_does_not_end_the_loop() -> None
             raise OSError("exporter broken too")
 
     supervisor = TickingSupervisor([RuntimeError("once"), 0])
-    assert _loop(supervisor, threading.Event(), 0.0, live=False, after_tick=exporter) == 0  # type: ignore[arg-type]
+    assert guard_loop(supervisor, threading.Event(), 0.0, live=False, after_tick=exporter) == 0  # type: ignore[arg-type]
 
 
 def test_the_live_view_says_when_the_store_cannot_be_read(tmp_path: Path) -> None:

@@ -32,7 +32,7 @@ from guardian.outage import (
     stop_while_store_down,
     trainer_fate,
 )
-from guardian.run import _loop, register_run
+from guardian.run import guard_loop, register_run
 from guardian.sources.jsonl import MetricsBatch, MetricsFile
 from guardian.store import Store
 from guardian.store.writebehind import RETRY_MAX_S, WriteBehind
@@ -527,7 +527,7 @@ def test_an_exception_in_a_tick_is_logged_once_and_only_a_repeat_gives_up(
         supervisor.start()
         supervisor.guardian.metrics = FailingMetrics(supervisor.guardian.metrics, failures)
         try:
-            code = _loop(supervisor, threading.Event(), 0.05, live=False)
+            code = guard_loop(supervisor, threading.Event(), 0.05, live=False)
         finally:
             if supervisor.attempt is not None and supervisor.attempt.handle is not None:
                 supervisor._halt_trainer(reason="test over")
