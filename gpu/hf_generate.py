@@ -1,0 +1,97 @@
+"""The generate contract of the ``hf`` rollout for verl 0.9.1: Hugging Face ``generate()`` with processed log-probs.
+
+verl's agent loop calls a rollout server's ``generate(request_id, prompt_ids, sampling_params, …)`` and expects a
+``TokenOutput(token_ids, log_probs, stop_reason)`` (``verl/workers/rollout/replica.py:39``). This module is the part
+of that server that needs no verl and no Ray: translating verl's sampling parameters (built in
+``verl/experimental/agent_loop/agent_loop.py:590``: temperature, top_p, top_k, repetition_penalty, logprobs) to
+``generate()`` keyword arguments, and returning each sampled token with the log-probability of the distribution it
+was actually drawn from (log-softmax of the warped scores), EOS included.
+
+The trap it closes: verl's "no top-k" is ``top_k=-1``; HF's is ``top_k=0``. Passing nothing (or -1 filtered out)
+leaves HF's default ``top_k=50``, which silently truncates the sampling distribution and makes the rollout
+off-policy against the trainer's full-softmax log-probs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+
+class SamplingError(ValueError):
+    """verl sampling parameters this rollout cannot honour; the message names the parameter and value."""
+
+
+@dataclass(frozen=True)
+class Generated:
+    token_ids: list[int]
+    """response tokens, EOS included when generation stopped on it"""
+    log_probs: list[float]
+    """per token: log-softmax of the processed (temperature/top-k/top-p warped) scores it was sampled from"""
+    stop_reason: str
+    """'completed' (EOS) or 'length' (max_new_tokens reached)"""
+
+
+def hf_sampling_kwargs(sampling_params: Mapping[str, Any]) -> dict[str, Any]:
+    """``generate()`` keyword arguments for verl's ``sampling_params``."""
+    temperature = float(sampling_params.get("temperature", 1.0))
+    top_p = float(sampling_params.get("top_p", 1.0))
+    top_k = int(sampling_params.get("top_k", -1))
+    repetition_penalty = float(sampling_params.get("repetition_penalty", 1.0))
+    if temperature < 0:
+        raise SamplingError(f"sampling_params.temperature={temperature}: must be >= 0")
+    if not 0 < top_p <= 1:
+        raise SamplingError(f"sampling_params.top_p={top_p}: must be in (0, 1]")
+    if top_k < -1:
+        raise SamplingError(f"sampling_params.top_k={top_k}: must be -1 (off), 0 (off) or positive")
+    if repetition_penalty != 1.0:
+        # a repetition penalty changes the sampling distribution per sequence; the trainer does not model it
+        raise SamplingError(f"sampling_params.repetition_penalty={repetition_penalty}: only 1.0 is supported")
+    if temperature == 0:
+        return {"do_sample": False, "top_k": 0, "top_p": 1.0, "temperature": 1.0}
+    return {"do_sample": True, "temperature": temperature, "top_p": top_p, "top_k": max(top_k, 0)}
+
+
+@torch.no_grad()
+def generate(
+    model: Any,
+    prompt_ids: Sequence[int],
+    sampling_params: Mapping[str, Any],
+    *,
+    max_new_tokens: int,
+    eos_token_id: int,
+    pad_token_id: int,
+    generator_seed: int | None = None,
+) -> Generated:
+    """Sample one response to ``prompt_ids`` with ``model`` (a transformers causal LM)."""
+    if not prompt_ids:
+        raise ValueError("generate: prompt_ids is empty")
+    if max_new_tokens < 1:
+        raise ValueError(f"generate: max_new_tokens={max_new_tokens} must be >= 1")
+    device = next(model.parameters()).device
+    input_ids = torch.tensor([list(prompt_ids)], dtype=torch.long, device=device)
+    if generator_seed is not None:
+        torch.manual_seed(generator_seed)
+    output = model.generate(
+        input_ids=input_ids,
+        attention_mask=torch.ones_like(input_ids),
+        max_new_tokens=max_new_tokens,
+        eos_token_id=eos_token_id,
+        pad_token_id=pad_token_id,
+        output_scores=True,
+        return_dict_in_generate=True,
+        **hf_sampling_kwargs(sampling_params),
+    )
+    tokens = output.sequences[0, input_ids.shape[1] :].tolist()
+    log_probs: list[float] = []
+    response: list[int] = []
+    for step, token in enumerate(tokens):
+        scores = output.scores[step][0].float()
+        log_probs.append(float(torch.log_softmax(scores, dim=-1)[token]))
+        response.append(int(token))
+        if token == eos_token_id:
+            return Generated(response, log_probs, "completed")
+    return Generated(response, log_probs, "length")
