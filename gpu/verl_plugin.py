@@ -4,52 +4,275 @@ verl 0.9.1 knows only vLLM / SGLang / TRT-LLM rollouts, in two registries that b
 
 * ``verl/workers/rollout/base.py:89`` ``_ROLLOUT_REGISTRY[(name, mode)]`` → dotted path of the ``BaseRollout``
   adapter that lives inside the trainer workers (``get_rollout_class``, called at
-  ``verl/workers/engine_workers.py:667`` and ``verl/checkpoint_engine/base.py:343``);
+  ``verl/workers/engine_workers.py:667``);
 * ``verl/workers/rollout/replica.py:312`` ``RolloutReplicaRegistry`` → the ``RolloutReplica`` that launches the
   generation servers (``get_rollout_replica_class``).
 
 Importing this module registers both; ``verl/__init__.py:49`` imports every module named in
 ``VERL_USE_EXTERNAL_MODULES`` (comma-separated), and Ray workers inherit the driver's environment.
 
-SKELETON: registration is real and tested; the adapter's and replica's bodies are not written yet (they raise
-``NotImplementedError`` naming what is missing). The generate contract they will serve is ``gpu.hf_generate``.
+The pieces, in the order verl meets them:
+
+* ``HFReplica.launch_servers`` (hybrid mode, one replica per ``tensor_model_parallel_size`` trainer ranks; TP=1
+  here) starts one ``HFServer`` Ray actor per replica on the node and GPU of its first trainer worker.
+* ``HFServer.generate`` is what verl's agent loop calls (``verl/workers/rollout/llm_server.py:150``): one request,
+  one sampled response through ``gpu.hf_generate`` (processed log-probs, ``top_k=-1`` → HF ``top_k=0``).
+  Requests run one at a time, in the order they came.
+* ``HFServerAdapter.update_weights`` runs in every trainer rank after each step (the V1 sync trainer forces
+  ``checkpoint_engine.backend=naive``, ``verl/trainer/ppo/v1/trainer_base.py:382``; ``engine_workers.py:728``):
+  it drains the ``(name, tensor)`` generator (the FSDP all-gathers run inside it, so every rank must drain it) and
+  the replica's leader rank sends the state dict to its server.
+* ``sleep`` / ``wake_up`` / ``*_kv_cache`` keep the model where it is (an HF model has no KV cache between
+  requests, and the harness's model is small); ``abort_all_requests`` closes the gate for new requests until
+  ``resume_generation`` (or fails them when ``reject_request``).
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import os
+from collections.abc import Iterable
 from typing import Any
 
+import ray
+import ray.util.scheduling_strategies
+import torch
 from verl.workers.rollout import base as rollout_base
 from verl.workers.rollout.base import BaseRollout
-from verl.workers.rollout.replica import RolloutReplica, RolloutReplicaRegistry
+from verl.workers.rollout.replica import RolloutReplica, RolloutReplicaRegistry, TokenOutput
+
+from gpu.hf_generate import generate
 
 NAME = "hf"
 MODE = "async"
+SERVER_PREFIX = "hf_"
+
+log = logging.getLogger(__name__)
+
+
+def server_name(replica_rank: int, node_rank: int = 0) -> str:
+    """The Ray actor name of a replica's server (the adapter finds its server by it)."""
+    return f"{SERVER_PREFIX}server_{replica_rank}_{node_rank}"
+
+
+class RequestRejected(RuntimeError):
+    """A request arrived after ``abort_all_requests(reject_request=True)``."""
+
+
+class HFServer:
+    """One replica's generation server: a transformers causal LM on the replica's GPU (CPU when there is none)."""
+
+    def __init__(
+        self,
+        model_path: str,
+        dtype: str,
+        max_new_tokens: int,
+        replica_rank: int,
+        cuda_visible_devices: str | None,
+    ) -> None:
+        if cuda_visible_devices is not None:
+            # before the first CUDA call of this process: the server sees exactly its replica's GPU
+            os.environ["CUDA_VISIBLE_DEVICES"] = cuda_visible_devices
+        from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
+
+        self.replica_rank = replica_rank
+        self.max_new_tokens = max_new_tokens
+        self.device = torch.device("cuda:0" if torch.cuda.is_available() else "cpu")
+        self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=getattr(torch, dtype)).to(self.device)
+        self.model.eval()
+        config = AutoConfig.from_pretrained(model_path)
+        try:
+            generation = GenerationConfig.from_pretrained(model_path)
+        except OSError:
+            generation = GenerationConfig()
+        eos = generation.eos_token_id if generation.eos_token_id is not None else config.eos_token_id
+        self.eos_token_id = int(eos[0] if isinstance(eos, list) else eos)
+        pad = generation.pad_token_id if generation.pad_token_id is not None else config.pad_token_id
+        self.pad_token_id = int(pad) if pad is not None else self.eos_token_id
+        self.global_steps: int | None = None
+        self.weight_version = 0
+        self._lock = asyncio.Lock()
+        self._open = asyncio.Event()
+        self._open.set()
+        self._reject = False
+
+    async def generate(
+        self,
+        request_id: str,
+        *,
+        prompt_ids: list[int],
+        sampling_params: dict[str, Any],
+        image_data: Any = None,
+        video_data: Any = None,
+        **kwargs: Any,
+    ) -> TokenOutput:
+        if image_data is not None or video_data is not None:
+            raise ValueError(f"hf rollout request {request_id}: text only (image/video data given)")
+        if not self._open.is_set():
+            if self._reject:
+                raise RequestRejected(f"hf rollout request {request_id}: generation is aborted")
+            await self._open.wait()
+        max_new_tokens = int(sampling_params.get("max_tokens", sampling_params.get("max_new_tokens", 0)) or 0)
+        max_new_tokens = min(max_new_tokens or self.max_new_tokens, self.max_new_tokens)
+        async with self._lock:
+            out = await asyncio.to_thread(
+                generate,
+                self.model,
+                prompt_ids,
+                sampling_params,
+                max_new_tokens=max_new_tokens,
+                eos_token_id=self.eos_token_id,
+                pad_token_id=self.pad_token_id,
+            )
+        return TokenOutput(
+            token_ids=out.token_ids,
+            log_probs=out.log_probs,
+            stop_reason=out.stop_reason,
+            extra_fields={"global_steps": self.global_steps},
+        )
+
+    async def update_weights(self, state_dict: dict[str, torch.Tensor], global_steps: int | None = None) -> int:
+        """Load the trainer's full (HF-named) state dict; returns how many tensors were loaded."""
+        async with self._lock:
+            result = self.model.load_state_dict(state_dict, strict=False)
+            missing = [k for k in result.missing_keys if not k.endswith("lm_head.weight")]
+            if missing or result.unexpected_keys:
+                raise KeyError(
+                    f"hf rollout server {self.replica_rank}: weight sync does not match the model "
+                    f"(missing {missing[:5]}, unexpected {result.unexpected_keys[:5]})"
+                )
+            if self.model.config.tie_word_embeddings:
+                self.model.tie_weights()
+            self.weight_version += 1
+            if global_steps is not None:
+                self.global_steps = global_steps
+        return len(state_dict)
+
+    def weights_fingerprint(self) -> float:
+        """Sum of every parameter: lets tests see a weight sync arrive."""
+        return float(sum(p.detach().double().sum() for p in self.model.parameters()))
+
+    async def set_global_steps(self, global_steps: int) -> None:
+        self.global_steps = global_steps
+
+    async def abort_all_requests(self, reject_request: bool = False) -> dict[str, Any]:
+        self._reject = reject_request
+        self._open.clear()
+        return {}
+
+    async def resume_generation(self) -> None:
+        self._reject = False
+        self._open.set()
+
+    async def wake_up(self) -> None:
+        """The model stays resident between steps: nothing to restore."""
+
+    async def sleep(self) -> None:
+        """The model stays resident between steps: nothing to free."""
+
+    async def clear_kv_cache(self) -> None:
+        """HF ``generate()`` keeps no KV cache between requests."""
+
+    async def release_kv_cache(self) -> None:
+        """HF ``generate()`` keeps no KV cache between requests."""
+
+    async def resume_kv_cache(self) -> None:
+        """HF ``generate()`` keeps no KV cache between requests."""
+
+    async def start_profile(self, **kwargs: Any) -> None:
+        """Profiling is not offered by this backend."""
+
+    async def stop_profile(self) -> None:
+        """Profiling is not offered by this backend."""
+
+
+def _cpu_state_dict(weights: Iterable[tuple[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    state: dict[str, torch.Tensor] = {}
+    for name, tensor in weights:
+        full = tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
+        state[name] = full.detach().to("cpu", copy=True)
+    return state
 
 
 class HFServerAdapter(BaseRollout):
-    """Inside each trainer worker: pushes the actor's weights to the ``hf`` server after each step.
+    """Inside each trainer worker: pushes the actor's weights to the replica's ``hf`` server after each step."""
 
-    verl's V1 sync trainer forces ``checkpoint_engine.backend=naive`` (``verl/trainer/ppo/v1/trainer_base.py:382``),
-    so ``update_weights`` receives the ``(name, tensor)`` generator of the FSDP actor and must drain it on every rank
-    (the FSDP all-gathers run inside it) before rank 0 sends the state dict to the server.
-    """
+    def __init__(self, config: Any, model_config: Any, device_mesh: Any, *args: Any, **kwargs: Any) -> None:
+        super().__init__(config, model_config, device_mesh)
+        rollout_world_size = (
+            self.config.tensor_model_parallel_size
+            * self.config.data_parallel_size
+            * self.config.pipeline_model_parallel_size
+        )
+        if rollout_world_size != 1:
+            raise ValueError(
+                f"hf rollout: tensor/data/pipeline parallel size {rollout_world_size} per replica; only 1 is supported"
+            )
+        rank = int(os.environ.get("RANK", "0"))
+        self.replica_rank = rank // rollout_world_size
+        self.is_leader_rank = rank % rollout_world_size == 0
+        self._server: Any = None
+
+    def _server_handle(self) -> Any:
+        if self._server is None:
+            self._server = ray.get_actor(server_name(self.replica_rank))
+        return self._server
 
     async def resume(self, tags: list[str]) -> None:
-        raise NotImplementedError("gpu.verl_plugin.HFServerAdapter.resume: not written yet (issue 11)")
+        """Weights and KV cache never leave the server (``HFServer.sleep`` keeps them)."""
 
     async def update_weights(self, weights: Any, wire_format: str = "named_tensors", **kwargs: Any) -> None:
-        raise NotImplementedError("gpu.verl_plugin.HFServerAdapter.update_weights: not written yet (issue 11)")
+        if wire_format != "named_tensors":
+            raise ValueError(f"hf rollout: weight wire format {wire_format!r}; only 'named_tensors' is supported")
+        if kwargs.get("peft_config") is not None:
+            raise ValueError("hf rollout: LoRA adapter sync is not supported (use model.lora.merge=True)")
+        state = _cpu_state_dict(weights)  # every rank drains: the FSDP all-gathers run inside the generator
+        if self.is_leader_rank:
+            await self._server_handle().update_weights.remote(state, kwargs.get("global_steps"))
 
     async def release(self) -> None:
-        raise NotImplementedError("gpu.verl_plugin.HFServerAdapter.release: not written yet (issue 11)")
+        """Weights and KV cache never leave the server (``HFServer.sleep`` keeps them)."""
 
 
 class HFReplica(RolloutReplica):
-    """Starts one Ray actor per replica that serves ``generate`` through ``gpu.hf_generate`` (TP=1, text only)."""
+    """Starts one ``HFServer`` actor per replica on the node and GPU of the replica's trainer worker."""
 
     async def launch_servers(self) -> None:
-        raise NotImplementedError("gpu.verl_plugin.HFReplica.launch_servers: not written yet (issue 11)")
+        if self.world_size != 1 or self.nnodes != 1:
+            raise ValueError(f"hf rollout: replica world size {self.world_size} over {self.nnodes} nodes; only 1")
+        if len(self.workers) != 1:
+            raise ValueError(f"hf rollout replica {self.replica_rank}: {len(self.workers)} workers, expected 1")
+        node_id, devices = await self.workers[0].__ray_call__.remote(_node_and_devices)
+        name = server_name(self.replica_rank)
+        server = (
+            ray.remote(HFServer)
+            .options(
+                name=name,
+                num_cpus=0,
+                num_gpus=0,
+                max_concurrency=self.max_concurrency,
+                scheduling_strategy=ray.util.scheduling_strategies.NodeAffinitySchedulingStrategy(node_id, soft=False),
+                runtime_env={"env_vars": {"RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES": "1"}},
+            )
+            .remote(
+                model_path=self.model_config.local_path or self.model_config.path,
+                dtype=self.config.dtype,
+                max_new_tokens=self.config.response_length,
+                replica_rank=self.replica_rank,
+                cuda_visible_devices=devices,
+            )
+        )
+        await server.weights_fingerprint.remote()  # raises here, with the server's error, if loading failed
+        self.servers = [server]
+        self._server_handle = server
+        self._server_address = f"{name}:0"  # a unique key for verl's load balancer; nothing listens on it
+
+
+def _node_and_devices(worker: Any) -> tuple[str, str | None]:
+    context = ray.get_runtime_context()
+    gpus = context.get_accelerator_ids().get("GPU") or []
+    return context.get_node_id(), (",".join(str(g) for g in gpus) if gpus else None)
 
 
 def _load_replica() -> type[RolloutReplica]:

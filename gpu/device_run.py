@@ -1,0 +1,270 @@
+"""Run scenarios side by side under ``guardian run`` (enforce mode), watch them from outside, judge, keep the evidence.
+
+    python -m gpu.device_run --trainer verl --tiny /tmp/tiny --scenarios collapse,collapse-kill \\
+        --work /tmp/harness --out "$OUT/harness"
+
+For each scenario: ``<work>/<name>/`` holds its guardian.yaml, the guardian's home (``.guardian``: store, logs, every
+attempt's metrics, console output, rollout dumps) and the checkpoints (``ckpt``). ``collapse-kill`` SIGKILLs its
+guardian once the patched trainer is launched and starts the same ``guardian run`` again, which must re-attach. The
+sampler (``gpu.observe``) records processes, GPU memory, the guardian's CPU and RSS, step arrival times and checkpoint
+manifests. At the end (or at ``--deadline-s``, which stops everything still running) the driver asks each guardian's
+store for its incidents and checkpoints, copies the evidence (not the checkpoint weights) into ``<out>/<name>/``, and
+writes ``<out>/verdict.json``: the assertions of ``gpu.verdict`` and the measurements. Exit 0 only if every assertion
+holds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+from gpu import verdict
+from gpu.observe import Sampler, attempt_processes, checkpoint_manifest
+from gpu.scenarios import KILL_AFTER_EVENT, KILL_DELAY_S, Scenario, TrainerSetup, guardian_yaml, scenarios
+from gpu.scenarios import trainer_command as build_trainer_command
+
+STOP_GRACE_S = 30.0
+
+
+@dataclass
+class Launch:
+    scenario: Scenario
+    folder: Path
+    process: subprocess.Popen[bytes] | None = None
+    returncodes: list[int] = field(default_factory=list)
+    killed_at: float | None = None
+    started_at: float = 0.0
+    ended_at: float | None = None
+
+    @property
+    def home(self) -> Path:
+        return self.folder / ".guardian"
+
+    @property
+    def guardian_log(self) -> Path:
+        return self.home / "runs" / self.scenario.run_id / "guardian.log"
+
+
+def guardian_argv(python: str, scenario: Scenario, trainer: list[str]) -> list[str]:
+    return [
+        python,
+        "-m",
+        "guardian",
+        "run",
+        "--config",
+        "guardian.yaml",
+        "--no-live",
+        "--mode",
+        "enforce",
+        "--run-id",
+        scenario.run_id,
+        "--",
+        *trainer,
+    ]
+
+
+def _open_log(path: Path) -> IO[bytes]:
+    return path.open("ab")
+
+
+def start(launch: Launch, setup: TrainerSetup, env: dict[str, str]) -> None:
+    s, folder = launch.scenario, launch.folder
+    trainer = build_trainer_command(setup, s, folder)
+    if s.guarded:
+        argv = guardian_argv(setup.python, s, trainer)
+        run_env = {**env, "GUARDIAN_HOME": str(launch.home)}
+    else:
+        metrics = folder / "unguarded" / "metrics.jsonl"
+        metrics.parent.mkdir(parents=True, exist_ok=True)
+        argv = [*trainer, f"++ray_kwargs.ray_init.runtime_env.env_vars.VERL_FILE_LOGGER_PATH={metrics}"]
+        run_env = {**env, "VERL_FILE_LOGGER_PATH": str(metrics)}
+    (folder / "argv.json").write_text(json.dumps(argv, indent=1))
+    out = _open_log(folder / ("guardian.out" if s.guarded else "trainer.out"))
+    launch.process = subprocess.Popen(argv, cwd=folder, env=run_env, stdout=out, stderr=subprocess.STDOUT)
+    launch.started_at = time.time()
+
+
+def kill_and_reattach(launch: Launch, setup: TrainerSetup, env: dict[str, str], stop: threading.Event) -> None:
+    """SIGKILL the guardian once the patched trainer is launched, then start the same command again."""
+    while not stop.is_set():
+        try:
+            if KILL_AFTER_EVENT in launch.guardian_log.read_text(errors="replace"):
+                break
+        except OSError:
+            pass
+        if launch.process is not None and launch.process.poll() is not None:
+            return  # the guardian ended before the relaunch: the verdict will say so
+        time.sleep(0.5)
+    else:
+        return
+    time.sleep(KILL_DELAY_S)
+    assert launch.process is not None
+    launch.process.send_signal(signal.SIGKILL)
+    launch.returncodes.append(launch.process.wait())
+    launch.killed_at = time.time()
+    start(launch, setup, env)
+
+
+def stop_everything(launches: Sequence[Launch]) -> None:
+    """The deadline passed: stop guardians the way a user would (SIGINT), then whatever is left of the trainers."""
+    for launch in launches:
+        if launch.process is not None and launch.process.poll() is None:
+            launch.process.send_signal(signal.SIGINT)
+    deadline = time.time() + STOP_GRACE_S
+    for launch in launches:
+        if launch.process is not None:
+            try:
+                launch.process.wait(timeout=max(0.1, deadline - time.time()))
+            except subprocess.TimeoutExpired:
+                launch.process.kill()
+    for path, procs in attempt_processes().items():
+        if any(path.startswith(str(launch.folder)) for launch in launches):
+            for pid in procs["pids"]:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except OSError:
+                    pass
+
+
+def store_reports(launch: Launch, python: str, env: dict[str, str]) -> dict[str, Any]:
+    """Ask the guardian's own store what it recorded (the same commands a user types)."""
+
+    def cli(*args: str) -> Any:
+        out = subprocess.run(
+            [python, "-m", "guardian", *args],
+            cwd=launch.folder,
+            env={**env, "GUARDIAN_HOME": str(launch.home)},
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        if out.returncode != 0:
+            return {"error": f"guardian {' '.join(args)} exited {out.returncode}: {out.stderr[-2000:]}"}
+        return json.loads(out.stdout)
+
+    listed = cli("incidents", "list", "--run", launch.scenario.run_id, "--json", "--config", "guardian.yaml")
+    incidents = listed if isinstance(listed, list) else []
+    shown = [cli("incidents", "show", str(i["id"]), "--json", "--config", "guardian.yaml") for i in incidents]
+    checkpoints = cli("checkpoints", launch.scenario.run_id, "--json", "--config", "guardian.yaml")
+    return {"incidents": listed, "shown": shown, "checkpoints": checkpoints}
+
+
+def keep_evidence(launch: Launch, out: Path) -> None:
+    """Everything but the checkpoint weights: logs, metrics, console, rollout dumps, commands, the store."""
+    dest = out / launch.scenario.name
+    dest.mkdir(parents=True, exist_ok=True)
+    for name in ("argv.json", "guardian.yaml", "guardian.out", "trainer.out"):
+        if (launch.folder / name).exists():
+            shutil.copy2(launch.folder / name, dest / name)
+    for source in (launch.home / "runs", launch.folder / "unguarded"):
+        if source.exists():
+            shutil.copytree(source, dest / source.name, dirs_exist_ok=True)
+    quarantined = {
+        str(folder.relative_to(launch.folder / "ckpt")): checkpoint_manifest(folder)
+        for folder in sorted((launch.folder / "ckpt").glob(".guardian-quarantine/*/global_step_*"))
+    }
+    (dest / "quarantine.json").write_text(json.dumps(quarantined, indent=1))
+    db = launch.home / "guardian.db"
+    if db.exists():
+        shutil.copy2(db, dest / "guardian.db")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m gpu.device_run", description=__doc__.split("\n")[0])
+    p.add_argument("--trainer", choices=("verl", "cpu"), required=True)
+    p.add_argument("--tiny", type=Path, help="gpu.tiny output folder (verl)")
+    p.add_argument("--scenarios", required=True, help="comma-separated: collapse, collapse-kill, healthy, unguarded")
+    p.add_argument("--work", type=Path, required=True)
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--collapse-steps", type=int, default=28)
+    p.add_argument("--healthy-steps", type=int, default=24)
+    p.add_argument("--deadline-s", type=float, default=520.0, help="stop everything still running after this")
+    p.add_argument("--extra", action="append", default=[], help="key=value added to every trainer command")
+    p.add_argument("--sample-s", type=float, default=1.0)
+    args = p.parse_args(argv)
+
+    known = scenarios(args.trainer, collapse_steps=args.collapse_steps, healthy_steps=args.healthy_steps)
+    chosen = [known[n] for n in args.scenarios.split(",") if n]
+    unknown = [n for n in args.scenarios.split(",") if n and n not in known]
+    if unknown or not chosen:
+        print(f"gpu.device_run: unknown scenarios {unknown}; choose from {sorted(known)}", file=sys.stderr)
+        return 2
+    extra = dict(kv.split("=", 1) for kv in args.extra)
+    setup = TrainerSetup(kind=args.trainer, python=sys.executable, tiny=args.tiny, extra=extra)
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    args.work.mkdir(parents=True, exist_ok=True)
+    args.out.mkdir(parents=True, exist_ok=True)
+    launches = []
+    for s in chosen:
+        folder = (args.work / s.name).resolve()
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "guardian.yaml").write_text(guardian_yaml(folder / ".guardian", args.trainer))
+        launches.append(Launch(s, folder))
+
+    stop = threading.Event()
+    samples_path = args.out / "samples.jsonl"
+    begun = time.time()
+    with samples_path.open("w") as samples:
+        sampler = Sampler(samples, {launch.scenario.name: launch.folder for launch in launches})
+        threads = []
+        for launch in launches:
+            start(launch, setup, env)
+            if launch.scenario.kill_guardian:
+                t = threading.Thread(target=kill_and_reattach, args=(launch, setup, env, stop), daemon=True)
+                t.start()
+                threads.append(t)
+        timed_out = False
+        while True:
+            for launch in launches:
+                if launch.scenario.guarded and launch.process is not None and launch.process.poll() is None:
+                    sampler.guardians[launch.scenario.name] = launch.process.pid
+                else:
+                    sampler.guardians.pop(launch.scenario.name, None)
+            sampler.sample()
+            killer_busy = any(t.is_alive() for t in threads)
+            if all(x.process is not None and x.process.poll() is not None for x in launches) and not killer_busy:
+                break
+            if time.time() - begun > args.deadline_s:
+                timed_out = True
+                stop.set()
+                stop_everything(launches)
+                break
+            time.sleep(args.sample_s)
+        for launch in launches:
+            if launch.process is not None:
+                launch.returncodes.append(launch.process.wait())
+            launch.ended_at = time.time()
+        sampler.sample()
+
+    results = {}
+    for launch in launches:
+        reports = store_reports(launch, sys.executable, env) if launch.scenario.guarded else {}
+        (launch.folder / "store.json").write_text(json.dumps(reports, indent=1, default=str))
+        keep_evidence(launch, args.out)
+        shutil.copy2(launch.folder / "store.json", args.out / launch.scenario.name / "store.json")
+        results[launch.scenario.name] = {
+            "returncodes": launch.returncodes,
+            "killed_at": launch.killed_at,
+            "started_at": launch.started_at,
+            "ended_at": launch.ended_at,
+        }
+    judged = verdict.judge(args.out, {x.scenario.name: x.scenario for x in launches}, results, timed_out=timed_out)
+    (args.out / "verdict.json").write_text(json.dumps(judged, indent=1, default=str))
+    print(verdict.render(judged))
+    return 0 if judged["passed"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

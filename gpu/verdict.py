@@ -1,0 +1,339 @@
+"""Judge a harness run from its evidence alone (pure: reads the kept files, returns assertions and measurements).
+
+The collapse step is defined outside the guardian, from the trainer's own metrics: the first step whose
+``actor/entropy`` is below half the mean of the run's first three steps. Detection is the step at which the
+guardian opened the incident. Everything else is read from what the guardian wrote (guardian.log, its store's
+``incidents show --json``, each attempt's files) and from what the sampler saw from outside (``samples.jsonl``).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import statistics
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from gpu.scenarios import LR_KEY, Scenario
+
+DETECTION_LIMIT_STEPS = 6
+COLLAPSE_FRACTION = 0.5
+_EVENT = re.compile(r"^(\S+ \S+) (\w+) (\S+) event=(\S+)(.*)$")
+_FIELD = re.compile(r'(\w+)=("(?:[^"\\]|\\.)*"|\S+)')
+
+
+@dataclass(frozen=True)
+class LogEvent:
+    at: float
+    level: str
+    name: str
+    fields: dict[str, str]
+
+
+def parse_log(text: str) -> list[LogEvent]:
+    events = []
+    for line in text.splitlines():
+        m = _EVENT.match(line)
+        if not m:
+            continue
+        try:
+            at = datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp()
+        except ValueError:
+            continue
+        fields = {k: v[1:-1] if v.startswith('"') else v for k, v in _FIELD.findall(m.group(5))}
+        events.append(LogEvent(at, m.group(2), m.group(4), fields))
+    return events
+
+
+def read_metrics(path: Path) -> dict[int, dict[str, Any]]:
+    """verl's file logger: ``{"step": N, "data": {...}}`` per line; later lines of a step are merged in."""
+    steps: dict[int, dict[str, Any]] = {}
+    if not path.exists():
+        return steps
+    for line in path.read_text(errors="replace").splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict) and isinstance(record.get("step"), int) and isinstance(record.get("data"), dict):
+            steps.setdefault(record["step"], {}).update(record["data"])
+    return steps
+
+
+def collapse_step(metrics: Mapping[int, Mapping[str, Any]]) -> int | None:
+    entropy = [(s, float(m["actor/entropy"])) for s, m in sorted(metrics.items()) if "actor/entropy" in m]
+    if len(entropy) < 4:
+        return None
+    baseline = statistics.fmean(e for _, e in entropy[:3])
+    return next((s for s, e in entropy if e < COLLAPSE_FRACTION * baseline), None)
+
+
+def last_value(argv: Iterable[str], key: str) -> str | None:
+    value = None
+    for arg in argv:
+        k, _, v = arg.partition("=")
+        if k.lstrip("+") == key:
+            value = v
+    return value
+
+
+def _check(checks: list[dict[str, Any]], name: str, passed: bool, detail: str) -> None:
+    checks.append({"name": name, "passed": bool(passed), "detail": detail})
+
+
+def _samples(out: Path) -> list[dict[str, Any]]:
+    path = out / "samples.jsonl"
+    if not path.exists():
+        return []
+    rows = []
+    for line in path.read_text().splitlines():
+        try:
+            rows.append(json.loads(line))
+        except ValueError:
+            continue
+    return rows
+
+
+def guardian_usage(samples: list[dict[str, Any]], scenario: str) -> dict[str, float] | None:
+    """Mean CPU share of one core (%) and peak RSS (MB) of the scenario's guardian process(es)."""
+    by_pid: dict[int, list[dict[str, Any]]] = {}
+    for row in samples:
+        if row["kind"] == "guardian" and row["scenario"] == scenario:
+            by_pid.setdefault(row["pid"], []).append(row)
+    cpu = wall = 0.0
+    rss = 0.0
+    for rows in by_pid.values():
+        if len(rows) >= 2:
+            cpu += rows[-1]["cpu_s"] - rows[0]["cpu_s"]
+            wall += rows[-1]["t"] - rows[0]["t"]
+        rss = max([rss, *(r["rss_mb"] for r in rows)])
+    if wall <= 0:
+        return None
+    return {"cpu_percent": round(100 * cpu / wall, 2), "rss_mb_peak": round(rss, 1), "seconds": round(wall, 1)}
+
+
+def _attempt_dir(out: Path, s: Scenario, number: int) -> Path:
+    return out / s.name / "runs" / s.run_id / f"attempt-{number}"
+
+
+def _first_seen(samples: list[dict[str, Any]], path_suffix: str, after_step: int) -> float | None:
+    times = [
+        r["t"] for r in samples if r["kind"] == "step" and r["file"].endswith(path_suffix) and r["step"] > after_step
+    ]
+    return min(times) if times else None
+
+
+def _step_time(metrics: Mapping[int, Mapping[str, Any]]) -> float | None:
+    times = [float(m["timing_s/step"]) for s, m in sorted(metrics.items()) if s >= 3 and "timing_s/step" in m]
+    return statistics.median(times) if times else None
+
+
+def judge_guarded(out: Path, s: Scenario, result: Mapping[str, Any], samples: list[dict[str, Any]]) -> dict[str, Any]:
+    checks: list[dict[str, Any]] = []
+    measures: dict[str, Any] = {}
+    run_dir = out / s.name / "runs" / s.run_id
+    log_path = run_dir / "guardian.log"
+    events = parse_log(log_path.read_text(errors="replace")) if log_path.exists() else []
+    store = json.loads((out / s.name / "store.json").read_text()) if (out / s.name / "store.json").exists() else {}
+    shown = [x for x in store.get("shown", []) if isinstance(x, dict) and "interventions" in x]
+    interventions = [iv for inc in shown for iv in inc["interventions"]]
+    attempts = sorted(int(p.name.split("-")[1]) for p in run_dir.glob("attempt-*") if p.name.split("-")[1].isdigit())
+    measures["attempts"] = len(attempts)
+    measures["interventions"] = len(interventions)
+    returncodes = list(result.get("returncodes", []))
+    measures["returncodes"] = returncodes
+    usage = guardian_usage(samples, s.name)
+    if usage:
+        measures["guardian"] = usage
+
+    # exactly one trainer at any time, seen from outside
+    mine = f"/{s.run_id}/attempt-"  # the sampler saw the device's paths: match the attempt's tail
+    worst = 0
+    for row in samples:
+        if row["kind"] == "procs":
+            drivers = sum(len(v["drivers"]) for k, v in row["attempts"].items() if mine in k)
+            worst = max(worst, drivers)
+    _check(checks, "one_trainer_at_a_time", worst == 1, f"at most {worst} trainer process(es) alive at once")
+
+    if not s.expect_intervention:
+        _check(checks, "no_intervention", not interventions, f"{len(interventions)} intervention(s)")
+        _check(checks, "guardian_exit_0", returncodes[-1:] == [0], f"guardian exit codes {returncodes}")
+        final = read_metrics(_attempt_dir(out, s, attempts[-1]) / "metrics.jsonl") if attempts else {}
+        last = max(final, default=0)
+        _check(checks, "reached_total_steps", last >= s.total_steps, f"last step {last} of {s.total_steps}")
+        measures["step_time_s"] = _step_time(final)
+        return {"checks": checks, "measures": measures}
+
+    first = read_metrics(_attempt_dir(out, s, 1) / "metrics.jsonl")
+    collapse = collapse_step(first)
+    measures["collapse_step"] = collapse
+    opened = next((e for e in events if e.name == "incident_opened"), None)
+    detect = int(opened.fields["step"]) if opened else None
+    measures["detection_step"] = detect
+    _check(
+        checks,
+        "detected_within_6_steps",
+        detect is not None and collapse is not None and detect - collapse <= DETECTION_LIMIT_STEPS,
+        f"collapse (entropy < {COLLAPSE_FRACTION:.0%} of its start) at step {collapse}, incident opened at step {detect}",
+    )
+    if opened is not None and collapse is not None:
+        seen = _first_seen(samples, "attempt-1/metrics.jsonl", collapse - 1)
+        measures["detection_delay_steps"] = None if detect is None else detect - collapse
+        measures["detection_delay_s"] = None if seen is None else round(opened.at - seen, 1)
+
+    iv = interventions[0] if interventions else None
+    target = iv.get("target_step") if iv else None
+    measures["rollback_step"] = target
+    if detect is not None and target is not None:
+        measures["steps_lost"] = detect - target
+    stop = next((e for e in events if e.name == "trainer_stop" and e.fields.get("result") == "gone"), None)
+    measures["stop_s"] = float(stop.fields["seconds"]) if stop and "seconds" in stop.fields else None
+    _check(checks, "trainer_stopped", stop is not None, f"trainer_stop: {stop.fields if stop else 'none logged'}")
+
+    relaunch = next(
+        (e for e in events if e.name == "attempt_launched" and e.fields.get("attempt") == "2"), None
+    )  # the patched trainer
+    if relaunch is not None:
+        attempt1 = str(_attempt_dir(out, s, 1))
+        tail = f"/{s.run_id}/attempt-1/"
+        alive_after = [
+            row["t"]
+            for row in samples
+            if row["kind"] == "procs"
+            and row["t"] >= relaunch.at
+            and any(tail in k and v["pids"] for k, v in row["attempts"].items())
+        ]
+        _check(
+            checks,
+            "attempt_1_processes_gone_before_relaunch",
+            not alive_after,
+            f"{len(alive_after)} sample(s) saw a process of {attempt1} after attempt 2 launched",
+        )
+        pids_1 = {
+            pid
+            for row in samples
+            if row["kind"] == "procs"
+            for k, v in row["attempts"].items()
+            if tail in k
+            for pid in v["pids"]
+        }
+        gpu_rows = [r for r in samples if r["kind"] == "gpu"]
+        holders_after = [
+            a for r in gpu_rows if r["t"] >= relaunch.at for a in r.get("apps", []) if a["pid"] in pids_1
+        ]
+        before = [sum(r["used_mib"]) for r in gpu_rows if stop is not None and r["t"] <= stop.at]
+        between = [sum(r["used_mib"]) for r in gpu_rows if stop is not None and stop.at <= r["t"] <= relaunch.at]
+        if before and between:
+            measures["gpu_used_mib_before_stop"] = before[-1]
+            measures["gpu_used_mib_min_before_relaunch"] = min(between)
+        lists_apps = any(r.get("apps") for r in gpu_rows)
+        _check(
+            checks,
+            "gpu_memory_released",
+            not holders_after and (not before or not between or min(between) < before[-1]),
+            f"GPU memory {before[-1] if before else '?'} MiB before the stop, {min(between) if between else '?'} MiB "
+            f"before the relaunch; attempt-1 pids holding GPU memory after it: {len(holders_after)}"
+            + ("" if lists_apps else " (the driver lists no compute processes here: total memory only)"),
+        )
+        resumed_first = _first_seen(samples, "attempt-2/metrics.jsonl", target or 0)
+        if opened is not None and resumed_first is not None:
+            measures["detection_to_resumed_first_step_s"] = round(resumed_first - opened.at, 1)
+
+    quarantine = out / s.name / "quarantine.json"
+    manifests = json.loads(quarantine.read_text()) if quarantine.exists() else {}
+    seen: dict[str, dict[str, int]] = {}
+    for row in samples:
+        if row["kind"] == "ckpt" and row["scenario"] == s.name:
+            seen[Path(row["folder"]).name] = row["files"]
+    broken = [name for name, files in manifests.items() if files != seen.get(Path(name).name)]
+    _check(
+        checks,
+        "quarantined_checkpoints_intact",
+        bool(manifests) and not broken,
+        f"{len(manifests)} quarantined folder(s); differing from what the trainer wrote: {broken or 'none'}",
+    )
+
+    if iv is not None and len(attempts) >= 2:
+        expected = last_value(iv.get("plan", {}).get("argv", []), LR_KEY)
+        second = read_metrics(_attempt_dir(out, s, 2) / "metrics.jsonl")
+        trained = [m for step, m in sorted(second.items()) if "actor/lr" in m]
+        got = trained[0]["actor/lr"] if trained else None
+        ok = expected is not None and got is not None and abs(float(got) - float(expected)) <= 1e-9 + 1e-6 * abs(
+            float(expected)
+        )
+        measures["resumed_lr"] = got
+        _check(checks, "resumed_lr_is_the_patched_lr", ok, f"patched {LR_KEY}={expected}, attempt 2 logs actor/lr={got}")
+    else:
+        _check(checks, "resumed_lr_is_the_patched_lr", False, "no resumed attempt")
+
+    final_state = iv.get("state") if iv else None
+    measures["outcome"] = final_state
+    resolved = [e for e in events if e.name == "incident_resolved"]
+    _check(
+        checks,
+        "outcome_verified_resolved_once",
+        final_state == "RESOLVED" and len(resolved) == 1,
+        f"intervention state {final_state}; incident_resolved logged {len(resolved)} time(s)",
+    )
+    _check(
+        checks,
+        "one_relaunch_per_intervention",
+        len(attempts) == len(interventions) + 1,
+        f"{len(attempts)} attempts for {len(interventions)} intervention(s)",
+    )
+    if s.kill_guardian:
+        attached = [e for e in events if e.name == "run_attached"]
+        _check(
+            checks,
+            "killed_guardian_reattached",
+            returncodes[:1] == [-9] and returncodes[-1:] == [0] and len(attached) == 1,
+            f"guardian exit codes {returncodes}; run_attached logged {len(attached)} time(s)",
+        )
+        states = [ev["state"] for ev in (iv or {}).get("events", [])]
+        twice = [x for x in ("STOPPING", "ROLLED_BACK", "PATCHED", "RESUMING") if states.count(x) > 1]
+        _check(checks, "no_state_committed_twice", not twice, f"states {states}")
+    else:
+        _check(checks, "guardian_exit_0", returncodes[-1:] == [0], f"guardian exit codes {returncodes}")
+    return {"checks": checks, "measures": measures}
+
+
+def judge_unguarded(out: Path, s: Scenario, result: Mapping[str, Any]) -> dict[str, Any]:
+    metrics = read_metrics(out / s.name / "unguarded" / "metrics.jsonl")
+    last = max(metrics, default=0)
+    checks: list[dict[str, Any]] = []
+    codes = list(result.get("returncodes", []))
+    _check(checks, "trainer_exit_0", codes[-1:] == [0], f"exit codes {codes}")
+    _check(checks, "reached_total_steps", last >= s.total_steps, f"last step {last} of {s.total_steps}")
+    return {"checks": checks, "measures": {"step_time_s": _step_time(metrics), "returncodes": codes}}
+
+
+def judge(
+    out: Path, scenarios: Mapping[str, Scenario], results: Mapping[str, Mapping[str, Any]], *, timed_out: bool
+) -> dict[str, Any]:
+    samples = _samples(out)
+    judged: dict[str, Any] = {}
+    for name, s in scenarios.items():
+        result = results.get(name, {})
+        judged[name] = judge_guarded(out, s, result, samples) if s.guarded else judge_unguarded(out, s, result)
+    overhead = None
+    if "healthy" in judged and "unguarded" in judged:
+        on, off = judged["healthy"]["measures"].get("step_time_s"), judged["unguarded"]["measures"].get("step_time_s")
+        if on and off:
+            overhead = {"guarded_s": on, "unguarded_s": off, "overhead_percent": round(100 * (on - off) / off, 1)}
+    passed = not timed_out and all(c["passed"] for v in judged.values() for c in v["checks"])
+    return {"passed": passed, "timed_out": timed_out, "scenarios": judged, "step_time_overhead": overhead}
+
+
+def render(judged: Mapping[str, Any]) -> str:
+    lines = [f"harness: {'PASSED' if judged['passed'] else 'FAILED'}" + (" (deadline hit)" if judged["timed_out"] else "")]
+    for name, v in judged["scenarios"].items():
+        lines.append(f"  {name}:")
+        for c in v["checks"]:
+            lines.append(f"    [{'ok' if c['passed'] else 'FAIL'}] {c['name']}: {c['detail']}")
+        lines.append(f"    measures: {json.dumps(v['measures'], default=str)}")
+    if judged.get("step_time_overhead"):
+        lines.append(f"  step time, guardian on vs off: {judged['step_time_overhead']}")
+    return "\n".join(lines)
