@@ -73,7 +73,8 @@ class Requirement:
 
 RAY_TRIM = ("ray/jars/*", "ray/rllib/*", "ray/dashboard/client/build/*", "*.js.map")
 
-# What verl 0.9.1's trainer (V1, FSDP, Ray, TransferQueue, Hydra) needs beyond the GPU machine's own packages.
+# What verl 0.9.1's trainer (V1, FSDP, Ray, TransferQueue, Hydra) and the guardian need beyond the GPU machine's
+# own packages.
 REQUIREMENTS: tuple[Requirement, ...] = (
     Requirement("verl==0.9.1"),
     Requirement("hydra-core==1.3.2"),
@@ -107,6 +108,18 @@ REQUIREMENTS: tuple[Requirement, ...] = (
     Requirement("fastapi<0.137"),
     Requirement("starlette"),
     Requirement("ray==2.60.0", trim=RAY_TRIM),
+    # the guardian's own dependencies the GPU machine lacks (it has rich, PyYAML, numpy, prometheus-client, requests)
+    Requirement("SQLAlchemy>=2.0.30,<2.2"),
+    Requirement("alembic>=1.13"),
+    Requirement("Mako"),
+    Requirement("grafana-client>=5.1.4,<6"),
+    Requirement("verlib2"),
+    Requirement("niquests>=3.4,<4"),
+    Requirement("wassima"),
+    Requirement("jh2"),
+    Requirement("qh3"),
+    # without its copy of ``urllib3/``, which would shadow the machine's urllib3 (what URLLIB3_NO_OVERRIDE does)
+    Requirement("urllib3-future", trim=("urllib3/*",)),
 )
 
 

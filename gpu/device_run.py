@@ -16,6 +16,7 @@ holds.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -131,10 +132,8 @@ def stop_everything(launches: Sequence[Launch]) -> None:
     for path, procs in attempt_processes().items():
         if any(path.startswith(str(launch.folder)) for launch in launches):
             for pid in procs["pids"]:
-                try:
+                with contextlib.suppress(OSError):
                     os.kill(pid, signal.SIGKILL)
-                except OSError:
-                    pass
 
 
 def store_reports(launch: Launch, python: str, env: dict[str, str]) -> dict[str, Any]:

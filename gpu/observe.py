@@ -24,6 +24,7 @@ from typing import Any, TextIO
 LOGGER_ENV = b"VERL_FILE_LOGGER_PATH="
 VERL_DRIVER = b"verl.trainer.main_ppo"
 CPU_DRIVER = b"guardian.demo.trainer"
+RUNNER = b"guardian.actions.runner"  # the guardian's launcher wrapper: its argv names the trainer, it is not one
 TICKS = os.sysconf("SC_CLK_TCK")
 
 
@@ -51,7 +52,7 @@ def attempt_processes(proc: str = "/proc") -> dict[str, dict[str, list[int]]]:
         cmdline = _read(f"{proc}/{entry}/cmdline") or b""
         slot = found.setdefault(path, {"pids": [], "drivers": []})
         slot["pids"].append(int(entry))
-        if VERL_DRIVER in cmdline or CPU_DRIVER in cmdline:
+        if (VERL_DRIVER in cmdline or CPU_DRIVER in cmdline) and RUNNER not in cmdline:
             slot["drivers"].append(int(entry))
     return found
 

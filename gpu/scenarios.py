@@ -68,7 +68,12 @@ def scenarios(kind: str, *, collapse_steps: int, healthy_steps: int) -> dict[str
         for s in (
             Scenario("collapse", True, collapse, expect_intervention=True, total_steps=collapse_steps),
             Scenario(
-                "collapse-kill", True, collapse, kill_guardian=True, expect_intervention=True, total_steps=collapse_steps
+                "collapse-kill",
+                True,
+                collapse,
+                kill_guardian=True,
+                expect_intervention=True,
+                total_steps=collapse_steps,
             ),
             Scenario("healthy", True, healthy, total_steps=healthy_steps),
             Scenario("unguarded", False, healthy, total_steps=healthy_steps),

@@ -97,11 +97,11 @@ def _samples(out: Path) -> list[dict[str, Any]]:
     return rows
 
 
-def guardian_usage(samples: list[dict[str, Any]], scenario: str) -> dict[str, float] | None:
-    """Mean CPU share of one core (%) and peak RSS (MB) of the scenario's guardian process(es)."""
+def guardian_usage(samples: list[dict[str, Any]], scenario: str, *, since: float = 0.0) -> dict[str, float] | None:
+    """Mean CPU share of one core (%) and peak RSS (MB) of the scenario's guardian process(es), from ``since``."""
     by_pid: dict[int, list[dict[str, Any]]] = {}
     for row in samples:
-        if row["kind"] == "guardian" and row["scenario"] == scenario:
+        if row["kind"] == "guardian" and row["scenario"] == scenario and row["t"] >= since:
             by_pid.setdefault(row["pid"], []).append(row)
     cpu = wall = 0.0
     rss = 0.0
@@ -148,6 +148,10 @@ def judge_guarded(out: Path, s: Scenario, result: Mapping[str, Any], samples: li
     usage = guardian_usage(samples, s.name)
     if usage:
         measures["guardian"] = usage
+    first_step = min((r["t"] for r in samples if r["kind"] == "step" and r["scenario"] == s.name), default=None)
+    guarding = guardian_usage(samples, s.name, since=first_step) if first_step is not None else None
+    if guarding:
+        measures["guardian_while_steps_arrive"] = guarding  # without the start-up (imports, store migration)
 
     # exactly one trainer at any time, seen from outside
     mine = f"/{s.run_id}/attempt-"  # the sampler saw the device's paths: match the attempt's tail
@@ -177,7 +181,8 @@ def judge_guarded(out: Path, s: Scenario, result: Mapping[str, Any], samples: li
         checks,
         "detected_within_6_steps",
         detect is not None and collapse is not None and detect - collapse <= DETECTION_LIMIT_STEPS,
-        f"collapse (entropy < {COLLAPSE_FRACTION:.0%} of its start) at step {collapse}, incident opened at step {detect}",
+        f"collapse (entropy < {COLLAPSE_FRACTION:.0%} of its start) at step {collapse}, "
+        f"incident opened at step {detect}",
     )
     if opened is not None and collapse is not None:
         seen = _first_seen(samples, "attempt-1/metrics.jsonl", collapse - 1)
@@ -221,9 +226,7 @@ def judge_guarded(out: Path, s: Scenario, result: Mapping[str, Any], samples: li
             for pid in v["pids"]
         }
         gpu_rows = [r for r in samples if r["kind"] == "gpu"]
-        holders_after = [
-            a for r in gpu_rows if r["t"] >= relaunch.at for a in r.get("apps", []) if a["pid"] in pids_1
-        ]
+        holders_after = [a for r in gpu_rows if r["t"] >= relaunch.at for a in r.get("apps", []) if a["pid"] in pids_1]
         before = [sum(r["used_mib"]) for r in gpu_rows if stop is not None and r["t"] <= stop.at]
         between = [sum(r["used_mib"]) for r in gpu_rows if stop is not None and stop.at <= r["t"] <= relaunch.at]
         if before and between:
@@ -261,11 +264,15 @@ def judge_guarded(out: Path, s: Scenario, result: Mapping[str, Any], samples: li
         second = read_metrics(_attempt_dir(out, s, 2) / "metrics.jsonl")
         trained = [m for step, m in sorted(second.items()) if "actor/lr" in m]
         got = trained[0]["actor/lr"] if trained else None
-        ok = expected is not None and got is not None and abs(float(got) - float(expected)) <= 1e-9 + 1e-6 * abs(
-            float(expected)
+        ok = (
+            expected is not None
+            and got is not None
+            and abs(float(got) - float(expected)) <= 1e-9 + 1e-6 * abs(float(expected))
         )
         measures["resumed_lr"] = got
-        _check(checks, "resumed_lr_is_the_patched_lr", ok, f"patched {LR_KEY}={expected}, attempt 2 logs actor/lr={got}")
+        _check(
+            checks, "resumed_lr_is_the_patched_lr", ok, f"patched {LR_KEY}={expected}, attempt 2 logs actor/lr={got}"
+        )
     else:
         _check(checks, "resumed_lr_is_the_patched_lr", False, "no resumed attempt")
 
@@ -328,7 +335,9 @@ def judge(
 
 
 def render(judged: Mapping[str, Any]) -> str:
-    lines = [f"harness: {'PASSED' if judged['passed'] else 'FAILED'}" + (" (deadline hit)" if judged["timed_out"] else "")]
+    lines = [
+        f"harness: {'PASSED' if judged['passed'] else 'FAILED'}" + (" (deadline hit)" if judged["timed_out"] else "")
+    ]
     for name, v in judged["scenarios"].items():
         lines.append(f"  {name}:")
         for c in v["checks"]:

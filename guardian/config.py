@@ -242,6 +242,12 @@ class ChecksConfig(_Section):
 
 class SourcesConfig(_Section):
     poll_interval_s: float = Field(0.25, gt=0, description="Seconds between polls of the run's files.")
+    idle_poll_max_s: float = Field(
+        2.0,
+        gt=0,
+        description="Longest wait between polls while nothing changes: the wait doubles from poll_interval_s on "
+        "each quiet poll and drops back as soon as a line arrives or an intervention is in progress.",
+    )
     train_batch_size: int | None = Field(
         None, ge=1, description="data.train_batch_size; lets EGR be estimated from DAPO eviction counts."
     )

@@ -33,7 +33,7 @@ from guardian.outage import TickFailures
 from guardian.sinks.export import exporting
 from guardian.store import Store
 from guardian.supervisor import Supervisor
-from guardian.ticks import GuardedTick
+from guardian.ticks import GuardedTick, PollPace
 from guardian.view import render
 
 log = get_logger("run")
@@ -112,9 +112,10 @@ def guard_loop(
     the live view is drawn after it and can never fail a tick."""
     view = Live(_render(supervisor), refresh_per_second=4) if live else None
     guarded = GuardedTick(supervisor.run_id, TickFailures(limit=supervisor.config.tick_failure_limit), after_tick)
+    pace = PollPace(poll_s, supervisor.config.sources.idle_poll_max_s)
     with view or nullcontext():
         while not stop.is_set():
-            _, code = guarded(supervisor.tick)
+            ok, code = guarded(supervisor.tick)
             if guarded.exhausted:
                 code = supervisor.cannot_continue(
                     cause=guarded.cause(),
@@ -125,7 +126,7 @@ def guard_loop(
                 guarded.aside("live view", lambda: view.update(_render(supervisor)))
             if code is not None:
                 return code
-            stop.wait(poll_s)
+            stop.wait(pace.next_wait(busy=not ok or supervisor.busy))
     return None
 
 

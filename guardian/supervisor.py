@@ -101,6 +101,7 @@ class Supervisor(Rescue):
         self.attempt: Attempt | None = None
         self._advised: set[int] = set()
         self.exit_code: int | None = None
+        self.busy = False  # the last tick saw something move (a line, a transition, an intervention in progress)
         self._store_wait = StoreWait(limit_s=self.config.store.outage_wait_s)
         self._stopped_in_outage: int | None = None  # the attempt the guardian stopped while the store was down
 
@@ -142,7 +143,8 @@ class Supervisor(Rescue):
         # the exit status first: a trainer that ended before this poll has written its last lines already,
         # so a crash is dated at the step it really reached
         exit_status = self._exit_status()
-        self.guardian.tick()
+        moved = self.guardian.tick()
+        self.busy = bool(moved.new_steps or moved.transitions or moved.bad_lines)
         if not self.guardian.store_degraded:
             try:
                 code = self._tick_stored(exit_status)
@@ -158,6 +160,7 @@ class Supervisor(Rescue):
     def _tick_stored(self, exit_status: ExitStatus | None) -> int | None:
         active = self.store.active_intervention(self.run_id)
         if active is not None:
+            self.busy = True
             self._drive(active)
             return self.exit_code
         given_up = self._given_up()

@@ -2,8 +2,9 @@
 
 A tick that raises is logged once per streak with its traceback (``event=tick_failed``) and the loop goes on;
 the first tick that works again says so (``event=tick_recovered``); ``outage.TickFailures`` tells when a streak
-is long enough to give up. Whatever follows a tick - the exporter's poll status, a terminal view - is a side
-show: its failure is logged, never counted as a failed tick, and never loses the tick's result.
+is long enough to give up. ``PollPace`` says how long to wait before the next tick. Whatever follows a tick -
+the exporter's poll status, a terminal view - is a side show: its failure is logged, never counted as a failed
+tick, and never loses the tick's result.
 """
 
 from __future__ import annotations
@@ -61,3 +62,22 @@ class GuardedTick:
             action()
         except Exception as exc:
             log.warning(event("tick_aside_failed", {"run": self.run_id, "what": what, "error": failure_text(exc)}))
+
+
+@dataclass
+class PollPace:
+    """The wait before the next tick: ``base_s`` while anything moves (a new line, an intervention in progress, a
+    failed tick), doubling on each quiet tick up to ``idle_max_s``. A run that logs a step every few seconds is
+    then polled a few times per step instead of every ``base_s``, and a new step is still seen within
+    ``idle_max_s``."""
+
+    base_s: float
+    idle_max_s: float
+    _wait_s: float = 0.0
+
+    def next_wait(self, *, busy: bool) -> float:
+        if busy or self._wait_s == 0.0:
+            self._wait_s = self.base_s
+        else:
+            self._wait_s = min(self._wait_s * 2, max(self.idle_max_s, self.base_s))
+        return self._wait_s

@@ -58,7 +58,13 @@ def _replica(tiny_root: Path, ray_local: Any) -> Any:
     from gpu.verl_plugin import HFReplica
 
     rollout = OmegaConf.load(Path(__import__("verl").__file__).parent / "trainer/config/rollout/rollout.yaml")
-    overrides = {"name": "hf", "dtype": "float32", "response_length": 8, "prompt_length": 32, "tensor_model_parallel_size": 1}
+    overrides = {
+        "name": "hf",
+        "dtype": "float32",
+        "response_length": 8,
+        "prompt_length": 32,
+        "tensor_model_parallel_size": 1,
+    }
     config = OmegaConf.merge(rollout, overrides)
     config.pop("defaults", None)
     model = HFModelConfig(path=str(tiny_root / "model"))
