@@ -256,7 +256,7 @@ class HFReplica(RolloutReplica):
                 runtime_env={"env_vars": {"RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES": "1"}},
             )
             .remote(
-                model_path=self.model_config.local_path or self.model_config.path,
+                model_path=_model_path(self.model_config),
                 dtype=self.config.dtype,
                 max_new_tokens=self.config.response_length,
                 replica_rank=self.replica_rank,
@@ -267,6 +267,13 @@ class HFReplica(RolloutReplica):
         self.servers = [server]
         self._server_handle = server
         self._server_address = f"{name}:0"  # a unique key for verl's load balancer; nothing listens on it
+
+
+def _model_path(model_config: Any) -> str:
+    """The local model folder: ``local_path`` where verl filled it in (a DictConfig in struct mode may lack it)."""
+    get = model_config.get if hasattr(model_config, "get") else lambda key: getattr(model_config, key, None)
+    local = get("local_path")
+    return str(local or model_config.path)
 
 
 def _node_and_devices(worker: Any) -> tuple[str, str | None]:
