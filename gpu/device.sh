@@ -8,6 +8,7 @@ out=${OUT:-/tmp/harness-out}; result=$out/harness; mkdir -p "$result"
 # NVLink multicast stays off (the machine's GPUs are shared); no network: everything offline
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 RAY_USAGE_STATS_ENABLED=0 PYTHONUNBUFFERED=1
+rm -rf /tmp/harness  # a warm machine keeps the last call's scratch folder
 python3 -m gpu.bundle install --target /tmp/site > "$result/install.log" 2>&1 || { tail -20 "$result/install.log"; exit 3; }
 export PYTHONPATH=/tmp/site:$PWD VERL_USE_EXTERNAL_MODULES=gpu.verl_plugin
 python3 -m gpu.tiny --out /tmp/tiny > "$result/tiny.log" 2>&1 || { tail -20 "$result/tiny.log"; exit 4; }

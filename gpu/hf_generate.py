@@ -56,6 +56,56 @@ def hf_sampling_kwargs(sampling_params: Mapping[str, Any]) -> dict[str, Any]:
 
 
 @torch.no_grad()
+def generate_batch(
+    model: Any,
+    prompts: Sequence[Sequence[int]],
+    sampling_params: Mapping[str, Any],
+    *,
+    max_new_tokens: int,
+    eos_token_id: int,
+    pad_token_id: int,
+) -> list[Generated]:
+    """Sample one response per prompt in one ``generate()`` call (prompts left-padded; one set of parameters).
+
+    Each row's log-probs come from its own row of the warped scores; tokens after a row's EOS are padding and are
+    cut off, so a row's result is what ``generate`` of that prompt alone would have drawn from the same scores."""
+    if not prompts or any(not p for p in prompts):
+        raise ValueError("generate: a prompt is empty")
+    if max_new_tokens < 1:
+        raise ValueError(f"generate: max_new_tokens={max_new_tokens} must be >= 1")
+    device = next(model.parameters()).device
+    width = max(len(p) for p in prompts)
+    input_ids = torch.full((len(prompts), width), pad_token_id, dtype=torch.long, device=device)
+    attention = torch.zeros_like(input_ids)
+    for row, prompt in enumerate(prompts):
+        input_ids[row, width - len(prompt) :] = torch.tensor(list(prompt), dtype=torch.long)
+        attention[row, width - len(prompt) :] = 1
+    output = model.generate(
+        input_ids=input_ids,
+        attention_mask=attention,
+        max_new_tokens=max_new_tokens,
+        eos_token_id=eos_token_id,
+        pad_token_id=pad_token_id,
+        output_scores=True,
+        return_dict_in_generate=True,
+        **hf_sampling_kwargs(sampling_params),
+    )
+    sampled = output.sequences[:, width:]
+    log_probs = torch.stack([torch.log_softmax(step.float(), dim=-1) for step in output.scores], dim=1)
+    chosen = log_probs.gather(-1, sampled[:, : log_probs.shape[1]].unsqueeze(-1)).squeeze(-1).cpu().tolist()
+    results = []
+    for row, tokens in enumerate(sampled.cpu().tolist()):
+        response: list[int] = []
+        for step, token in enumerate(tokens):
+            response.append(int(token))
+            if token == eos_token_id:
+                results.append(Generated(response, chosen[row][: step + 1], "completed"))
+                break
+        else:
+            results.append(Generated(response, chosen[row][: len(response)], "length"))
+    return results
+
+
 def generate(
     model: Any,
     prompt_ids: Sequence[int],
@@ -67,31 +117,14 @@ def generate(
     generator_seed: int | None = None,
 ) -> Generated:
     """Sample one response to ``prompt_ids`` with ``model`` (a transformers causal LM)."""
-    if not prompt_ids:
-        raise ValueError("generate: prompt_ids is empty")
-    if max_new_tokens < 1:
-        raise ValueError(f"generate: max_new_tokens={max_new_tokens} must be >= 1")
-    device = next(model.parameters()).device
-    input_ids = torch.tensor([list(prompt_ids)], dtype=torch.long, device=device)
     if generator_seed is not None:
         torch.manual_seed(generator_seed)
-    output = model.generate(
-        input_ids=input_ids,
-        attention_mask=torch.ones_like(input_ids),
+    (result,) = generate_batch(
+        model,
+        [prompt_ids],
+        sampling_params,
         max_new_tokens=max_new_tokens,
         eos_token_id=eos_token_id,
         pad_token_id=pad_token_id,
-        output_scores=True,
-        return_dict_in_generate=True,
-        **hf_sampling_kwargs(sampling_params),
     )
-    tokens = output.sequences[0, input_ids.shape[1] :].tolist()
-    log_probs: list[float] = []
-    response: list[int] = []
-    for step, token in enumerate(tokens):
-        scores = output.scores[step][0].float()
-        log_probs.append(float(torch.log_softmax(scores, dim=-1)[token]))
-        response.append(int(token))
-        if token == eos_token_id:
-            return Generated(response, log_probs, "completed")
-    return Generated(response, log_probs, "length")
+    return result

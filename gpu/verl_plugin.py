@@ -17,7 +17,7 @@ The pieces, in the order verl meets them:
   here) starts one ``HFServer`` Ray actor per replica on the node and GPU of its first trainer worker.
 * ``HFServer.generate`` is what verl's agent loop calls (``verl/workers/rollout/llm_server.py:150``): one request,
   one sampled response through ``gpu.hf_generate`` (processed log-probs, ``top_k=-1`` → HF ``top_k=0``).
-  Requests run one at a time, in the order they came.
+  Requests that arrive together (the agent loop sends a whole batch at once) run as one batched ``generate()``.
 * ``HFServerAdapter.update_weights`` runs in every trainer rank after each step (the V1 sync trainer forces
   ``checkpoint_engine.backend=naive``, ``verl/trainer/ppo/v1/trainer_base.py:382``; ``engine_workers.py:728``):
   it drains the ``(name, tensor)`` generator (the FSDP all-gathers run inside it, so every rank must drain it) and
@@ -33,6 +33,7 @@ import asyncio
 import logging
 import os
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
 import ray
@@ -42,11 +43,15 @@ from verl.workers.rollout import base as rollout_base
 from verl.workers.rollout.base import BaseRollout
 from verl.workers.rollout.replica import RolloutReplica, RolloutReplicaRegistry, TokenOutput
 
-from gpu.hf_generate import generate
+from gpu.hf_generate import Generated, generate_batch
 
 NAME = "hf"
 MODE = "async"
 SERVER_PREFIX = "hf_"
+BATCH_WINDOW_S = 0.01
+"""how long the server lets concurrent requests gather before it generates them together"""
+MAX_BATCH = 512
+SAMPLING_KEYS = ("temperature", "top_p", "top_k", "repetition_penalty")
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +63,19 @@ def server_name(replica_rank: int, node_rank: int = 0) -> str:
 
 class RequestRejected(RuntimeError):
     """A request arrived after ``abort_all_requests(reject_request=True)``."""
+
+
+@dataclass
+class _Request:
+    prompt_ids: list[int]
+    sampling_params: dict[str, Any]
+    max_new_tokens: int
+    future: asyncio.Future[Generated]
+
+    @property
+    def key(self) -> tuple[Any, ...]:
+        """Requests with the same key can share one ``generate()`` call."""
+        return (self.max_new_tokens, *(self.sampling_params.get(k) for k in SAMPLING_KEYS))
 
 
 class HFServer:
@@ -92,10 +110,15 @@ class HFServer:
         self.pad_token_id = int(pad) if pad is not None else self.eos_token_id
         self.global_steps: int | None = None
         self.weight_version = 0
-        self._lock = asyncio.Lock()
+        self._lock = asyncio.Lock()  # one generate() or weight load at a time
         self._open = asyncio.Event()
         self._open.set()
         self._reject = False
+        self._queue: list[_Request] = []
+        self._arrived = asyncio.Event()
+        self._batcher: asyncio.Task[None] | None = None
+        self.requests_served = 0
+        self.batches_run = 0
 
     async def generate(
         self,
@@ -115,22 +138,53 @@ class HFServer:
             await self._open.wait()
         max_new_tokens = int(sampling_params.get("max_tokens", sampling_params.get("max_new_tokens", 0)) or 0)
         max_new_tokens = min(max_new_tokens or self.max_new_tokens, self.max_new_tokens)
-        async with self._lock:
-            out = await asyncio.to_thread(
-                generate,
-                self.model,
-                prompt_ids,
-                sampling_params,
-                max_new_tokens=max_new_tokens,
-                eos_token_id=self.eos_token_id,
-                pad_token_id=self.pad_token_id,
-            )
+        future: asyncio.Future[Generated] = asyncio.get_running_loop().create_future()
+        self._queue.append(_Request(list(prompt_ids), dict(sampling_params), max_new_tokens, future))
+        self._arrived.set()
+        if self._batcher is None or self._batcher.done():
+            self._batcher = asyncio.create_task(self._run_batches())
+        out = await future
         return TokenOutput(
             token_ids=out.token_ids,
             log_probs=out.log_probs,
             stop_reason=out.stop_reason,
             extra_fields={"global_steps": self.global_steps},
         )
+
+    async def _run_batches(self) -> None:
+        while True:
+            await self._arrived.wait()
+            await asyncio.sleep(BATCH_WINDOW_S)  # the rest of the agent loop's batch is on its way
+            self._arrived.clear()
+            while self._queue:
+                key = self._queue[0].key
+                batch = [r for r in self._queue if r.key == key][:MAX_BATCH]
+                self._queue = [r for r in self._queue if r not in batch]
+                async with self._lock:
+                    try:
+                        results = await asyncio.to_thread(
+                            generate_batch,
+                            self.model,
+                            [r.prompt_ids for r in batch],
+                            batch[0].sampling_params,
+                            max_new_tokens=batch[0].max_new_tokens,
+                            eos_token_id=self.eos_token_id,
+                            pad_token_id=self.pad_token_id,
+                        )
+                    except Exception as exc:  # every request of the batch gets the error, the server goes on
+                        for r in batch:
+                            if not r.future.done():
+                                r.future.set_exception(exc)
+                        continue
+                self.batches_run += 1
+                self.requests_served += len(batch)
+                for r, result in zip(batch, results, strict=True):
+                    if not r.future.done():
+                        r.future.set_result(result)
+
+    def served(self) -> tuple[int, int]:
+        """(requests, batches) served so far."""
+        return self.requests_served, self.batches_run
 
     async def update_weights(self, state_dict: dict[str, torch.Tensor], global_steps: int | None = None) -> int:
         """Load the trainer's full (HF-named) state dict; returns how many tensors were loaded."""

@@ -90,3 +90,31 @@ def test_sampling_kwargs_map_verl_conventions() -> None:
     for bad, name in (({"top_k": -2}, "top_k"), ({"top_p": 0}, "top_p"), ({"repetition_penalty": 1.1}, "repetition")):
         with pytest.raises(SamplingError, match=name):
             hf_sampling_kwargs(bad)
+
+
+def test_a_batch_of_prompts_of_different_lengths_matches_the_forward_pass_row_by_row(
+    model_and_tokenizer: tuple[Any, Any],
+) -> None:
+    """Left padding changes nothing a row draws or reports: each row's log-probs are its own forward pass's."""
+    from gpu.hf_generate import generate_batch
+
+    model, tokenizer = model_and_tokenizer
+    prompts = [tokenizer.encode(p) for p in (PROMPT, "user:copy 12\nassistant:", "user:x\nassistant:")]
+    params = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "repetition_penalty": 1.0, "logprobs": True}
+    torch.manual_seed(3)
+    results = generate_batch(
+        model,
+        prompts,
+        params,
+        max_new_tokens=12,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    assert len(results) == 3
+    for prompt, out in zip(prompts, results, strict=True):
+        assert out.token_ids and len(out.log_probs) == len(out.token_ids)
+        expected = forward_log_probs(model, prompt, out.token_ids, 1.0)
+        assert torch.allclose(torch.tensor(out.log_probs), expected, atol=1e-4)
+        if out.stop_reason == "completed":
+            assert out.token_ids[-1] == tokenizer.eos_token_id
+            assert tokenizer.eos_token_id not in out.token_ids[:-1]

@@ -104,6 +104,14 @@ def test_replica_serves_generate_and_the_adapter_syncs_weights(tiny_root: Path, 
     out = ray_local.get(server.generate.remote("r2", prompt_ids=[5, 6, 7], sampling_params=params))
     assert out.extra_fields["global_steps"] == 7
 
+    concurrent = [
+        server.generate.remote(f"c{i}", prompt_ids=[5] * (1 + i % 3), sampling_params=params) for i in range(8)
+    ]
+    outs = ray_local.get(concurrent)
+    assert all(o.token_ids and len(o.log_probs) == len(o.token_ids) for o in outs)
+    requests, batches = ray_local.get(server.served.remote())
+    assert requests == 10 and batches < requests  # the 8 concurrent requests shared generate() calls
+
     ray_local.get(server.abort_all_requests.remote(reject_request=True))
     with pytest.raises(ray_local.exceptions.RayTaskError, match="generation is aborted"):
         ray_local.get(server.generate.remote("r3", prompt_ids=[5], sampling_params=params))
