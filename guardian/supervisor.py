@@ -160,7 +160,8 @@ class Supervisor(Rescue):
     def _tick_stored(self, exit_status: ExitStatus | None) -> int | None:
         active = self.store.active_intervention(self.run_id)
         if active is not None:
-            self.busy = True
+            # a state the guardian acts in polls at full pace; waiting for the relaunched trainer does not
+            self.busy = self.busy or active.state not in (State.RESUMING, State.PROBATION)
             self._drive(active)
             return self.exit_code
         given_up = self._given_up()

@@ -24,8 +24,11 @@ class TickingSupervisor:
     config: GuardianConfig = field(default_factory=lambda: GuardianConfig(tick_failure_limit=3))
     run_id: str = "run-a"
     gave_up: list[str] = field(default_factory=list)
+    moves: list[bool] = field(default_factory=list)  # per tick: did it see something move (default: no)
+    busy: bool = False
 
     def tick(self) -> int | None:
+        self.busy = self.moves.pop(0) if self.moves else False
         outcome = self.script.pop(0)
         if isinstance(outcome, Exception):
             raise outcome
@@ -49,6 +52,29 @@ def test_a_tick_failing_every_time_gives_up_after_the_configured_limit() -> None
     code = guard_loop(supervisor, threading.Event(), 0.0, live=False, after_tick=polls.append)  # type: ignore[arg-type]
     assert code == 1 and polls == [False, False, False]
     assert supervisor.gave_up == ["3 ticks in a row failed: RuntimeError: store gone"]
+
+
+class RecordedWaits(threading.Event):
+    """A stop event that is never set and records how long the loop asked to wait."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.waits: list[float | None] = []
+
+    def wait(self, timeout: float | None = None) -> bool:
+        self.waits.append(timeout)
+        return False
+
+
+def test_the_loop_polls_less_while_nothing_moves_and_at_full_pace_once_something_does() -> None:
+    supervisor = TickingSupervisor(
+        [None, None, None, None, None, None, RuntimeError("once"), None, 0],
+        moves=[True, False, False, False, False, True, False, False, False],
+    )
+    stop = RecordedWaits()
+    assert guard_loop(supervisor, stop, 0.25, live=False) == 0  # type: ignore[arg-type]
+    # a new line (tick 1, 6) or a failed tick (7) brings the base pace back; quiet ticks double it up to 2 s
+    assert stop.waits == [0.25, 0.5, 1.0, 2.0, 2.0, 0.25, 0.25, 0.5]
 
 
 def test_an_exporter_that_fails_on_a_failed_tick_does_not_end_the_loop() -> None:
