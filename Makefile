@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test lint bench install
+.PHONY: demo test lint bench install gpu-test-deps
 
 $(BIN)/guardian: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -15,12 +15,17 @@ $(BIN)/guardian: pyproject.toml
 
 install: $(BIN)/guardian
 
+# what gpu/tests need beyond the project (CI installs it; without it those tests are not collected): the CPU build
+# of torch, transformers in verl 0.9.1's range, Ray and the rest of verl's import chain
+gpu-test-deps: install
+	$(BIN)/pip install --quiet torch==2.13.0 'transformers>=5.5.3,<5.11' pyarrow ray==2.60.0 tensordict==0.10.0 codetiming
+
 demo: install
 	$(BIN)/guardian demo
 
 lint: install
-	$(BIN)/ruff check guardian tests bench
-	$(BIN)/ruff format --check guardian tests bench
+	$(BIN)/ruff check guardian tests bench gpu
+	$(BIN)/ruff format --check guardian tests bench gpu
 	$(BIN)/mypy
 
 test: lint

@@ -68,28 +68,28 @@ def process_usage(pid: int, proc: str = "/proc") -> dict[str, float] | None:
     return {"cpu_s": cpu, "rss_mb": rss_kb / 1024}
 
 
-def gpu_memory(run: Callable[..., Any] = subprocess.run) -> dict[str, Any] | None:
+def gpu_memory(
+    run: Callable[..., Any] = subprocess.run, which: Callable[[str], str | None] = shutil.which
+) -> dict[str, Any] | None:
     """Used GPU memory (MiB) per GPU and the compute processes the driver lists; None without ``nvidia-smi``."""
-    if shutil.which("nvidia-smi") is None:
+    if which("nvidia-smi") is None:
         return None
-    used = run(
-        ["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
-        capture_output=True,
-        text=True,
-        timeout=20,
-        check=False,
-    )
-    apps = run(
-        ["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
-        capture_output=True,
-        text=True,
-        timeout=20,
-        check=False,
-    )
-    per_gpu = [float(x) for x in used.stdout.split() if x.strip().replace(".", "", 1).isdigit()]
+
+    def query(what: str) -> str:
+        done = run(
+            ["nvidia-smi", f"--query-{what}", "--format=csv,noheader,nounits"],
+            capture_output=True,
+            text=True,
+            timeout=20,
+            check=False,
+        )
+        return str(done.stdout)
+
+    used, apps = query("gpu=memory.used"), query("compute-apps=pid,used_memory")
+    per_gpu = [float(x) for x in used.split() if x.strip().replace(".", "", 1).isdigit()]
     holders = [
         {"pid": int(p), "mib": float(m)}
-        for line in apps.stdout.splitlines()
+        for line in apps.splitlines()
         if len(parts := [x.strip() for x in line.split(",")]) == 2 and parts[0].isdigit()
         for p, m in [parts]
         if m.replace(".", "", 1).isdigit()

@@ -84,8 +84,7 @@ def _check(checks: list[dict[str, Any]], name: str, passed: bool, detail: str) -
     checks.append({"name": name, "passed": bool(passed), "detail": detail})
 
 
-def _samples(out: Path) -> list[dict[str, Any]]:
-    path = out / "samples.jsonl"
+def _samples(path: Path) -> list[dict[str, Any]]:
     if not path.exists():
         return []
     rows = []
@@ -225,21 +224,25 @@ def judge_guarded(out: Path, s: Scenario, result: Mapping[str, Any], samples: li
             if tail in k
             for pid in v["pids"]
         }
-        gpu_rows = [r for r in samples if r["kind"] == "gpu"]
-        holders_after = [a for r in gpu_rows if r["t"] >= relaunch.at for a in r.get("apps", []) if a["pid"] in pids_1]
-        before = [sum(r["used_mib"]) for r in gpu_rows if stop is not None and r["t"] <= stop.at]
-        between = [sum(r["used_mib"]) for r in gpu_rows if stop is not None and stop.at <= r["t"] <= relaunch.at]
-        if before and between:
-            measures["gpu_used_mib_before_stop"] = before[-1]
-            measures["gpu_used_mib_min_before_relaunch"] = min(between)
-        lists_apps = any(r.get("apps") for r in gpu_rows)
+        stopping = next((e for e in events if e.name == "trainer_signal"), stop)
+        held = [
+            (r["t"], sum(a["mib"] for a in r.get("apps", []) if a["pid"] in pids_1))
+            for r in samples
+            if r["kind"] == "gpu"
+        ]
+        before = [mib for t, mib in held if stopping is not None and t <= stopping.at]
+        after = [mib for t, mib in held if t >= relaunch.at]
+        freed_at = next((t for t, mib in held if stopping is not None and t > stopping.at and mib == 0), None)
+        lists_apps = any(mib for _, mib in held)
+        measures["gpu_mib_held_by_attempt_1"] = max(before, default=None)
+        if freed_at is not None and stopping is not None:
+            measures["gpu_freed_s_after_stop_signal"] = round(freed_at - stopping.at, 1)
         _check(
             checks,
             "gpu_memory_released",
-            not holders_after and (not before or not between or min(between) < before[-1]),
-            f"GPU memory {before[-1] if before else '?'} MiB before the stop, {min(between) if between else '?'} MiB "
-            f"before the relaunch; attempt-1 pids holding GPU memory after it: {len(holders_after)}"
-            + ("" if lists_apps else " (the driver lists no compute processes here: total memory only)"),
+            lists_apps and bool(before) and max(before) > 0 and not any(after),
+            f"attempt 1's processes held {max(before, default=0):.0f} MiB of GPU memory before the stop and "
+            f"{max(after, default=0):.0f} MiB after attempt 2 launched (nvidia-smi --query-compute-apps, per pid)",
         )
         resumed_first = _first_seen(samples, "attempt-2/metrics.jsonl", target or 0)
         if opened is not None and resumed_first is not None:
@@ -269,10 +272,11 @@ def judge_guarded(out: Path, s: Scenario, result: Mapping[str, Any], samples: li
             and got is not None
             and abs(float(got) - float(expected)) <= 1e-9 + 1e-6 * abs(float(expected))
         )
-        measures["resumed_lr"] = got
-        _check(
-            checks, "resumed_lr_is_the_patched_lr", ok, f"patched {LR_KEY}={expected}, attempt 2 logs actor/lr={got}"
-        )
+        changed = any(d.get("key") == LR_KEY for d in iv.get("plan", {}).get("diff", []))
+        measures["resumed_lr"], measures["lr_patched"] = got, changed
+        how = "patched" if changed else "not changed by this rung: the run's own"
+        detail = f"{LR_KEY}={expected} in the relaunch ({how}); attempt 2 logs actor/lr={got}"
+        _check(checks, "resumed_lr_is_the_patched_lr", ok, detail)
     else:
         _check(checks, "resumed_lr_is_the_patched_lr", False, "no resumed attempt")
 
@@ -318,9 +322,15 @@ def judge_unguarded(out: Path, s: Scenario, result: Mapping[str, Any]) -> dict[s
 
 
 def judge(
-    out: Path, scenarios: Mapping[str, Scenario], results: Mapping[str, Mapping[str, Any]], *, timed_out: bool
+    out: Path,
+    scenarios: Mapping[str, Scenario],
+    results: Mapping[str, Mapping[str, Any]],
+    *,
+    timed_out: bool,
+    samples_path: Path | None = None,
 ) -> dict[str, Any]:
-    samples = _samples(out)
+    """Every scenario's checks and measures; ``samples_path`` defaults to ``<out>/samples.jsonl``."""
+    samples = _samples(samples_path or out / "samples.jsonl")
     judged: dict[str, Any] = {}
     for name, s in scenarios.items():
         result = results.get(name, {})
