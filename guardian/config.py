@@ -246,7 +246,7 @@ class SourcesConfig(_Section):
         2.0,
         gt=0,
         description="Longest wait between polls while nothing changes: the wait doubles from poll_interval_s on "
-        "each quiet poll and drops back as soon as a line arrives or an intervention is in progress.",
+        "each quiet poll and drops back as soon as a line arrives or an intervention needs the guardian to act.",
     )
     train_batch_size: int | None = Field(
         None, ge=1, description="data.train_batch_size; lets EGR be estimated from DAPO eviction counts."

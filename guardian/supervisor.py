@@ -101,7 +101,7 @@ class Supervisor(Rescue):
         self.attempt: Attempt | None = None
         self._advised: set[int] = set()
         self.exit_code: int | None = None
-        self.busy = False  # the last tick saw something move (a line, a transition, an intervention in progress)
+        self.busy = False  # the last tick saw something move (a line, a transition, an intervention state to act in)
         self._store_wait = StoreWait(limit_s=self.config.store.outage_wait_s)
         self._stopped_in_outage: int | None = None  # the attempt the guardian stopped while the store was down
 

@@ -66,7 +66,7 @@ class GuardedTick:
 
 @dataclass
 class PollPace:
-    """The wait before the next tick: ``base_s`` while anything moves (a new line, an intervention in progress, a
+    """The wait before the next tick: ``base_s`` while anything moves (a new line, an intervention state it acts in, a
     failed tick), doubling on each quiet tick up to ``idle_max_s``. A run that logs a step every few seconds is
     then polled a few times per step instead of every ``base_s``, and a new step is still seen within
     ``idle_max_s``."""
