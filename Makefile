@@ -24,8 +24,8 @@ demo: install
 	$(BIN)/guardian demo
 
 lint: install
-	$(BIN)/ruff check guardian tests bench gpu
-	$(BIN)/ruff format --check guardian tests bench gpu
+	$(BIN)/ruff check guardian tests bench gpu recipe
+	$(BIN)/ruff format --check guardian tests bench gpu recipe
 	$(BIN)/mypy
 
 test: lint

@@ -40,6 +40,8 @@ import unicodedata
 from collections.abc import Iterable, Mapping
 from typing import NamedTuple
 
+from recipe.prompt import ANSWER_CLOSE, ANSWER_OPEN, RESULT_CLOSE, RESULT_OPEN, SEARCH_OPEN
+
 # --- constants --------------------------------------------------------------------------------------------------
 
 CORRECTNESS_WEIGHT = 0.7
@@ -59,9 +61,6 @@ END_OF_TURN_MARKERS = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "</s>")
 # where Search-R1 / verl datasets keep the answer aliases when the ground truth is a dict
 GROUND_TRUTH_KEYS = ("target", "answer", "answers", "ground_truth")
 
-ANSWER_OPEN, ANSWER_CLOSE = "<answer>", "</answer>"
-RESULT_OPEN, RESULT_CLOSE = "<result>", "</result>"
-SEARCH_OPEN = "<search>"
 
 _TAG = re.compile(r"</?(?:" + "|".join(PROTOCOL_TAGS) + r")>")
 _RESULT_BLOCK = re.compile(re.escape(RESULT_OPEN) + r"(.*?)" + re.escape(RESULT_CLOSE), re.DOTALL)
