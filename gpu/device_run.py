@@ -28,7 +28,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 from gpu import verdict
 from gpu.observe import Sampler, attempt_processes, checkpoint_manifest
@@ -44,9 +44,6 @@ class Launch:
     folder: Path
     process: subprocess.Popen[bytes] | None = None
     returncodes: list[int] = field(default_factory=list)
-    killed_at: float | None = None
-    started_at: float = 0.0
-    ended_at: float | None = None
 
     @property
     def home(self) -> Path:
@@ -75,10 +72,6 @@ def guardian_argv(python: str, scenario: Scenario, trainer: list[str]) -> list[s
     ]
 
 
-def _open_log(path: Path) -> IO[bytes]:
-    return path.open("ab")
-
-
 def start(launch: Launch, setup: TrainerSetup, env: dict[str, str]) -> None:
     s, folder = launch.scenario, launch.folder
     trainer = build_trainer_command(setup, s, folder)
@@ -91,9 +84,8 @@ def start(launch: Launch, setup: TrainerSetup, env: dict[str, str]) -> None:
         argv = [*trainer, f"++ray_kwargs.ray_init.runtime_env.env_vars.VERL_FILE_LOGGER_PATH={metrics}"]
         run_env = {**env, "VERL_FILE_LOGGER_PATH": str(metrics)}
     (folder / "argv.json").write_text(json.dumps(argv, indent=1))
-    out = _open_log(folder / ("guardian.out" if s.guarded else "trainer.out"))
-    launch.process = subprocess.Popen(argv, cwd=folder, env=run_env, stdout=out, stderr=subprocess.STDOUT)
-    launch.started_at = time.time()
+    with (folder / ("guardian.out" if s.guarded else "trainer.out")).open("ab") as out:  # the child keeps its copy
+        launch.process = subprocess.Popen(argv, cwd=folder, env=run_env, stdout=out, stderr=subprocess.STDOUT)
 
 
 def kill_and_reattach(launch: Launch, setup: TrainerSetup, env: dict[str, str], stop: threading.Event) -> None:
@@ -113,7 +105,6 @@ def kill_and_reattach(launch: Launch, setup: TrainerSetup, env: dict[str, str], 
     assert launch.process is not None
     launch.process.send_signal(signal.SIGKILL)
     launch.returncodes.append(launch.process.wait())
-    launch.killed_at = time.time()
     start(launch, setup, env)
 
 
@@ -244,7 +235,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         for launch in launches:
             if launch.process is not None:
                 launch.returncodes.append(launch.process.wait())
-            launch.ended_at = time.time()
         sampler.sample()
 
     results = {}
@@ -253,12 +243,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         (launch.folder / "store.json").write_text(json.dumps(reports, indent=1, default=str))
         keep_evidence(launch, args.out)
         shutil.copy2(launch.folder / "store.json", args.out / launch.scenario.name / "store.json")
-        results[launch.scenario.name] = {
-            "returncodes": launch.returncodes,
-            "killed_at": launch.killed_at,
-            "started_at": launch.started_at,
-            "ended_at": launch.ended_at,
-        }
+        results[launch.scenario.name] = {"returncodes": launch.returncodes}
     judged = verdict.judge(args.out, {x.scenario.name: x.scenario for x in launches}, results, timed_out=timed_out)
     (args.out / "verdict.json").write_text(json.dumps(judged, indent=1, default=str))
     print(verdict.render(judged))

@@ -17,9 +17,12 @@ import os
 import shutil
 import subprocess
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, TextIO
+
+from guardian.history import StepRecord
+from guardian.sources.jsonl import MetricsFile
 
 LOGGER_ENV = b"VERL_FILE_LOGGER_PATH="
 VERL_DRIVER = b"verl.trainer.main_ppo"
@@ -109,26 +112,13 @@ def checkpoint_manifest(folder: Path) -> dict[str, int]:
     return manifest
 
 
-def _metric_steps(path: Path) -> Iterator[int]:
-    try:
-        text = path.read_text(errors="replace")
-    except OSError:
-        return
-    for line in text.splitlines():
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue  # a line still being written
-        if isinstance(record, dict) and isinstance(record.get("step"), int):
-            yield record["step"]
-
-
 class Sampler:
     """Writes one sample of everything each ``sample()``; the driver calls it about once a second."""
 
     def __init__(self, out: TextIO, runs: Mapping[str, Path], clock: Callable[[], float] = time.time) -> None:
         self.out, self.runs, self.clock = out, runs, clock
         self.guardians: dict[str, int] = {}  # scenario → live guardian pid (the driver updates it)
+        self._tails: dict[Path, MetricsFile] = {}  # each metrics file tailed as it grows, never re-read
         self._steps_seen: set[tuple[str, int]] = set()
         self._manifests: dict[str, dict[str, int]] = {}
         self._gpu_ok = True
@@ -152,11 +142,12 @@ class Sampler:
                 self._emit("gpu", **memory)
         for name, run_dir in self.runs.items():
             for metrics in sorted(run_dir.rglob("metrics.jsonl")):
+                tail = self._tails.setdefault(metrics, MetricsFile(metrics))
                 key = str(metrics)
-                for step in _metric_steps(metrics):
-                    if (key, step) not in self._steps_seen:
-                        self._steps_seen.add((key, step))
-                        self._emit("step", scenario=name, file=key, step=step)
+                for item in tail.poll().items:
+                    if isinstance(item, StepRecord) and (key, item.step) not in self._steps_seen:
+                        self._steps_seen.add((key, item.step))  # a step's second line adds nothing new
+                        self._emit("step", scenario=name, file=key, step=item.step)
             for folder in sorted((run_dir / "ckpt").glob("global_step_*")):
                 manifest = checkpoint_manifest(folder)
                 if manifest and manifest != self._manifests.get(str(folder)):

@@ -11,13 +11,15 @@ from __future__ import annotations
 import json
 import re
 import statistics
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from gpu.scenarios import LR_KEY, Scenario
+from guardian.actions.overrides import parse_command
+from guardian.sources.jsonl import read_all
 
 DETECTION_LIMIT_STEPS = 6
 COLLAPSE_FRACTION = 0.5
@@ -49,17 +51,11 @@ def parse_log(text: str) -> list[LogEvent]:
 
 
 def read_metrics(path: Path) -> dict[int, dict[str, Any]]:
-    """verl's file logger: ``{"step": N, "data": {...}}`` per line; later lines of a step are merged in."""
+    """verl's file logger, read by the guardian's own reader; several lines of one step are merged."""
     steps: dict[int, dict[str, Any]] = {}
-    if not path.exists():
-        return steps
-    for line in path.read_text(errors="replace").splitlines():
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(record, dict) and isinstance(record.get("step"), int) and isinstance(record.get("data"), dict):
-            steps.setdefault(record["step"], {}).update(record["data"])
+    if path.exists():
+        for record in read_all(path)[0]:
+            steps.setdefault(record.step, {}).update(record.data)
     return steps
 
 
@@ -71,13 +67,10 @@ def collapse_step(metrics: Mapping[int, Mapping[str, Any]]) -> int | None:
     return next((s for s, e in entropy if e < COLLAPSE_FRACTION * baseline), None)
 
 
-def last_value(argv: Iterable[str], key: str) -> str | None:
-    value = None
-    for arg in argv:
-        k, _, v = arg.partition("=")
-        if k.lstrip("+") == key:
-            value = v
-    return value
+def last_value(argv: Sequence[str], key: str) -> str | None:
+    """The text of the last override of ``key`` in a launch command (``+``/``++`` forms included)."""
+    texts = [o.value_text for o in parse_command(argv).overrides if o.key == key]
+    return texts[-1] if texts else None
 
 
 def _check(checks: list[dict[str, Any]], name: str, passed: bool, detail: str) -> None:
@@ -233,17 +226,16 @@ def judge_guarded(out: Path, s: Scenario, result: Mapping[str, Any], samples: li
         before = [mib for t, mib in held if stopping is not None and t <= stopping.at]
         after = [mib for t, mib in held if t >= relaunch.at]
         freed_at = next((t for t, mib in held if stopping is not None and t > stopping.at and mib == 0), None)
-        lists_apps = any(mib for _, mib in held)
         measures["gpu_mib_held_by_attempt_1"] = max(before, default=None)
         if freed_at is not None and stopping is not None:
             measures["gpu_freed_s_after_stop_signal"] = round(freed_at - stopping.at, 1)
-        _check(
-            checks,
-            "gpu_memory_released",
-            lists_apps and bool(before) and max(before) > 0 and not any(after),
+        detail = (
             f"attempt 1's processes held {max(before, default=0):.0f} MiB of GPU memory before the stop and "
-            f"{max(after, default=0):.0f} MiB after attempt 2 launched (nvidia-smi --query-compute-apps, per pid)",
+            f"{max(after, default=0):.0f} MiB after attempt 2 launched (nvidia-smi --query-compute-apps, per pid)"
+            if held
+            else "no GPU samples (no nvidia-smi here): not measured"
         )
+        _check(checks, "gpu_memory_released", max(before, default=0) > 0 and not any(after), detail)
         resumed_first = _first_seen(samples, "attempt-2/metrics.jsonl", target or 0)
         if opened is not None and resumed_first is not None:
             measures["detection_to_resumed_first_step_s"] = round(resumed_first - opened.at, 1)

@@ -317,7 +317,7 @@ class HFReplica(RolloutReplica):
                 cuda_visible_devices=devices,
             )
         )
-        await server.weights_fingerprint.remote()  # raises here, with the server's error, if loading failed
+        await server.served.remote()  # raises here, with the server's error, if loading the model failed
         self.servers = [server]
         self._server_handle = server
         self._server_address = f"{name}:0"  # a unique key for verl's load balancer; nothing listens on it

@@ -10,7 +10,6 @@ again, and the harness's own verdict on the recorded evidence must pass.
 from __future__ import annotations
 
 import json
-import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,7 +30,6 @@ from guardian.sources.jsonl import read_all
 
 HARNESS = fixture_path("verl-0.9.1-run", "harness")
 GUARDED = ["collapse", "collapse-kill", "healthy"]
-_FINDING = re.compile(r"event=finding .*check=(\w+) change=(\w+) severity=(\w+) step=(\d+)")
 
 
 def run_dir(name: str) -> Path:
@@ -41,11 +39,11 @@ def run_dir(name: str) -> Path:
 def live_findings_of_attempt_1(name: str) -> list[tuple[str, str, str, int]]:
     """(check, change, severity, step) of every finding the live guardian logged before attempt 2 started."""
     found = []
-    for line in (run_dir(name) / "guardian.log").read_text().splitlines():
-        if "event=attempt_launched attempt=2" in line:
+    for e in verdict.parse_log((run_dir(name) / "guardian.log").read_text()):
+        if e.name == "attempt_launched" and e.fields.get("attempt") == "2":
             break
-        if m := _FINDING.search(line):
-            found.append((m.group(1), m.group(2), m.group(3), int(m.group(4))))
+        if e.name == "finding":
+            found.append((e.fields["check"], e.fields["change"], e.fields["severity"], int(e.fields["step"])))
     return found
 
 
