@@ -33,3 +33,8 @@ class Passage:
         """From a corpus row (``id``, ``contents``) as the ``/retrieve`` API returns it under ``document``."""
         title, text = split_contents(str(row.get("contents", "")))
         return cls(doc_id=str(row.get("id", "")), title=title, text=text, score=float(score))
+
+
+class RetrievalError(Exception):
+    """The retriever could not answer (unreachable, timed out, or refused the request). The message names the URL,
+    what failed and after how many attempts; the agent shows the model an empty result and counts the failure."""
