@@ -332,25 +332,39 @@ def build_parser(benchmark: Benchmark, description: str, data_help: str) -> argp
     parser.add_argument("--concurrency", type=_positive, default=8, metavar="K", help="episodes at once (default 8)")
     limits = EpisodeLimits()
     parser.add_argument(
-        "--max-turns", type=_positive, default=limits.max_turns, help=f"generations per episode ({limits.max_turns})"
+        "--max-turns",
+        type=_positive,
+        default=limits.max_turns,
+        metavar="N",
+        help=f"model generations per episode; the last cannot search (default {limits.max_turns})",
     )
-    parser.add_argument("--topk", type=_positive, default=limits.topk, help=f"passages per search ({limits.topk})")
+    parser.add_argument(
+        "--topk", type=_positive, default=limits.topk, metavar="K", help=f"passages per search (default {limits.topk})"
+    )
     parser.add_argument(
         "--max-result-chars",
         type=_result_chars,
         default=limits.max_result_chars,
-        help=f"characters per <result> block ({limits.max_result_chars})",
+        metavar="N",
+        help=f"characters per <result> block (default {limits.max_result_chars})",
     )
     parser.add_argument(
         "--max-response-tokens",
         type=_positive,
         default=DEFAULT_MAX_RESPONSE_TOKENS,
-        help="response budget per episode, model text and results together; match training's "
-        f"data.max_response_length ({DEFAULT_MAX_RESPONSE_TOKENS})",
+        metavar="N",
+        help="response budget per episode in tokens, model text and results together; match training's "
+        f"data.max_response_length (default {DEFAULT_MAX_RESPONSE_TOKENS})",
     )
-    parser.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (0: greedy)")
     parser.add_argument(
-        "--retries", type=_non_negative, default=3, help="retries of a failed endpoint request (default 3)"
+        "--temperature", type=float, default=0.0, metavar="T", help="sampling temperature (default 0: greedy)"
+    )
+    parser.add_argument(
+        "--retries",
+        type=_non_negative,
+        default=3,
+        metavar="N",
+        help="retries of an endpoint request after a connection error or 5xx (default 3)",
     )
     benchmark.add_arguments(parser)
     return parser

@@ -728,6 +728,36 @@ def test_eval_hotpotqa_reads_jsonl_rows_and_counts_failed_searches(
     assert "warning: 1 searches failed" in capsys.readouterr().out
 
 
+class SlowSearcher(FakeSearcher):
+    """Searches that take a while, counting how many are in flight at once."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.in_flight = self.most_in_flight = 0
+
+    async def search(self, queries: Sequence[str], topk: int) -> list[list[Passage]]:
+        self.in_flight += 1
+        self.most_in_flight = max(self.most_in_flight, self.in_flight)
+        try:
+            await asyncio.sleep(0.05)
+            return await super().search(queries, topk)
+        finally:
+            self.in_flight -= 1
+
+
+def test_episodes_run_concurrently_up_to_the_limit(vllm: Any, tmp_path: Path) -> None:
+    questions = [f"Question number {i}?" for i in range(6)]
+    data = tmp_path / "qa.jsonl"
+    data.write_text("".join(json.dumps({"question": q, "answer": "x"}) + "\n" for q in questions), encoding="utf-8")
+    server = vllm({q: search_then(f"query {i}", "x") for i, q in enumerate(questions)})
+    searcher = SlowSearcher()
+    out = tmp_path / "run"
+    assert eval_hotpotqa.main(hotpot_args(server, data, out, "--concurrency", "3"), searcher=searcher) == 0
+    assert searcher.most_in_flight == 3
+    predictions, summary = read_run(out)
+    assert [p["question"] for p in predictions] == questions and summary["em"] == 1.0  # input order kept
+
+
 def test_an_existing_run_is_kept_unless_forced(vllm: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     records = hotpot_records(2)
     data = tmp_path / "dev.json"

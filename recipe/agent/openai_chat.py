@@ -81,7 +81,7 @@ def _error_detail(response: httpx.Response) -> str:
     if isinstance(body, dict):
         inner = body.get("error")
         if isinstance(inner, dict) and isinstance(inner.get("message"), str):
-            return inner["message"]
+            return str(inner["message"])
         if isinstance(body.get("message"), str):
             return str(body["message"])
         if "detail" in body:
