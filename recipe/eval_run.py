@@ -443,24 +443,29 @@ def run_cli(
     """Parse, check, load, run, write, print; errors become one line on stderr and a non-zero exit."""
     args = parser.parse_args(argv)
     prefix = f"{benchmark.name}: error:"
+    out = Path(args.out)
     try:
-        out = Path(args.out)
         check_output(out, args.force)
         questions = benchmark.load(args)
         if args.limit is not None:
             questions = questions[: args.limit]
         if not questions:
             raise EvalError(f"--data {args.data}: no questions to evaluate")
-        records, summary = asyncio.run(evaluate(benchmark, args, questions, searcher))
-        write_outputs(out, records, summary)
     except (DataError, EvalError) as error:
         print(f"{prefix} {one_line(str(error))}", file=sys.stderr)
         return EXIT_INPUT
+    except OSError as error:  # the data file exists but cannot be read
+        print(f"{prefix} reading --data {args.data}: {one_line(str(error))}", file=sys.stderr)
+        return EXIT_INPUT
+    try:
+        records, summary = asyncio.run(evaluate(benchmark, args, questions, searcher))
     except (EndpointError, RetrievalError, ServiceError) as error:
         print(f"{prefix} {one_line(str(error))}", file=sys.stderr)
         return EXIT_SERVICE
+    try:
+        write_outputs(out, records, summary)
     except OSError as error:
-        print(f"{prefix} writing {args.out}: {one_line(str(error))}", file=sys.stderr)
+        print(f"{prefix} writing {out}: {one_line(str(error))}", file=sys.stderr)
         return EXIT_SERVICE
     print(benchmark.describe(summary))
     if summary["failed_searches"]:
