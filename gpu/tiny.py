@@ -1,13 +1,20 @@
-"""Build the tiny random-initialised Qwen2 model, its tokenizer and the copy-digit task in verl's parquet format.
+"""Build the tiny random-initialised Qwen2 models and their tokenizers: the copy-digit task, and the search agent.
 
-    python -m gpu.tiny --out gpu/.tiny
+    python -m gpu.tiny --out gpu/.tiny                              # copy task
+    python -m gpu.tiny --task search --out gpu/.tiny/search   # search agent: model only
 
-writes ``model/`` (config, weights, tokenizer, generation config), ``data/train.parquet`` and ``data/test.parquet``,
-and ``tiny_reward.py`` (the rule reward). Deterministic for a given seed. Needs torch, transformers, tokenizers,
-pyarrow (the ``.venv-gpu`` of gpu/README.md).
+The copy task writes ``model/`` (config, weights, tokenizer, generation config), ``data/train.parquet`` and
+``data/test.parquet``, and ``tiny_reward.py`` (the rule reward). Its tokenizer has one token per character; its chat
+template renders ``user:copy 7\\nassistant:``, the prompt shape of the real verl 0.9.1 runs
+(``verl-0.9.1-run/rollouts``).
 
-The tokenizer has one token per character; its chat template renders ``user:copy 7\\nassistant:``, the prompt shape
-of the real verl 0.9.1 runs (``verl-0.9.1-run/rollouts``).
+The search task writes ``model/`` only (``python -m recipe.prepare_data`` makes the data, ``recipe/reward.py`` is the
+reward): a tokenizer with one token per byte (so every printable ASCII character is one token and any text
+round-trips), the protocol tags of ``recipe.prompt`` as single non-special tokens, and Qwen's chat special tokens
+``<|im_start|>``/``<|im_end|>`` with a Qwen-like chat template; eos is ``<|im_end|>``. A random model of that vocabulary
+writes a tag token with probability about 1/vocab per token, so random rollouts do contain ``<search>q</search>``.
+
+Deterministic for a given seed. Needs torch, transformers, tokenizers, pyarrow (the ``.venv-gpu`` of gpu/README.md).
 """
 
 from __future__ import annotations
@@ -91,29 +98,40 @@ def build_tokenizer(out: Path) -> None:
     tokenizer.save_pretrained(out)
 
 
-def build_model(out: Path, seed: int) -> int:
-    """A 2-layer Qwen2 with hidden size 128, random weights from ``seed``; returns the parameter count."""
+def build_model(
+    out: Path,
+    seed: int,
+    *,
+    vocab_size: int = VOCAB_SIZE,
+    pad_id: int | None = None,
+    eos_id: int | None = None,
+    max_positions: int = 256,
+) -> int:
+    """A 2-layer Qwen2 with hidden size 128, random weights from ``seed``; returns the parameter count. The defaults
+    are the copy task's (its vocabulary, pad and eos)."""
     import torch
     from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 
     vocab = vocabulary()
+    pad = vocab[PAD] if pad_id is None else pad_id
+    eos = vocab[EOS] if eos_id is None else eos_id
     config = Qwen2Config(
-        vocab_size=VOCAB_SIZE,
+        vocab_size=vocab_size,
         hidden_size=128,
         intermediate_size=128,
         num_hidden_layers=2,
         num_attention_heads=4,
         num_key_value_heads=2,
-        max_position_embeddings=256,
+        max_position_embeddings=max_positions,
         tie_word_embeddings=True,
-        pad_token_id=vocab[PAD],
-        eos_token_id=vocab[EOS],
+        pad_token_id=pad,
+        eos_token_id=eos,
         bos_token_id=None,
     )
     torch.manual_seed(seed)
     model = Qwen2ForCausalLM(config)
     model.generation_config = GenerationConfig(  # type: ignore[no-untyped-call]
-        pad_token_id=vocab[PAD], eos_token_id=vocab[EOS], do_sample=True, top_k=0, top_p=1.0, temperature=1.0
+        pad_token_id=pad, eos_token_id=eos, do_sample=True, top_k=0, top_p=1.0, temperature=1.0
     )
     model.save_pretrained(out, safe_serialization=True)
     return sum(p.numel() for p in model.parameters())
@@ -157,12 +175,140 @@ def build(root: Path, *, seed: int = 0, train_repeats: int = 32, test_repeats: i
     return paths
 
 
+# --- the search agent's tokenizer and model ---------------------------------------------------------------------
+
+SEARCH_PAD, IM_START, IM_END = "<|endoftext|>", "<|im_start|>", "<|im_end|>"
+SEARCH_SPECIALS = (SEARCH_PAD, IM_START, IM_END)
+# Qwen2.5's tool-call markers (added, not special, as in Qwen2.5): verl's hermes parser looks for them in the text
+TOOL_CALL_TAGS = ("<tool_call>", "</tool_call>")
+SEARCH_VOCAB_SIZE = 288
+"""Search vocabulary: 3 chat specials, the protocol and tool-call tags, 256 bytes, padded to a multiple of 32."""
+SEARCH_MAX_POSITIONS = 8192
+"""Context of the search model: the system prompt alone is about 800 one-character tokens (RoPE has no weights
+tied to it, so a long context costs nothing)."""
+
+
+def protocol_tags() -> tuple[str, ...]:
+    """The search protocol's tags, from recipe.prompt (the one place they are written)."""
+    from recipe import prompt
+
+    return (
+        prompt.THINK_OPEN,
+        prompt.THINK_CLOSE,
+        prompt.SEARCH_OPEN,
+        prompt.SEARCH_CLOSE,
+        prompt.RESULT_OPEN,
+        prompt.RESULT_CLOSE,
+        prompt.ANSWER_OPEN,
+        prompt.ANSWER_CLOSE,
+    )
+
+
+def search_tags() -> tuple[str, ...]:
+    """Every added (non-special) token of the search tokenizer: the protocol tags, then the tool-call tags."""
+    return (*protocol_tags(), *TOOL_CALL_TAGS)
+
+
+def search_vocabulary() -> dict[str, int]:
+    """Chat specials, tags, then the 256 byte-level symbols in byte order (ids as saved in tokenizer.json)."""
+    tokens = [*SEARCH_SPECIALS, *search_tags(), *(byte_level_char(chr(code)) for code in range(256))]
+    if len(tokens) > SEARCH_VOCAB_SIZE:
+        raise ValueError(f"gpu.tiny: {len(tokens)} tokens do not fit SEARCH_VOCAB_SIZE={SEARCH_VOCAB_SIZE}")
+    return {token: index for index, token in enumerate(tokens)}
+
+
+# transformers renders chat templates with trim_blocks: a newline right after a block tag is dropped, so those are
+# written as an expression
+NEWLINE = "{{ '\\n' }}"
+
+
+def _turn(role: str, content: str) -> str:
+    return IM_START + role + "\n" + content + IM_END + "\n"
+
+
+SEARCH_CHAT_TEMPLATE = (
+    # the system turn, with Qwen2.5's tool listing when tools are given
+    "{% if tools %}" + IM_START + "system\n"
+    "{% if messages[0]['role'] == 'system' %}{{ messages[0]['content'] }}\n\n{% endif %}"
+    "# Tools\n\nYou are provided with function signatures within <tools></tools> XML tags:\n<tools>"
+    "{% for tool in tools %}" + NEWLINE + "{{ tool | tojson }}{% endfor %}" + NEWLINE + "</tools>\n\n"
+    "For each function call, return a json object with function name and arguments within "
+    "<tool_call></tool_call> XML tags:\n<tool_call>\n"
+    '{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>' + IM_END + "\n"
+    "{% elif messages[0]['role'] == 'system' %}" + _turn("system", "{{ messages[0]['content'] }}") + "{% endif %}"
+    "{% for message in messages %}"
+    "{% if message['role'] == 'system' and loop.first %}"
+    "{% elif message['role'] == 'tool' %}"
+    + _turn("user", "<tool_response>\n{{ message['content'] }}\n</tool_response>")
+    + "{% elif message['role'] == 'assistant' %}"
+    + IM_START
+    + "assistant\n{{ message['content'] or '' }}"
+    "{% for call in message.get('tool_calls') or [] %}" + NEWLINE + "<tool_call>"
+    '\n{"name": "{{ call.function.name }}", "arguments": '
+    "{% if call.function.arguments is string %}{{ call.function.arguments }}"
+    "{% else %}{{ call.function.arguments | tojson }}{% endif %}}\n</tool_call>"
+    "{% endfor %}" + IM_END + "\n"
+    "{% else %}" + _turn("{{ message['role'] }}", "{{ message['content'] }}") + "{% endif %}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}" + IM_START + "assistant\n{% endif %}"
+)
+"""Qwen2.5's ChatML shape: ``<|im_start|>role\\ncontent<|im_end|>\\n`` per message, tools listed in the system turn,
+tool results as user turns in ``<tool_response>``, assistant tool calls as ``<tool_call>`` JSON, and
+``<|im_start|>assistant\\n`` as the generation prompt."""
+
+
+def build_search_tokenizer(out: Path) -> None:
+    """A byte-level BPE tokenizer without merges over all 256 bytes (one token per ASCII character; other text as
+    its UTF-8 bytes, so any string round-trips), the tags as added non-special tokens (``skip_special_tokens`` keeps
+    them: verl decodes the response that way for the reward) and the chat specials as special tokens."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    core = Tokenizer(models.BPE(vocab=search_vocabulary(), merges=[]))
+    core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    core.decoder = decoders.ByteLevel()
+    core.add_special_tokens([AddedToken(token, special=True, normalized=False) for token in SEARCH_SPECIALS])
+    core.add_tokens([AddedToken(tag, special=False, normalized=False) for tag in search_tags()])
+    tokenizer = PreTrainedTokenizerFast(  # type: ignore[no-untyped-call]
+        tokenizer_object=core,
+        pad_token=SEARCH_PAD,
+        eos_token=IM_END,
+        chat_template=SEARCH_CHAT_TEMPLATE,
+        padding_side="left",
+    )
+    tokenizer.save_pretrained(out)
+
+
+def build_search(root: Path, *, seed: int = 0) -> TinyPaths:
+    """Write the search agent's tiny model and tokenizer to ``root/model`` (replacing an earlier build there)."""
+    paths = TinyPaths(root)
+    if paths.model.exists():
+        shutil.rmtree(paths.model)
+    build_search_tokenizer(paths.model)
+    vocab = search_vocabulary()
+    build_model(
+        paths.model,
+        seed,
+        vocab_size=SEARCH_VOCAB_SIZE,
+        pad_id=vocab[SEARCH_PAD],
+        eos_id=vocab[IM_END],
+        max_positions=SEARCH_MAX_POSITIONS,
+    )
+    return paths
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m gpu.tiny", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / ".tiny")
+    parser.add_argument("--task", choices=("copy", "search"), default="copy", help="what to build (default copy)")
+    parser.add_argument("--out", type=Path, help="output folder (default gpu/.tiny, or gpu/.tiny/search)")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
-    paths = build(args.out, seed=args.seed)
+    here = Path(__file__).resolve().parent
+    if args.task == "search":
+        paths = build_search(args.out or here / ".tiny" / "search", seed=args.seed)
+        print(f"gpu.tiny: search model and tokenizer {paths.model}")
+        return 0
+    paths = build(args.out or here / ".tiny", seed=args.seed)
     print(f"gpu.tiny: model {paths.model}, data {paths.train.parent}, reward {paths.reward}")
     return 0
 

@@ -32,13 +32,15 @@ from typing import Any, Final
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from recipe.prompt import build_messages
+from recipe.prompt import NATIVE_SYSTEM_PROMPT, SYSTEM_PROMPT, build_messages
 
 HOTPOTQA: Final = "hotpotqa"
 TWOWIKI: Final = "2wikimultihopqa"
 SOURCES: Final = (HOTPOTQA, TWOWIKI)
 ABILITY: Final = "multihop_qa"
 DEFAULT_AGENT: Final = "search_agent"
+# verl's built-in multi-turn loop: native (hermes) function calls to recipe/agent/search_tool.py, its own prompt
+NATIVE_TOOL_AGENT: Final = "tool_agent"
 TOOL_NAME: Final = "search"
 SPLITS: Final = ("train", "val")
 HF_PREFIX: Final = "hf:"
@@ -186,12 +188,18 @@ def split(items: Sequence[QAItem], train_size: int, val_size: int) -> tuple[list
     return list(items[n_val : n_val + n_train]), list(items[:n_val])
 
 
+def system_prompt_for(agent_name: str) -> str:
+    """The system prompt of ``agent_name``'s protocol: native function calls for verl's ``tool_agent``, the search
+    tags for every other loop (this recipe's ``search_agent``)."""
+    return NATIVE_SYSTEM_PROMPT if agent_name == NATIVE_TOOL_AGENT else SYSTEM_PROMPT
+
+
 def item_to_row(item: QAItem, split_name: str, index: int, agent_name: str = DEFAULT_AGENT) -> dict[str, Any]:
     """One verl row (exactly ``COLUMNS``) for ``item``, the ``index``-th of split ``split_name``."""
     ground_truth = {"target": list(item.answers)}
     return {
         "data_source": item.source,
-        "prompt": build_messages(item.question),
+        "prompt": build_messages(item.question, system_prompt_for(agent_name)),
         "ability": ABILITY,
         "reward_model": {"style": "rule", "ground_truth": ground_truth},
         "extra_info": {

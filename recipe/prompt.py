@@ -31,6 +31,20 @@ SYSTEM_PROMPT: Final = (
     f"{ANSWER_OPEN}Beijing{ANSWER_CLOSE}. Keep the answer short: a name, a date, a number, yes or no."
 )
 
+# For verl's built-in ``tool_agent`` loop (``multi_turn.format: hermes``): the search is a native function call that
+# the chat template describes (the tool schema of recipe/agent/search_tool.py) and the results come back as tool
+# messages, so the <search>/<result> instructions above do not apply; reasoning and the answer keep their tags, which
+# the reward reads.
+NATIVE_SYSTEM_PROMPT: Final = (
+    "You are a research assistant that answers questions by searching a Wikipedia corpus.\n"
+    f"Every time you receive new information, first reason about it inside {THINK_OPEN} and {THINK_CLOSE}.\n"
+    "If you find you lack some knowledge, call the search function with one query; it returns the top passages. "
+    "You may search as many times as you need; search one fact at a time.\n"
+    "When you have enough information, give the final answer inside "
+    f"{ANSWER_OPEN} and {ANSWER_CLOSE} without any explanation, for example "
+    f"{ANSWER_OPEN}Beijing{ANSWER_CLOSE}. Keep the answer short: a name, a date, a number, yes or no."
+)
+
 USER_TEMPLATE: Final = "Question: {question}"
 
 
@@ -39,9 +53,9 @@ def user_message(question: str) -> str:
     return USER_TEMPLATE.format(question=question.strip())
 
 
-def build_messages(question: str) -> list[dict[str, str]]:
-    """The chat messages of one prompt: the system instructions, then the question."""
+def build_messages(question: str, system_prompt: str = SYSTEM_PROMPT) -> list[dict[str, str]]:
+    """The chat messages of one prompt: the system instructions (the tag protocol's by default), then the question."""
     return [
-        {"role": "system", "content": SYSTEM_PROMPT},
+        {"role": "system", "content": system_prompt},
         {"role": "user", "content": user_message(question)},
     ]

@@ -87,6 +87,24 @@ def test_prompt_carries_the_protocol_tags() -> None:
     assert messages[1]["content"] == "Question: Who?"
 
 
+def test_tool_agent_rows_get_the_native_function_call_prompt(tmp_path: Path) -> None:
+    item = pd.QAItem(pd.TWOWIKI, "1", "Who?", ("x",))
+    system = pd.item_to_row(item, "train", 0, agent_name="tool_agent")["prompt"][0]["content"]
+    assert system == prompt.NATIVE_SYSTEM_PROMPT
+    # the native tool call replaces the search/result tags; reasoning and the answer keep theirs (the reward reads them)
+    assert not any(tag in system for tag in ("<search>", "</search>", "<result>", "</result>"))
+    assert all(tag in system for tag in ("<think>", "</think>", "<answer>", "</answer>"))
+    assert pd.item_to_row(item, "train", 0, agent_name="other")["prompt"][0]["content"] == prompt.SYSTEM_PROMPT
+    out = tmp_path / "native"
+    assert (
+        run_cli("--2wiki", TWOWIKI, "--out", out, "--train-size", "5", "--val-size", "2", "--agent-name", "tool_agent")
+        == 0
+    )
+    rows = pq.read_table(out / "train.parquet").to_pylist()
+    assert {row["agent_name"] for row in rows} == {"tool_agent"}
+    assert {row["prompt"][0]["content"] for row in rows} == {prompt.NATIVE_SYSTEM_PROMPT}
+
+
 def test_normalize_question_ignores_case_punctuation_and_spacing() -> None:
     assert pd.normalize_question("Who is  X's father?") == pd.normalize_question("who is x s FATHER")
     assert pd.normalize_question("Cezaria J\u0119drzejewiczowa") != pd.normalize_question("Cezaria Jedrzejewiczowa")

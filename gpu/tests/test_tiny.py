@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow.parquet as pq
+import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -96,3 +97,77 @@ def test_reward_names_a_malformed_ground_truth(tiny_root: Path) -> None:
         assert "'12'" in str(exc) and tiny.DATA_SOURCE in str(exc)
     else:
         raise AssertionError("a two-digit ground truth was accepted")
+
+
+# --- the search agent's tokenizer and model -------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def search_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tiny.build_search(tmp_path_factory.mktemp("tiny-search")).root
+
+
+def test_search_tokenizer_has_one_token_per_ascii_character_and_per_protocol_tag(search_root: Path) -> None:
+    from recipe import prompt
+
+    tokenizer = AutoTokenizer.from_pretrained(search_root / "model")
+    printable = "".join(chr(code) for code in range(32, 127)) + "\n\t"
+    ids = tokenizer.encode(printable, add_special_tokens=False)
+    assert len(ids) == len(printable) and tokenizer.decode(ids) == printable
+    for tag in (prompt.THINK_OPEN, prompt.SEARCH_CLOSE, prompt.RESULT_OPEN, prompt.ANSWER_CLOSE, *tiny.TOOL_CALL_TAGS):
+        assert len(tokenizer.encode(tag, add_special_tokens=False)) == 1, tag
+    assert set(tiny.protocol_tags()) == {f"<{t}>" for t in ("think", "search", "result", "answer")} | {
+        f"</{t}>" for t in ("think", "search", "result", "answer")
+    }
+    # any text round-trips (non-ASCII as its UTF-8 bytes), and verl's reward decode keeps the tags
+    text = "<search>Zürich café</search>\n\n<result>\nDoc 1 (Title: X) y …\n</result>\n\n<answer>B</answer>"
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    assert tokenizer.decode(ids) == text and tokenizer.decode(ids, skip_special_tokens=True) == text
+    assert tokenizer.convert_ids_to_tokens(ids[0]) == prompt.SEARCH_OPEN
+
+
+def test_search_tokenizer_is_chatml_with_im_end_as_eos(search_root: Path) -> None:
+    tokenizer = AutoTokenizer.from_pretrained(search_root / "model")
+    vocab = tiny.search_vocabulary()
+    assert tokenizer.eos_token == tiny.IM_END and tokenizer.eos_token_id == vocab[tiny.IM_END]
+    assert tokenizer.pad_token_id == vocab[tiny.SEARCH_PAD]
+    messages = [{"role": "system", "content": "S"}, {"role": "user", "content": "Question: q"}]
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    assert text == "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nQuestion: q<|im_end|>\n<|im_start|>assistant\n"
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    assert ids[0] == vocab[tiny.IM_START] and tokenizer.decode(ids) == text
+    assert tokenizer.decode([tokenizer.eos_token_id], skip_special_tokens=True) == ""
+    assert len(tokenizer.encode("\n", add_special_tokens=False)) == 1  # verl's Qwen builder needs it
+    # tools and tool turns render as Qwen2.5's: hermes <tool_call> JSON, results in <tool_response>
+    tools = [{"type": "function", "function": {"name": "search"}}]
+    call = {"type": "function", "function": {"name": "search", "arguments": {"query": "x"}}}
+    turns = [*messages, {"role": "assistant", "content": "", "tool_calls": [call]}, {"role": "tool", "content": "r"}]
+    rendered = tokenizer.apply_chat_template(turns, tools=tools, tokenize=False, add_generation_prompt=True)
+    assert '<tools>\n{"type": "function", "function": {"name": "search"}}\n</tools>' in rendered
+    assert (
+        '<|im_start|>assistant\n\n<tool_call>\n{"name": "search", "arguments": {"query": "x"}}\n</tool_call>'
+        in rendered
+    )
+    assert rendered.endswith(
+        "<|im_start|>user\n<tool_response>\nr\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
+    )
+
+
+def test_search_model_is_the_tiny_qwen2_over_the_search_vocabulary(search_root: Path) -> None:
+    model = AutoModelForCausalLM.from_pretrained(search_root / "model")
+    tokenizer = AutoTokenizer.from_pretrained(search_root / "model")
+    assert model.config.model_type == "qwen2" and model.config.hidden_size == 128
+    assert model.config.num_hidden_layers == 2 and model.config.vocab_size == tiny.SEARCH_VOCAB_SIZE
+    assert len(tokenizer) <= model.config.vocab_size
+    assert model.config.max_position_embeddings == tiny.SEARCH_MAX_POSITIONS
+    assert model.generation_config.eos_token_id == tokenizer.eos_token_id and model.generation_config.top_k == 0
+    ids = torch.tensor([tokenizer.encode("<|im_start|>user\nq<|im_end|>\n<search>", add_special_tokens=False)])
+    logits = model(ids).logits
+    assert logits.shape == (1, ids.shape[1], tiny.SEARCH_VOCAB_SIZE) and torch.isfinite(logits).all()
+
+
+def test_cli_builds_the_search_model_only(tmp_path: Path) -> None:
+    assert tiny.main(["--task", "search", "--out", str(tmp_path / "s"), "--seed", "1"]) == 0
+    assert (tmp_path / "s" / "model" / "model.safetensors").is_file()
+    assert (tmp_path / "s" / "model" / "tokenizer.json").is_file()
+    assert not (tmp_path / "s" / "data").exists()

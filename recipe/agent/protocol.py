@@ -93,6 +93,25 @@ def _wrap(body: str) -> str:
     return f"{OBSERVATION_OPEN}{body}{OBSERVATION_CLOSE}"
 
 
+def format_passages(passages: Sequence[Passage], max_chars: int) -> str:
+    """The passage lines for ``passages`` (``Doc i (Title: t) text``, one per line), at most ``max_chars`` characters.
+    Passages are cut from the end, the last one kept marked ``…``; no passages give the empty string. The native tool
+    (``recipe.agent.search_tool``) returns this as it is; :func:`format_observation` wraps it in ``<result>``."""
+    if max_chars <= 0:
+        raise ValueError(f"max_chars={max_chars} leaves no room for passages")
+    body = ""
+    for rank, passage in enumerate(passages, start=1):
+        line = _passage_line(rank, passage)
+        if len(body) + len(line) <= max_chars:
+            body += line
+            continue
+        cut = max_chars - len(body) - len(TRUNCATION_MARK) - 1
+        if cut > 0:
+            body += line[:cut].rstrip() + TRUNCATION_MARK + "\n"
+        break
+    return body
+
+
 def format_observation(passages: Sequence[Passage], max_chars: int) -> str:
     """The ``<result>`` block for ``passages``, at most ``max_chars`` characters in all (tags included: the block
     always closes). Passages are cut from the end, the last one kept marked ``…``; no passages give an empty
@@ -100,17 +119,7 @@ def format_observation(passages: Sequence[Passage], max_chars: int) -> str:
     room = max_chars - len(_wrap(""))
     if room <= 0:
         raise ValueError(f"max_result_chars={max_chars} leaves no room inside {RESULT_OPEN}…{RESULT_CLOSE}")
-    body = ""
-    for rank, passage in enumerate(passages, start=1):
-        line = _passage_line(rank, passage)
-        if len(body) + len(line) <= room:
-            body += line
-            continue
-        cut = room - len(body) - len(TRUNCATION_MARK) - 1
-        if cut > 0:
-            body += line[:cut].rstrip() + TRUNCATION_MARK + "\n"
-        break
-    return _wrap(body)
+    return _wrap(format_passages(passages, room))
 
 
 def invalid_search_observation() -> str:
