@@ -15,10 +15,12 @@ $(BIN)/guardian: pyproject.toml
 
 install: $(BIN)/guardian
 
-# what gpu/tests need beyond the project (CI installs it; without it those tests are not collected): the CPU build
-# of torch, transformers in verl 0.9.1's range, Ray and the rest of verl's import chain
+# what gpu/tests and the recipe's verl agent-loop tests need beyond the project (CI installs it; without it those
+# tests are not collected): the CPU build of torch, transformers in verl 0.9.1's range, Ray and the rest of verl's
+# import chain (the agent loop's: pillow, datasets, cachetools)
 gpu-test-deps: install
-	$(BIN)/pip install --quiet torch==2.13.0 'transformers>=5.5.3,<5.11' pyarrow ray==2.60.0 tensordict==0.10.0 codetiming
+	$(BIN)/pip install --quiet torch==2.13.0 'transformers>=5.5.3,<5.11' pyarrow ray==2.60.0 tensordict==0.10.0 codetiming \
+		pillow 'datasets==5.2.0' cachetools
 
 demo: install
 	$(BIN)/guardian demo
