@@ -25,9 +25,7 @@ import argparse
 import asyncio
 import inspect
 import json
-import os
 import sys
-import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
@@ -35,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final, Protocol
 
+from recipe import atomic
 from recipe.agent.episode import Ending, Episode, EpisodeLimits, Searcher, run_episode
 from recipe.agent.openai_chat import (
     DEFAULT_CHARS_PER_TOKEN,
@@ -267,23 +266,10 @@ def check_output(out: Path, force: bool) -> None:
         raise EvalError(f"{existing[0]} already exists; pass --force to overwrite it, or another --out folder")
 
 
-def write_text_atomic(path: Path, text: str) -> None:
-    """``text`` into ``path`` through a temporary file in the same folder and ``os.replace``."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def write_outputs(out: Path, records: Sequence[Mapping[str, Any]], summary: Mapping[str, Any]) -> None:
     predictions, summary_path = output_paths(out)
-    write_text_atomic(predictions, "".join(json.dumps(record, ensure_ascii=False) + "\n" for record in records))
-    write_text_atomic(summary_path, json.dumps(summary, indent=2, ensure_ascii=False) + "\n")
+    atomic.write_text(predictions, "".join(json.dumps(record, ensure_ascii=False) + "\n" for record in records))
+    atomic.write_text(summary_path, json.dumps(summary, indent=2, ensure_ascii=False) + "\n")
 
 
 # ---------------------------------------------------------------- command line

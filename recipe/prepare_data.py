@@ -21,7 +21,6 @@ import json
 import os
 import random
 import sys
-import tempfile
 import unicodedata
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -32,6 +31,7 @@ from typing import Any, Final
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from recipe import atomic
 from recipe.prompt import NATIVE_SYSTEM_PROMPT, SYSTEM_PROMPT, build_messages
 
 HOTPOTQA: Final = "hotpotqa"
@@ -318,16 +318,9 @@ def load_items(spec: str, flag: str, source: str) -> list[QAItem]:
 def write_parquet_atomic(rows: Sequence[Mapping[str, Any]], path: Path) -> None:
     """Write ``rows`` to ``path`` via a temporary file in the same folder and ``os.replace``: a reader sees the old
     file or the new one, never half of one."""
-    path.parent.mkdir(parents=True, exist_ok=True)
     table = pa.Table.from_pylist(list(rows), schema=SCHEMA)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    try:
+    with atomic.replacing(path) as tmp:
         pq.write_table(table, tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 # ---------------------------------------------------------------- command line
