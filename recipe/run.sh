@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # One command on the 8-GPU node: the search-agent recipe from data to a guarded verl 0.9.1 GRPO run.
 #
-#   recipe/run.sh [--config grpo_qwen7b|grpo_collapse_demo] [--no-guardian] [--corpus FILE] [--ray-address ADDR]
-#                 [--dry-run] [--] [hydra overrides, e.g. trainer.total_training_steps=10]
+#   recipe/run.sh [--config grpo_qwen7b|grpo_collapse_demo] [--no-guardian] [--guardian-args "ARGS"]
+#                 [--corpus FILE] [--ray-address ADDR] [--dry-run] [--] [hydra overrides, e.g. trainer.total_training_steps=10]
 #
 # Steps (each logs "run.sh: step N/7 <name>: ..."):
 #   1 check GPUs          nvidia-smi sees at least the config's trainer.n_gpus_per_node GPUs (first: fail fast)
@@ -28,6 +28,7 @@ verl 0.9.1 under the guardian. Missing data and index are built; existing ones a
 options:
   --config NAME       grpo_qwen7b (default) or grpo_collapse_demo (the deliberately broken demo)
   --no-guardian       run plain verl, without `guardian run --`
+  --guardian-args ARGS  options for `guardian run`, split on spaces (e.g. "--mode observe --export 9400")
   --corpus FILE       wiki-18 corpus JSONL for the index (default $RECIPE_CORPUS, else data/wiki-18/wiki-18.jsonl)
   --ray-address ADDR  use this Ray cluster instead of starting one (default $RAY_ADDRESS)
   --dry-run           print every step's exact command and run nothing (no GPU, data or guardian needed)
@@ -78,6 +79,7 @@ run() {
 config=grpo_qwen7b
 dry_run=0
 use_guardian=1
+guardian_args=()
 corpus=${RECIPE_CORPUS:-}
 ray_address=${RAY_ADDRESS:-}
 overrides=()
@@ -94,6 +96,12 @@ while (($#)); do
       ;;
     --dry-run) dry_run=1 ;;
     --no-guardian) use_guardian=0 ;;
+    --guardian-args)
+      need_value "$@"
+      read -ra guardian_args <<<"$2"
+      shift
+      ;;
+    --guardian-args=*) read -ra guardian_args <<<"${1#*=}" ;;
     --config)
       need_value "$@"
       config=$2
@@ -337,7 +345,7 @@ trainer=("$PYTHON" -m verl.trainer.main_ppo --config-path "$CONFIG_DIR" --config
   "trainer.default_local_dir=$CKPT_DIR" "trainer.rollout_data_dir=$ROLLOUT_DIR"
   "${env_overrides[@]}" ${overrides[@]+"${overrides[@]}"})
 if ((use_guardian)); then
-  trainer=(guardian run -- "${trainer[@]}")
+  trainer=(guardian run ${guardian_args[@]+"${guardian_args[@]}"} -- "${trainer[@]}")
   if ! ((dry_run)); then
     command -v guardian >/dev/null 2>&1 || die "guardian not found: pip install -e $RECIPE_ROOT, or pass --no-guardian"
   fi

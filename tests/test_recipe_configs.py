@@ -470,6 +470,14 @@ def test_dry_run_collapse_demo_and_no_guardian(bare_env: dict[str, str]) -> None
     assert f"trainer.default_local_dir={demo_ckpt}" in cmd
 
 
+def test_guardian_args_go_between_guardian_run_and_the_command(bare_env: dict[str, str]) -> None:
+    result = run_sh("--dry-run", "--guardian-args", "--mode observe  --run-id smoke-1", env=bare_env)
+    assert result.returncode == 0, result.stderr
+    cmd = final_command(result.stdout)
+    assert cmd[:7] == ["guardian", "run", "--mode", "observe", "--run-id", "smoke-1", "--"]
+    assert cmd[7:10] == ["python", "-m", "verl.trainer.main_ppo"]
+
+
 def test_dry_run_reads_the_gpu_count_from_the_overrides(bare_env: dict[str, str]) -> None:
     result = run_sh("--dry-run", "--", "trainer.n_gpus_per_node=4", env=bare_env)
     assert result.returncode == 0, result.stderr
