@@ -5,7 +5,8 @@ verl's agent loop calls a rollout server's ``generate(request_id, prompt_ids, sa
 of that server that needs no verl and no Ray: translating verl's sampling parameters (built in
 ``verl/experimental/agent_loop/agent_loop.py:590``: temperature, top_p, top_k, repetition_penalty, logprobs) to
 ``generate()`` keyword arguments, and returning each sampled token with the log-probability of the distribution it
-was actually drawn from (log-softmax of the warped scores), EOS included.
+was actually drawn from (log-softmax of the warped scores), EOS included. Like vLLM, it honours ``stop`` strings
+(the multi-turn agent loop stops a turn at ``</search>``) and a ``max_tokens`` of each request's own.
 
 The trap it closes: verl's "no top-k" is ``top_k=-1``; HF's is ``top_k=0``. Passing nothing (or -1 filtered out)
 leaves HF's default ``top_k=50``, which silently truncates the sampling distribution and makes the rollout
@@ -32,7 +33,23 @@ class Generated:
     log_probs: list[float]
     """per token: log-softmax of the processed (temperature/top-k/top-p warped) scores it was sampled from"""
     stop_reason: str
-    """'completed' (EOS) or 'length' (max_new_tokens reached)"""
+    """'completed' (EOS or a stop string, which the tokens then end with) or 'length' (max_new_tokens reached)"""
+
+
+class _StopRecorder:
+    """A stopping criterion around HF's stop-string one that remembers, per row, how many tokens it had generated
+    when a stop string first appeared (HF pads a finished row from then on)."""
+
+    def __init__(self, inner: Any, prompt_width: int) -> None:
+        self.inner = inner
+        self.prompt_width = prompt_width
+        self.stopped_at: dict[int, int] = {}
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor, **kwargs: Any) -> torch.Tensor:
+        done: torch.Tensor = self.inner(input_ids, scores, **kwargs)
+        for row in done.nonzero().flatten().tolist():
+            self.stopped_at.setdefault(int(row), input_ids.shape[1] - self.prompt_width)
+        return done
 
 
 def hf_sampling_kwargs(sampling_params: Mapping[str, Any]) -> dict[str, Any]:
@@ -61,18 +78,26 @@ def generate_batch(
     prompts: Sequence[Sequence[int]],
     sampling_params: Mapping[str, Any],
     *,
-    max_new_tokens: int,
+    max_new_tokens: int | Sequence[int],
     eos_token_id: int,
     pad_token_id: int,
+    stop: Sequence[str] = (),
+    tokenizer: Any = None,
 ) -> list[Generated]:
     """Sample one response per prompt in one ``generate()`` call (prompts left-padded; one set of parameters).
 
-    Each row's log-probs come from its own row of the warped scores; tokens after a row's EOS are padding and are
-    cut off, so a row's result is what ``generate`` of that prompt alone would have drawn from the same scores."""
+    Each row's log-probs come from its own row of the warped scores; tokens after a row's end are padding and are
+    cut off, so a row's result is what ``generate`` of that prompt alone would have drawn from the same scores.
+    ``max_new_tokens`` is one budget for all rows or one per row (the call runs to the largest, each row is cut to
+    its own). A row ends at EOS, at the first of the ``stop`` strings (which needs the ``tokenizer``), or at its
+    budget."""
     if not prompts or any(not p for p in prompts):
         raise ValueError("generate: a prompt is empty")
-    if max_new_tokens < 1:
-        raise ValueError(f"generate: max_new_tokens={max_new_tokens} must be >= 1")
+    budgets = [max_new_tokens] * len(prompts) if isinstance(max_new_tokens, int) else list(max_new_tokens)
+    if len(budgets) != len(prompts) or min(budgets) < 1:
+        raise ValueError(f"generate: max_new_tokens={max_new_tokens} must be >= 1, one per prompt")
+    if stop and tokenizer is None:
+        raise ValueError("generate: stop strings need the tokenizer")
     device = next(model.parameters()).device
     width = max(len(p) for p in prompts)
     input_ids = torch.full((len(prompts), width), pad_token_id, dtype=torch.long, device=device)
@@ -80,29 +105,38 @@ def generate_batch(
     for row, prompt in enumerate(prompts):
         input_ids[row, width - len(prompt) :] = torch.tensor(list(prompt), dtype=torch.long)
         attention[row, width - len(prompt) :] = 1
+    recorder = None
+    extra: dict[str, Any] = {}
+    if stop:
+        from transformers import StoppingCriteriaList, StopStringCriteria
+
+        recorder = _StopRecorder(StopStringCriteria(tokenizer=tokenizer, stop_strings=list(stop)), width)
+        extra["stopping_criteria"] = StoppingCriteriaList([recorder])
     output = model.generate(
         input_ids=input_ids,
         attention_mask=attention,
-        max_new_tokens=max_new_tokens,
+        max_new_tokens=max(budgets),
         eos_token_id=eos_token_id,
         pad_token_id=pad_token_id,
         output_scores=True,
         return_dict_in_generate=True,
         **hf_sampling_kwargs(sampling_params),
+        **extra,
     )
     sampled = output.sequences[:, width:]
     log_probs = torch.stack([torch.log_softmax(step.float(), dim=-1) for step in output.scores], dim=1)
     chosen = log_probs.gather(-1, sampled[:, : log_probs.shape[1]].unsqueeze(-1)).squeeze(-1).cpu().tolist()
     results = []
     for row, tokens in enumerate(sampled.cpu().tolist()):
-        response: list[int] = []
-        for step, token in enumerate(tokens):
-            response.append(int(token))
-            if token == eos_token_id:
-                results.append(Generated(response, chosen[row][: step + 1], "completed"))
-                break
-        else:
-            results.append(Generated(response, chosen[row][: len(response)], "length"))
+        budget = budgets[row]
+        stopped = recorder.stopped_at.get(row) if recorder is not None else None
+        if stopped is not None and stopped <= budget:
+            tokens, budget = tokens[:stopped], stopped
+        response = [int(token) for token in tokens[:budget]]
+        if eos_token_id in response:
+            response = response[: response.index(eos_token_id) + 1]
+        ended = bool(response) and (response[-1] == eos_token_id or len(response) == stopped)
+        results.append(Generated(response, chosen[row][: len(response)], "completed" if ended else "length"))
     return results
 
 

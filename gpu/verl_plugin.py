@@ -73,9 +73,14 @@ class _Request:
     future: asyncio.Future[Generated]
 
     @property
+    def stop(self) -> tuple[str, ...]:
+        value = self.sampling_params.get("stop") or ()
+        return (value,) if isinstance(value, str) else tuple(value)
+
+    @property
     def key(self) -> tuple[Any, ...]:
-        """Requests with the same key can share one ``generate()`` call."""
-        return (self.max_new_tokens, *(self.sampling_params.get(k) for k in SAMPLING_KEYS))
+        """Requests with the same key can share one ``generate()`` call (each keeps its own token budget)."""
+        return (self.stop, *(self.sampling_params.get(k) for k in SAMPLING_KEYS))
 
 
 class HFServer:
@@ -99,6 +104,8 @@ class HFServer:
         self.device = torch.device("cuda:0" if torch.cuda.is_available() else "cpu")
         self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=getattr(torch, dtype)).to(self.device)
         self.model.eval()
+        self.model_path = model_path
+        self._tokenizer: Any = None  # loaded on the first request with stop strings
         config = AutoConfig.from_pretrained(model_path)
         try:
             generation = GenerationConfig.from_pretrained(model_path)
@@ -167,9 +174,11 @@ class HFServer:
                             self.model,
                             [r.prompt_ids for r in batch],
                             batch[0].sampling_params,
-                            max_new_tokens=batch[0].max_new_tokens,
+                            max_new_tokens=[r.max_new_tokens for r in batch],
                             eos_token_id=self.eos_token_id,
                             pad_token_id=self.pad_token_id,
+                            stop=batch[0].stop,
+                            tokenizer=self.tokenizer() if batch[0].stop else None,
                         )
                     except Exception as exc:  # every request of the batch gets the error, the server goes on
                         for r in batch:
@@ -181,6 +190,14 @@ class HFServer:
                 for r, result in zip(batch, results, strict=True):
                     if not r.future.done():
                         r.future.set_result(result)
+
+    def tokenizer(self) -> Any:
+        """The model folder's tokenizer (HF's stop-string criterion needs it)."""
+        if self._tokenizer is None:
+            from transformers import AutoTokenizer
+
+            self._tokenizer = AutoTokenizer.from_pretrained(self.model_path)
+        return self._tokenizer
 
     def served(self) -> tuple[int, int]:
         """(requests, batches) served so far."""

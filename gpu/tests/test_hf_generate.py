@@ -118,3 +118,47 @@ def test_a_batch_of_prompts_of_different_lengths_matches_the_forward_pass_row_by
         if out.stop_reason == "completed":
             assert out.token_ids[-1] == tokenizer.eos_token_id
             assert tokenizer.eos_token_id not in out.token_ids[:-1]
+
+
+def test_each_row_keeps_its_own_budget_and_ends_at_the_first_stop_string(
+    model_and_tokenizer: tuple[Any, Any],
+) -> None:
+    """The multi-turn agent loop sends turns with different budgets left and ``stop=["</search>", …]``: one
+    batched call serves them all, each row cut to its own budget or just after its first stop string."""
+    from gpu.hf_generate import generate_batch
+
+    model, tokenizer = model_and_tokenizer
+    prompts = [tokenizer.encode(p) for p in (PROMPT, "user:copy 12\nassistant:", "user:x\nassistant:")] * 4
+    budgets = [3, 9, 40] * 4
+    params = {"temperature": 1.0, "top_p": 1.0, "top_k": -1}
+    torch.manual_seed(5)
+    results = generate_batch(
+        model,
+        prompts,
+        params,
+        max_new_tokens=budgets,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        stop=["1", "7"],
+        tokenizer=tokenizer,
+    )
+    endings = set()
+    for prompt, budget, out in zip(prompts, budgets, results, strict=True):
+        text = tokenizer.decode(out.token_ids)
+        assert 0 < len(out.token_ids) <= budget
+        assert torch.allclose(
+            torch.tensor(out.log_probs), forward_log_probs(model, prompt, out.token_ids, 1.0), atol=1e-4
+        )
+        body = text[:-1]
+        assert "1" not in body and "7" not in body  # nothing past the first stop string
+        if out.stop_reason == "length":
+            assert len(out.token_ids) == budget and text[-1] not in "17"
+            endings.add("budget")
+        elif out.token_ids[-1] == tokenizer.eos_token_id:
+            endings.add("eos")
+        else:
+            assert text[-1] in "17"
+            endings.add("stop")
+    assert {"budget", "stop"} <= endings  # the draw exercised both cuts
+    with pytest.raises(ValueError, match="stop strings need the tokenizer"):
+        generate_batch(model, prompts[:1], params, max_new_tokens=4, eos_token_id=0, pad_token_id=0, stop=["1"])
