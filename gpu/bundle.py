@@ -120,6 +120,9 @@ REQUIREMENTS: tuple[Requirement, ...] = (
     Requirement("qh3"),
     # without its copy of ``urllib3/``, which would shadow the machine's urllib3 (what URLLIB3_NO_OVERRIDE does)
     Requirement("urllib3-future", trim=("urllib3/*",)),
+    # the search recipe's retrieval (recipe/search): the machine has numpy, scipy, numba and tqdm
+    Requirement("bm25s==0.3.16"),
+    Requirement("PyStemmer>=2.2"),
 )
 
 

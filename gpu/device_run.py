@@ -32,7 +32,16 @@ from typing import Any
 
 from gpu import verdict
 from gpu.observe import Sampler, attempt_processes, checkpoint_manifest
-from gpu.scenarios import KILL_AFTER_EVENT, KILL_DELAY_S, Scenario, TrainerSetup, guardian_yaml, scenarios
+from gpu.scenarios import (
+    KILL_AFTER_EVENT,
+    KILL_DELAY_S,
+    Scenario,
+    TrainerSetup,
+    guardian_yaml,
+    recipe_command,
+    recipe_env,
+    scenarios,
+)
 from gpu.scenarios import trainer_command as build_trainer_command
 
 STOP_GRACE_S = 30.0
@@ -74,6 +83,13 @@ def guardian_argv(python: str, scenario: Scenario, trainer: list[str]) -> list[s
 
 def start(launch: Launch, setup: TrainerSetup, env: dict[str, str]) -> None:
     s, folder = launch.scenario, launch.folder
+    if s.recipe:
+        argv = recipe_command(setup, s, folder)
+        run_env = {**env, **recipe_env(setup, folder), "GUARDIAN_HOME": str(launch.home)}
+        (folder / "argv.json").write_text(json.dumps(argv, indent=1))
+        with (folder / "guardian.out").open("ab") as out:
+            launch.process = subprocess.Popen(argv, cwd=folder, env=run_env, stdout=out, stderr=subprocess.STDOUT)
+        return
     trainer = build_trainer_command(setup, s, folder)
     if s.guarded:
         argv = guardian_argv(setup.python, s, trainer)
@@ -86,6 +102,24 @@ def start(launch: Launch, setup: TrainerSetup, env: dict[str, str]) -> None:
     (folder / "argv.json").write_text(json.dumps(argv, indent=1))
     with (folder / ("guardian.out" if s.guarded else "trainer.out")).open("ab") as out:  # the child keeps its copy
         launch.process = subprocess.Popen(argv, cwd=folder, env=run_env, stdout=out, stderr=subprocess.STDOUT)
+
+
+def guardian_pid(launch: Launch) -> int | None:
+    """The live guardian's pid: the launched process itself, or for the recipe the ``guardian run`` that run.sh
+    started (found by its run id on the command line)."""
+    s, process = launch.scenario, launch.process
+    if not s.guarded or process is None or process.poll() is not None:
+        return None
+    if not s.recipe:
+        return process.pid
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            argv = (proc / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"guardian" in argv and b"run" in argv and s.run_id.encode() in argv:
+            return int(proc.name)
+    return None
 
 
 def kill_and_reattach(launch: Launch, setup: TrainerSetup, env: dict[str, str], stop: threading.Event) -> None:
@@ -158,9 +192,13 @@ def keep_evidence(launch: Launch, out: Path) -> None:
     for name in ("argv.json", "guardian.yaml", "guardian.out", "trainer.out"):
         if (launch.folder / name).exists():
             shutil.copy2(launch.folder / name, dest / name)
-    for source in (launch.home / "runs", launch.folder / "unguarded"):
+    # the recipe's own logs (retrieval server) and its index manifest beside the guardian's evidence
+    recipe_out = launch.folder / "out"
+    for source in (launch.home / "runs", launch.folder / "unguarded", recipe_out / "logs", recipe_out / "rollouts"):
         if source.exists():
             shutil.copytree(source, dest / source.name, dirs_exist_ok=True)
+    for manifest in sorted((launch.folder / "index").glob("*.json")):
+        shutil.copy2(manifest, dest / f"index-{manifest.name}")
     quarantined = {
         str(folder.relative_to(launch.folder / "ckpt")): checkpoint_manifest(folder)
         for folder in sorted((launch.folder / "ckpt").glob(".guardian-quarantine/*/global_step_*"))
@@ -180,19 +218,34 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--collapse-steps", type=int, default=28)
     p.add_argument("--healthy-steps", type=int, default=24)
+    p.add_argument("--search-steps", type=int, default=6)
+    p.add_argument("--search-tiny", type=Path, help="gpu.tiny --task search output folder (search)")
+    p.add_argument("--search-corpus", type=Path, help="wiki-18 style corpus for the search scenario's index")
     p.add_argument("--deadline-s", type=float, default=520.0, help="stop everything still running after this")
     p.add_argument("--extra", action="append", default=[], help="key=value added to every trainer command")
     p.add_argument("--sample-s", type=float, default=1.0)
     args = p.parse_args(argv)
 
-    known = scenarios(args.trainer, collapse_steps=args.collapse_steps, healthy_steps=args.healthy_steps)
+    known = scenarios(
+        args.trainer,
+        collapse_steps=args.collapse_steps,
+        healthy_steps=args.healthy_steps,
+        search_steps=args.search_steps,
+    )
     chosen = [known[n] for n in args.scenarios.split(",") if n]
     unknown = [n for n in args.scenarios.split(",") if n and n not in known]
     if unknown or not chosen:
         print(f"gpu.device_run: unknown scenarios {unknown}; choose from {sorted(known)}", file=sys.stderr)
         return 2
     extra = dict(kv.split("=", 1) for kv in args.extra)
-    setup = TrainerSetup(kind=args.trainer, python=sys.executable, tiny=args.tiny, extra=extra)
+    setup = TrainerSetup(
+        kind=args.trainer,
+        python=sys.executable,
+        tiny=args.tiny,
+        extra=extra,
+        search_tiny=args.search_tiny,
+        search_corpus=args.search_corpus,
+    )
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     args.work.mkdir(parents=True, exist_ok=True)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -218,8 +271,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         timed_out = False
         while True:
             for launch in launches:
-                if launch.scenario.guarded and launch.process is not None and launch.process.poll() is None:
-                    sampler.guardians[launch.scenario.name] = launch.process.pid
+                pid = guardian_pid(launch)
+                if pid is not None:
+                    sampler.guardians[launch.scenario.name] = pid
                 else:
                     sampler.guardians.pop(launch.scenario.name, None)
             sampler.sample()

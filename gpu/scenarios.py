@@ -2,8 +2,10 @@
 
 A scenario is a training run with a role: ``collapse`` (a wrong-signed entropy bonus; the guardian must detect,
 stop, roll back, patch, resume and prove the fix), ``healthy`` (a sound config: the guardian must not intervene),
-``collapse-kill`` (the collapse, with the guardian SIGKILLed once the patched trainer is launched and re-attached)
-and ``unguarded`` (the healthy config without the guardian: the baseline of the guardian's overhead on step time).
+``collapse-kill`` (the collapse, with the guardian SIGKILLed once the patched trainer is launched and re-attached),
+``unguarded`` (the healthy config without the guardian: the baseline of the guardian's overhead on step time) and
+``search`` (the search-agent recipe's own one command, ``recipe/run.sh``, with its config, data preparation, BM25
+index, retrieval server, multi-turn agent loop and reward, on a tiny model, with the guardian observing).
 
 Two trainers build the command: ``verl`` (real verl 0.9.1 with the tiny Qwen2 of ``gpu.tiny`` and the ``hf``
 rollout of ``gpu.verl_plugin``, on the GPU machine) and ``cpu`` (the guardian's own CPU trainer with verl's command
@@ -32,6 +34,7 @@ class Scenario:
     kill_guardian: bool = False
     expect_intervention: bool = False
     total_steps: int = 0
+    recipe: bool = False  # launched by recipe/run.sh (which runs the guardian itself) instead of guardian run
 
     @property
     def run_id(self) -> str:
@@ -46,6 +49,9 @@ class TrainerSetup:
     python: str = "python3"
     tiny: Path | None = None  # gpu.tiny output (verl only)
     extra: Mapping[str, str] = field(default_factory=dict)
+    search_tiny: Path | None = None  # gpu.tiny --task search output (the search scenario)
+    search_corpus: Path | None = None  # wiki-18 style corpus for the search scenario's index
+    repo: Path = Path(__file__).resolve().parents[1]
 
 
 # The broken setting of the earlier real runs (run-a: collapse ~step 15 with lr 1e-3 and entropy_coeff -0.1) and a
@@ -61,8 +67,9 @@ CPU_COLLAPSE = {LR_KEY: "2e-5", ENTROPY_KEY: "-0.3", "+trainer.seed": "1"}
 CPU_HEALTHY = {LR_KEY: "2e-5", ENTROPY_KEY: "0", "+trainer.seed": "1"}
 
 
-def scenarios(kind: str, *, collapse_steps: int, healthy_steps: int) -> dict[str, Scenario]:
+def scenarios(kind: str, *, collapse_steps: int, healthy_steps: int, search_steps: int = 6) -> dict[str, Scenario]:
     collapse, healthy = (VERL_COLLAPSE, VERL_HEALTHY) if kind == "verl" else (CPU_COLLAPSE, CPU_HEALTHY)
+    recipe = [Scenario("search", True, {}, recipe=True, total_steps=search_steps)] if kind == "verl" else []
     return {
         s.name: s
         for s in (
@@ -77,6 +84,7 @@ def scenarios(kind: str, *, collapse_steps: int, healthy_steps: int) -> dict[str
             ),
             Scenario("healthy", True, healthy, total_steps=healthy_steps),
             Scenario("unguarded", False, healthy, total_steps=healthy_steps),
+            *recipe,
         )
     }
 
@@ -125,6 +133,87 @@ def verl_overrides(tiny: Path, run_dir: Path, total_steps: int) -> dict[str, str
         "trainer.default_local_dir": str(run_dir / "ckpt"),
         "transfer_queue.backend.SimpleStorage.num_data_storage_units": "2",
         "ray_kwargs.ray_init.num_cpus": "16",
+    }
+
+
+# The recipe's config (recipe/configs/grpo_qwen7b.yaml: 8 GPUs, Qwen2.5-7B, vLLM) shrunk to the tiny search model
+# on one GPU with the hf rollout. Everything else - the agent loop and its retrieval settings, the reward, GRPO with
+# the DAPO pieces, the KL loss, the file logger and dumps - is the recipe's own.
+RECIPE_CONFIG = "grpo_qwen7b"
+RECIPE_SHRINK = {
+    "data.train_batch_size": "8",
+    # the tiny tokenizer spends one token per character: the system prompt alone is ~800 tokens
+    "data.max_prompt_length": "2048",
+    "data.max_response_length": "512",
+    "data.dataloader_num_workers": "0",
+    "actor_rollout_ref.model.use_remove_padding": "False",
+    "actor_rollout_ref.model.enable_gradient_checkpointing": "False",
+    "+actor_rollout_ref.model.override_config.attn_implementation": "sdpa",
+    "actor_rollout_ref.actor.ppo_mini_batch_size": "4",
+    "actor_rollout_ref.actor.use_torch_compile": "False",
+    "actor_rollout_ref.actor.fsdp_config.use_torch_compile": "False",
+    "actor_rollout_ref.ref.fsdp_config.use_torch_compile": "False",
+    "actor_rollout_ref.rollout.name": "hf",
+    "actor_rollout_ref.rollout.dtype": "float32",
+    "actor_rollout_ref.rollout.n": "4",
+    "actor_rollout_ref.rollout.agent.num_workers": "2",
+    # a random model's answers are all wrong: every group would be filtered and the batch never filled
+    "algorithm.filter_groups.enable": "False",
+    # the recipe's overlong buffer (2048 tokens) is wider than this whole response budget
+    "reward.reward_kwargs.overlong_buffer_cfg.len": "128",
+    "reward.num_workers": "2",
+    "trainer.n_gpus_per_node": "1",
+    "trainer.total_epochs": "1000",
+    "trainer.val_before_train": "False",
+    "trainer.test_freq": "-1",
+    "trainer.save_freq": "3",
+    "transfer_queue.backend.SimpleStorage.num_data_storage_units": "2",
+}
+
+
+def recipe_overrides(model: Path, run_dir: Path, total_steps: int) -> dict[str, str]:
+    return {
+        **RECIPE_SHRINK,
+        "actor_rollout_ref.model.path": str(model),
+        "trainer.total_training_steps": str(total_steps),
+        "trainer.experiment_name": run_dir.name,
+        "trainer.default_local_dir": str(run_dir / "ckpt"),
+    }
+
+
+def recipe_command(setup: TrainerSetup, scenario: Scenario, run_dir: Path) -> list[str]:
+    """argv of ``recipe/run.sh``, which prepares data and index, starts the retrieval server and Ray, and runs the
+    training under ``guardian run`` with these options (observe: the point is the recipe, not a rescue)."""
+    if setup.search_tiny is None:
+        raise ValueError("gpu.scenarios: the search scenario needs the tiny search model (gpu.tiny --task search)")
+    guardian = f"--config {run_dir / 'guardian.yaml'} --no-live --mode observe --run-id {scenario.run_id}"
+    overrides = {**recipe_overrides(setup.search_tiny / "model", run_dir, scenario.total_steps), **setup.extra}
+    return [
+        "bash",
+        str(setup.repo / "recipe" / "run.sh"),
+        "--config",
+        RECIPE_CONFIG,
+        "--guardian-args",
+        guardian,
+        "--",
+        *(f"{k}={v}" for k, v in overrides.items()),
+    ]
+
+
+def recipe_env(setup: TrainerSetup, run_dir: Path) -> dict[str, str]:
+    """run.sh's inputs: the repository's real HotpotQA / 2Wiki samples, the corpus, folders of this run."""
+    if setup.search_corpus is None:
+        raise ValueError("gpu.scenarios: the search scenario needs a corpus (recipe.search.hotpot_corpus --out)")
+    fixtures = setup.repo / "tests" / "fixtures" / "recipe"
+    return {
+        "PYTHON": setup.python,
+        "RECIPE_DATA": str(run_dir / "data"),
+        "RECIPE_OUT": str(run_dir / "out"),
+        "RECIPE_INDEX": str(run_dir / "index"),
+        "RECIPE_CORPUS": str(setup.search_corpus),
+        "RECIPE_HOTPOTQA": str(fixtures / "hotpotqa_train_100.json"),
+        "RECIPE_2WIKI": str(fixtures / "2wiki_500_first100.jsonl"),
+        "RECIPE_HEALTH_TIMEOUT": "180",
     }
 
 

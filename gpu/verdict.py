@@ -20,6 +20,7 @@ from typing import Any
 from gpu.scenarios import LR_KEY, Scenario
 from guardian.actions.overrides import parse_command
 from guardian.sources.jsonl import read_all
+from recipe.reward import read_transcript, search_call_counts
 
 DETECTION_LIMIT_STEPS = 6
 COLLAPSE_FRACTION = 0.5
@@ -303,6 +304,68 @@ def judge_guarded(out: Path, s: Scenario, result: Mapping[str, Any], samples: li
     return {"checks": checks, "measures": measures}
 
 
+def rollout_searches(dump_dir: Path) -> dict[str, Any]:
+    """What the search agent did, read from verl's rollout dumps: trajectories, ``<search>`` calls and the share
+    answered by a non-empty ``<result>`` (the reward's own reading of a transcript), and the mean score."""
+    rows = []
+    for path in sorted(dump_dir.glob("*.jsonl")):
+        for line in path.read_text(errors="replace").splitlines():
+            try:
+                rows.append(json.loads(line))
+            except ValueError:
+                continue
+    calls = answered = with_search = 0
+    for row in rows:
+        n, ok = search_call_counts(read_transcript(str(row.get("output", ""))))
+        calls, answered, with_search = calls + n, answered + ok, with_search + (n > 0)
+    scores = [float(row["score"]) for row in rows if isinstance(row.get("score"), int | float)]
+    return {
+        "trajectories": len(rows),
+        "with_search": with_search,
+        "searches": calls,
+        "searches_with_results": answered,
+        "mean_score": statistics.fmean(scores) if scores else None,
+    }
+
+
+def judge_recipe(out: Path, s: Scenario, result: Mapping[str, Any], samples: list[dict[str, Any]]) -> dict[str, Any]:
+    """The recipe's one command ran training to the end under an observing guardian, and its rollouts really
+    searched: tool calls in the dumps, passages returned by the retrieval server."""
+    checks: list[dict[str, Any]] = []
+    codes = list(result.get("returncodes", []))
+    run_dir = out / s.name / "runs" / s.run_id
+    metrics = read_metrics(run_dir / "attempt-1" / "metrics.jsonl")
+    last = max(metrics, default=0)
+    _check(checks, "run_sh_exit_0", codes[-1:] == [0], f"recipe/run.sh exit codes {codes}")
+    _check(checks, "reached_total_steps", last >= s.total_steps, f"last step {last} of {s.total_steps}")
+    dumps = next((p for p in sorted((out / s.name).glob("rollouts/**/")) if any(p.glob("*.jsonl"))), None)
+    searched = rollout_searches(dumps) if dumps is not None else {"trajectories": 0}
+    _check(
+        checks,
+        "rollouts_searched",
+        searched.get("searches_with_results", 0) > 0,
+        f"{searched.get('searches', 0)} searches in {searched['trajectories']} trajectories, "
+        f"{searched.get('searches_with_results', 0)} answered with passages",
+    )
+    server_log = out / s.name / "logs" / "retrieval_server.log"
+    served = server_log.read_text(errors="replace").count("POST /retrieve") if server_log.exists() else 0
+    _check(checks, "retrieval_server_answered", served > 0, f"{served} POST /retrieve lines in the server log")
+    store = json.loads((out / s.name / "store.json").read_text()) if (out / s.name / "store.json").exists() else {}
+    incidents = store.get("incidents", []) if isinstance(store.get("incidents"), list) else []
+    measures: dict[str, Any] = {
+        "step_time_s": _step_time(metrics),
+        "rollouts": searched,
+        "num_turns_mean": [metrics[k].get("num_turns/mean") for k in sorted(metrics)],
+        "response_length_mean": [metrics[k].get("response_length/mean") for k in sorted(metrics)],
+        "guardian_incidents": [{k: i.get(k) for k in ("id", "check", "severity", "state")} for i in incidents],
+        "returncodes": codes,
+    }
+    usage = guardian_usage(samples, s.name)
+    if usage:
+        measures["guardian"] = usage
+    return {"checks": checks, "measures": measures}
+
+
 def judge_unguarded(out: Path, s: Scenario, result: Mapping[str, Any]) -> dict[str, Any]:
     metrics = read_metrics(out / s.name / "unguarded" / "metrics.jsonl")
     last = max(metrics, default=0)
@@ -326,7 +389,12 @@ def judge(
     judged: dict[str, Any] = {}
     for name, s in scenarios.items():
         result = results.get(name, {})
-        judged[name] = judge_guarded(out, s, result, samples) if s.guarded else judge_unguarded(out, s, result)
+        if s.recipe:
+            judged[name] = judge_recipe(out, s, result, samples)
+        elif s.guarded:
+            judged[name] = judge_guarded(out, s, result, samples)
+        else:
+            judged[name] = judge_unguarded(out, s, result)
     overhead = None
     if "healthy" in judged and "unguarded" in judged:
         on, off = judged["healthy"]["measures"].get("step_time_s"), judged["unguarded"]["measures"].get("step_time_s")
