@@ -41,3 +41,4 @@ bench: install
 	$(BIN)/python bench/trainer.py
 	$(BIN)/python bench/remediation.py
 	$(BIN)/python bench/observability.py
+	$(BIN)/python bench/retrieval.py
