@@ -11,7 +11,8 @@
    (with its title half the time), half drawn from the mid-frequency vocabulary.
 2. Index: ``python -m recipe.search.index`` in a child process (build seconds and peak RSS from its manifest).
 3. In process: load time, numba JIT warm-up, ``--queries`` queries in one ``SearchEngine.search`` call
-   (documents included) with numba ``n_threads`` 1 and 2, and one-query calls (p50 / p95).
+   (documents included) with numba ``n_threads`` 1 and 2, and one-query calls (p50 / p95) - for the engine's
+   postings kernel (``recipe.search.topk``) and, beside it, bm25s's own dense ``retrieve`` on the same index.
 4. Baseline, same run: rank_bm25 ``BM25Okapi`` is a Python loop over every passage per query term, far too slow
    at 1M, so it runs on the first ``--baseline-passages`` passages with ``--baseline-queries`` queries, beside
    bm25s on that same small corpus and the same analyzer's tokens.
@@ -160,22 +161,36 @@ def single_latencies(search: Any, queries: list[str]) -> list[float]:
     return latencies
 
 
+KERNELS = {"postings": True, "dense": False}
+"""the engine's postings kernel (recipe.search.topk), and bm25s's own retrieve over every passage (the baseline)"""
+
+
 def in_process(index: Path, queries: list[str], singles: int) -> dict[str, Any]:
     started = time.perf_counter()
     engine = SearchEngine(index)
     load_s = time.perf_counter() - started
-    figures: dict[str, Any] = {"load_s": load_s, "warmup_s": {}, "batch_s": {}}
-    for threads in (1, 2):
-        engine.n_threads = threads
-        figures["warmup_s"][threads] = engine.warmup()
-        started = time.perf_counter()
-        results = engine.search(queries, TOPK)
-        figures["batch_s"][threads] = time.perf_counter() - started
-        figures.setdefault("empty_results", sum(1 for r in results if not r))
-    engine.n_threads = 1
-    latencies = single_latencies(lambda q: engine.search([q], TOPK), queries[:singles])
-    figures["single_p50_ms"] = percentile(latencies, 50) * 1000
-    figures["single_p95_ms"] = percentile(latencies, 95) * 1000
+    figures: dict[str, Any] = {"load_s": load_s}
+    answers: dict[str, list[list[tuple[str, float]]]] = {}
+    for kernel, postings in KERNELS.items():
+        engine.postings_kernel = postings
+        measured: dict[str, Any] = {"warmup_s": {}, "batch_s": {}}
+        for threads in (1, 2):
+            engine.n_threads = threads
+            measured["warmup_s"][threads] = engine.warmup()
+            started = time.perf_counter()
+            results = engine.search(queries, TOPK)
+            measured["batch_s"][threads] = time.perf_counter() - started
+            measured.setdefault("empty_results", sum(1 for r in results if not r))
+            answers[kernel] = [[(p.doc_id, round(p.score, 3)) for p in r] for r in results]
+        engine.n_threads = 1
+        latencies = single_latencies(lambda q: engine.search([q], TOPK), queries[:singles])
+        measured["single_p50_ms"] = percentile(latencies, 50) * 1000
+        measured["single_p95_ms"] = percentile(latencies, 95) * 1000
+        figures[kernel] = measured
+    # the same passages and scores from both (ties at the k-th score may pick different passages)
+    figures["same_scores"] = sum(
+        [s for _, s in a] == [s for _, s in b] for a, b in zip(answers["postings"], answers["dense"], strict=True)
+    ) / max(1, len(queries))
     figures["rss_mb"] = rss_mb(os.getpid())
     engine.close()
     return figures
@@ -361,30 +376,36 @@ def report(result: dict[str, Any]) -> None:
         f"  index build (python -m recipe.search.index): {b['build_seconds']:.0f} s, "
         f"peak RSS {b['peak_rss_mb']:,.0f} MB, {b['index_mb']:,.0f} MB on disk, vocabulary {b['vocabulary']:,}"
     )
-    print(
-        f"  engine load {p['load_s']:.2f} s; numba JIT warm-up: {p['warmup_s'][1]:.1f} s (n_threads=1), "
-        f"{p['warmup_s'][2]:.1f} s more for the parallel kernel (n_threads=2)"
-    )
+    for kernel in KERNELS:
+        w = p[kernel]["warmup_s"]
+        print(
+            f"  engine load {p['load_s']:.2f} s; {kernel} kernel numba JIT warm-up: {w[1]:.1f} s (n_threads=1), "
+            f"{w[2]:.1f} s more for the parallel kernel (n_threads=2)"
+        )
     print(f"  engine RSS after the run: {p['rss_mb'].get('VmRSS', float('nan')):,.0f} MB (bench process, mmap'd index)")
     print()
     base = result["baseline"]
     rb, ob = base["rank_bm25"], base["bm25s"]
     print(f"baseline on the first {base['passages']:,} passages, {base['queries']} queries, in process:")
-    print(f"  {'':22} {'rank_bm25 0.2.2':>16} {'bm25s (numba)':>16} {'ratio':>8}")
+    print(f"  {'':22} {'rank_bm25 0.2.2':>16} {'recipe engine':>16} {'ratio':>8}")
     print(f"  {'build s':22} {rb['build_s']:16.2f} {ob['build_s']:16.2f} {rb['build_s'] / ob['build_s']:7.1f}x")
     print(f"  {'queries/s (sequential)':22} {rb['qps']:16,.0f} {ob['qps']:16,.0f} {ob['qps'] / rb['qps']:7.0f}x")
     print(f"  {'p50 ms (one query)':22} {rb['p50_ms']:16.2f} {ob['p50_ms']:16.3f}")
     print(f"  {'p95 ms (one query)':22} {rb['p95_ms']:16.2f} {ob['p95_ms']:16.3f}")
     print()
-    print(f"bm25s at {n:,} passages:")
-    print(f"  {'':42} {'seconds':>8} {'queries/s':>10} {'p50 ms':>8} {'p95 ms':>8}")
+    print(f"in process at {n:,} passages: the postings kernel beside bm25s's dense retrieve (same index, same run)")
+    print(f"  {'':42} {'postings s':>10} {'dense s':>8} {'speed-up':>8}")
     for threads in (1, 2):
-        seconds = p["batch_s"][threads]
-        print(f"  {f'in process, one call, n_threads={threads}':42} {seconds:8.2f} {q / seconds:10,.0f}")
-    print(
-        f"  {'in process, one query per call':42} {'':8} {1000 / p['single_p50_ms']:10,.0f} "
-        f"{p['single_p50_ms']:8.2f} {p['single_p95_ms']:8.2f}"
-    )
+        ours, theirs = p["postings"]["batch_s"][threads], p["dense"]["batch_s"][threads]
+        label = f"{q:,} queries in one call, n_threads={threads}"
+        print(f"  {label:42} {ours:10.2f} {theirs:8.2f} {theirs / ours:7.1f}x")
+    for pct in (50, 95):
+        ours, theirs = p["postings"][f"single_p{pct}_ms"], p["dense"][f"single_p{pct}_ms"]
+        print(f"  {f'one query per call, p{pct} ms':42} {ours:10.2f} {theirs:8.2f} {theirs / ours:7.1f}x")
+    print(f"  queries whose top-{TOPK} scores agree between the two: {p['same_scores']:.1%}")
+    print()
+    print(f"through the server at {n:,} passages (postings kernel):")
+    print(f"  {'':42} {'seconds':>8} {'queries/s':>10} {'p50 ms':>8} {'p95 ms':>8}")
     for mode in ("coalesced", "per_request"):
         m = s[mode]
         label = "micro-batcher" if mode == "coalesced" else "--no-coalesce"
@@ -402,7 +423,7 @@ def report(result: dict[str, Any]) -> None:
         f"start-up incl. load + JIT {s['coalesced']['start_s']:.1f} s"
     )
     print()
-    best = min(p["batch_s"].values())
+    best = min(p["postings"]["batch_s"].values())
     served = s["coalesced"]["batched_s"]
     at_scale = n >= TARGET_PASSAGES and q >= TARGET_QUERIES
     verdict = "PASS" if best < TARGET_SECONDS and served < TARGET_SECONDS else "MISS"

@@ -44,6 +44,7 @@ from recipe.agent.openai_chat import (
 )
 from recipe.prepare_data import DataError
 from recipe.scoring import extract_answer
+from recipe.search.client import RetrievalClient
 from recipe.search.passage import RetrievalError
 
 PREDICTIONS_FILE: Final = "predictions.jsonl"
@@ -357,10 +358,6 @@ def build_parser(benchmark: Benchmark, description: str, data_help: str) -> argp
 
 
 def _default_searcher(url: str) -> Searcher:
-    try:
-        from recipe.search.client import RetrievalClient
-    except ImportError as error:
-        raise ServiceError(f"the retrieval client recipe.search.client cannot be imported ({error})") from None
     return RetrievalClient(url)
 
 

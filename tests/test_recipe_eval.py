@@ -20,12 +20,14 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -946,16 +948,6 @@ def test_a_dead_retriever_stops_the_run_before_the_first_episode(
     assert "fake retriever" in capsys.readouterr().err and server.requests == []
 
 
-def test_without_a_retrieval_client_module_the_error_says_so(
-    vllm: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setitem(sys.modules, "recipe.search.client", None)  # import fails
-    data = write_gaia(tmp_path / "metadata.jsonl", gaia_rows())
-    server = vllm(GAIA_SCRIPT)
-    assert eval_gaia.main(gaia_args(server, data, tmp_path / "run")) == 1
-    assert "the retrieval client recipe.search.client cannot be imported" in capsys.readouterr().err
-
-
 def test_an_endpoint_failing_mid_run_writes_nothing(
     vllm: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -966,3 +958,56 @@ def test_an_endpoint_failing_mid_run_writes_nothing(
     code = eval_gaia.main(gaia_args(server, data, out, "--retries", "1", "--concurrency", "1"), searcher=FakeSearcher())
     assert code == 1 and "HTTP 500: CUDA out of memory after 2 attempts" in capsys.readouterr().err
     assert not out.exists()
+
+
+def test_eval_hotpotqa_end_to_end_with_the_real_index_and_retrieval_server(
+    vllm: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The recipe's own commands in a row: the HotpotQA sample's paragraphs as a corpus, ``recipe.search.index``,
+    ``recipe.search.server`` on loopback, and ``recipe.eval_hotpotqa`` whose scripted model searches through it."""
+    records = hotpot_records(2)
+    data = tmp_path / "hotpot_dev_sample.json"
+    data.write_text(json.dumps(records), encoding="utf-8")
+    corpus, index = tmp_path / "corpus.jsonl", tmp_path / "index"
+    converted = run_module("recipe.search.hotpot_corpus", "--hotpotqa", str(HOTPOT_FIXTURE), "--out", str(corpus))
+    assert converted.returncode == 0, converted.stderr
+    built = run_module("recipe.search.index", "--corpus", str(corpus), "--out", str(index), "--no-progress")
+    assert built.returncode == 0, built.stderr
+    port = free_port()
+    with subprocess.Popen(
+        [sys.executable, "-m", "recipe.search.server", "--index", str(index), "--port", str(port)],
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    ) as retriever:
+        try:
+            health = f"http://127.0.0.1:{port}/health"
+            deadline = time.monotonic() + 120
+            while True:
+                assert retriever.poll() is None, retriever.stderr.read() if retriever.stderr else ""
+                try:
+                    if httpx.get(health, timeout=1).status_code == 200:
+                        break
+                except httpx.TransportError:
+                    pass
+                assert time.monotonic() < deadline, "the retrieval server never answered /health"
+                time.sleep(0.2)
+            script = {
+                str(records[0]["question"]).strip(): search_then("Lilu mythology demon spirit", "a spirit"),
+                str(records[1]["question"]).strip(): [Reply("<answer>yes</answer>")],
+            }
+            out = tmp_path / "run"
+            url = f"http://127.0.0.1:{port}/retrieve"
+            # three real passages are ~2,000 characters: a budget that holds them (the default is 4096 tokens)
+            args = [*hotpot_args(vllm(script), data, out), "--max-response-tokens", "4096", "--retrieval-url", url]
+            assert eval_hotpotqa.main(args) == 0
+        finally:
+            retriever.terminate()
+            retriever.wait(timeout=30)
+    predictions, summary = read_run(out)
+    first = predictions[0]
+    assert first["queries"] == ["Lilu mythology demon spirit"] and first["failed_searches"] == 0
+    assert "Doc 1 (Title: Lilu (mythology))" in first["transcript"]  # a supporting paragraph of the question
+    assert first["em"] == 1.0 and summary["questions"] == 2 and summary["em"] == 1.0  # the second gold is "yes"
+    assert capsys.readouterr().out.startswith("eval_hotpotqa: 2 questions, EM 1.000")

@@ -30,6 +30,7 @@ from verl.utils.rollout_trace import rollout_trace_op
 from verl.workers.rollout.replica import TokenOutput
 
 from recipe.agent.episode import Episode, EpisodeLimits, Searcher, Turn, TurnEnd, run_episode
+from recipe.search.client import RetrievalClient
 
 logger = logging.getLogger(__name__)
 
@@ -49,9 +50,6 @@ SearcherFactory = Callable[[str, float], Searcher]
 
 def retrieval_client(url: str, timeout_s: float) -> Searcher:
     """The HTTP client of the retrieval server at ``url`` (the full /retrieve URL)."""
-    # imported here: the client module is optional until a real retriever is used
-    from recipe.search.client import RetrievalClient
-
     return RetrievalClient(url, timeout_s=timeout_s)
 
 

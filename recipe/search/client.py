@@ -19,11 +19,9 @@ from typing import Any
 
 import httpx
 
-from recipe.search.passage import Passage
+from recipe.search.passage import Passage, RetrievalError
 
-
-class RetrievalError(Exception):
-    """The retrieval server could not answer: the message says which URL, what failed, after how many attempts."""
+__all__ = ["RetrievalClient", "RetrievalError", "parse_result"]
 
 
 def parse_result(body: Any, expected: int) -> list[list[Passage]]:

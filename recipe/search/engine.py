@@ -1,10 +1,12 @@
-"""Search a BM25 index built by ``recipe.search.index``: memory-mapped, one batched bm25s call per search.
+"""Search a BM25 index built by ``recipe.search.index``: memory-mapped, one batched call per search.
 
 The score matrix and the corpus copy are memory-mapped (``mmap=True``; a document is read from ``corpus.jsonl`` at
 its offset when it is returned), so loading a 21M-passage index costs its vocabulary, not its size. Queries go
-through the analyzer the index was built with; a batch of queries is scored in one ``retrieve`` call with the
-numba backend. A query that is empty, whitespace only, or has no indexed term (all stopwords or unknown words)
-gets ``[]``, and hits with score 0 (no query term in the passage) are dropped, so a query never gets filler.
+through the analyzer the index was built with; a batch of queries is scored in one call: ``recipe.search.topk``'s
+kernel over the postings the queries touch (the same scores as bm25s, at a cost that does not grow with the
+corpus), or bm25s's own numba ``retrieve`` for the two methods that shift every document's score.
+A query that is empty, whitespace only, or has no indexed term (all stopwords or unknown words) gets ``[]``, and
+hits with score 0 (no query term in the passage) are dropped, so a query never gets filler.
 
 ``search`` is thread-safe (a lock serialises calls: the analyzer caches words and numba's thread pool is one);
 the server runs it on a single worker thread anyway.
@@ -25,6 +27,7 @@ import orjson
 
 from recipe.search.index import CORPUS_FILE, MANIFEST_FILE, OFFSETS_FILE, make_tokenizer
 from recipe.search.passage import Passage
+from recipe.search.topk import METHODS_WITHOUT_SHIFT, batch_topk
 
 MAX_TOPK: Final = 50
 BM25S_FILES: Final = ("data.csc.index.npy", "indices.csc.index.npy", "indptr.csc.index.npy", "vocab.index.json")
@@ -83,6 +86,7 @@ class SearchEngine:
         self._tokenizer.stem_to_sid = dict(self.retriever.vocab_dict)
         self.max_topk = max_topk
         self.n_threads = n_threads
+        self.postings_kernel = self.retriever.method in METHODS_WITHOUT_SHIFT
         self._lock = threading.Lock()
 
     # -- queries -------------------------------------------------------------------------------------------------
@@ -115,15 +119,19 @@ class SearchEngine:
             live = [i for i, ids in enumerate(token_ids) if ids]
             if not live:
                 return results
-            k = max(ks[i] for i in live)
-            rows, scores = self.retriever.retrieve(
-                [token_ids[i] for i in live], k=k, show_progress=False, n_threads=self.n_threads
-            )
-        for position, i in enumerate(live):
-            row_ids = rows[position][: ks[i]].tolist()
-            row_scores = scores[position][: ks[i]].tolist()
-            results[i] = [Hit(r, s) for r, s in zip(row_ids, row_scores, strict=True) if s > 0.0]
+            ranked = self._rank([token_ids[i] for i in live], max(ks[i] for i in live))
+        for (row_ids, row_scores), i in zip(ranked, live, strict=True):
+            results[i] = [Hit(r, s) for r, s in zip(row_ids[: ks[i]], row_scores[: ks[i]], strict=True) if s > 0.0]
         return results
+
+    def _rank(self, queries: list[list[int]], k: int) -> list[tuple[list[int], list[float]]]:
+        if self.postings_kernel:
+            scores = self.retriever.scores
+            return batch_topk(
+                scores["indptr"], scores["indices"], scores["data"], self.passages, queries, k, self.n_threads
+            )
+        rows, values = self.retriever.retrieve(queries, k=k, show_progress=False, n_threads=self.n_threads)
+        return [(r.tolist(), v.tolist()) for r, v in zip(rows, values, strict=True)]
 
     def document(self, row: int) -> dict[str, Any]:
         """The corpus row ``{"id", "contents"}`` at ``row``."""
@@ -140,7 +148,7 @@ class SearchEngine:
         """Compile the numba kernels with one query (the first call otherwise pays it); seconds it took."""
         started = time.perf_counter()
         with self._lock:
-            self.retriever.retrieve([[0]], k=1, show_progress=False, n_threads=self.n_threads)
+            self._rank([[0]], 1)
         return time.perf_counter() - started
 
     def info(self) -> dict[str, Any]:
