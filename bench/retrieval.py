@@ -28,9 +28,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import re
+import shutil
 import socket
 import subprocess
 import sys
@@ -434,6 +436,13 @@ def report(result: dict[str, Any]) -> None:
     )
 
 
+def build_the_index(corpus: Path, index: Path) -> None:
+    argv = [sys.executable, "-m", "recipe.search.index", "--corpus", str(corpus), "--out", str(index), "--no-progress"]
+    done = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        sys.exit(f"index build failed: {done.stderr}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--passages", type=int, default=TARGET_PASSAGES)
@@ -445,31 +454,30 @@ def main() -> None:
     parser.add_argument("--singles", type=int, default=500, help="one-query engine calls timed in process")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    parser.add_argument(
+        "--keep",
+        type=Path,
+        help="keep the generated corpus, queries and index in this folder and reuse them when their settings match "
+        "(the 1M build takes minutes)",
+    )
     args = parser.parse_args()
 
-    with tempfile.TemporaryDirectory(prefix="bench-retrieval-") as tmp:
-        work = Path(tmp)
-        corpus = work / "corpus.jsonl"
-        queries, corpus_figures = write_corpus(corpus, args.passages, args.queries, args.seed)
-        index = work / "index"
-        done = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "recipe.search.index",
-                "--corpus",
-                str(corpus),
-                "--out",
-                str(index),
-                "--no-progress",
-            ],
-            cwd=REPO,
-            capture_output=True,
-            text=True,
-            check=False,
-        )
-        if done.returncode != 0:
-            sys.exit(f"index build failed: {done.stderr}")
+    with contextlib.ExitStack() as stack:
+        work = args.keep or Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-retrieval-")))
+        work.mkdir(parents=True, exist_ok=True)
+        corpus, index, saved = work / "corpus.jsonl", work / "index", work / "generated.json"
+        settings = {"passages": args.passages, "queries": args.queries, "seed": args.seed}
+        previous = json.loads(saved.read_text()) if saved.exists() else {}
+        if previous.get("settings") == settings and (index / "manifest.json").exists():
+            queries, corpus_figures = previous["queries"], previous["corpus"]
+            print(f"reusing the corpus and index in {work}", file=sys.stderr)
+            shutil.rmtree(work / "small-index", ignore_errors=True)
+        else:
+            shutil.rmtree(index, ignore_errors=True)
+            shutil.rmtree(work / "small-index", ignore_errors=True)
+            queries, corpus_figures = write_corpus(corpus, args.passages, args.queries, args.seed)
+            build_the_index(corpus, index)
+            saved.write_text(json.dumps({"settings": settings, "queries": queries, "corpus": corpus_figures}))
         manifest = json.loads((index / "manifest.json").read_text())
         build = {
             "build_seconds": manifest["build_seconds"],

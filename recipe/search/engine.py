@@ -27,7 +27,7 @@ import orjson
 
 from recipe.search.index import CORPUS_FILE, MANIFEST_FILE, OFFSETS_FILE, make_tokenizer
 from recipe.search.passage import Passage
-from recipe.search.topk import METHODS_WITHOUT_SHIFT, batch_topk
+from recipe.search.topk import METHODS_WITHOUT_SHIFT, Scratch, batch_topk
 
 MAX_TOPK: Final = 50
 BM25S_FILES: Final = ("data.csc.index.npy", "indices.csc.index.npy", "indptr.csc.index.npy", "vocab.index.json")
@@ -87,6 +87,7 @@ class SearchEngine:
         self.max_topk = max_topk
         self.n_threads = n_threads
         self.postings_kernel = self.retriever.method in METHODS_WITHOUT_SHIFT
+        self._scratch: Scratch | None = None  # the kernel's per-thread buffers, made on first use
         self._lock = threading.Lock()
 
     # -- queries -------------------------------------------------------------------------------------------------
@@ -126,9 +127,18 @@ class SearchEngine:
 
     def _rank(self, queries: list[list[int]], k: int) -> list[tuple[list[int], list[float]]]:
         if self.postings_kernel:
+            if self._scratch is None or self._scratch.n_threads < self.n_threads:
+                self._scratch = Scratch(self.passages, self.n_threads)
             scores = self.retriever.scores
             return batch_topk(
-                scores["indptr"], scores["indices"], scores["data"], self.passages, queries, k, self.n_threads
+                scores["indptr"],
+                scores["indices"],
+                scores["data"],
+                self.passages,
+                queries,
+                k,
+                self.n_threads,
+                self._scratch,
             )
         rows, values = self.retriever.retrieve(queries, k=k, show_progress=False, n_threads=self.n_threads)
         return [(r.tolist(), v.tolist()) for r, v in zip(rows, values, strict=True)]
