@@ -197,8 +197,8 @@ def keep_evidence(launch: Launch, out: Path) -> None:
     for source in (launch.home / "runs", launch.folder / "unguarded", recipe_out / "logs", recipe_out / "rollouts"):
         if source.exists():
             shutil.copytree(source, dest / source.name, dirs_exist_ok=True)
-    for manifest in sorted((launch.folder / "index").glob("*.json")):
-        shutil.copy2(manifest, dest / f"index-{manifest.name}")
+    if (launch.folder / "index" / "manifest.json").exists():
+        shutil.copy2(launch.folder / "index" / "manifest.json", dest / "index-manifest.json")
     quarantined = {
         str(folder.relative_to(launch.folder / "ckpt")): checkpoint_manifest(folder)
         for folder in sorted((launch.folder / "ckpt").glob(".guardian-quarantine/*/global_step_*"))

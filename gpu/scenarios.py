@@ -144,7 +144,8 @@ RECIPE_SHRINK = {
     "data.train_batch_size": "8",
     # the tiny tokenizer spends one token per character: the system prompt alone is ~800 tokens
     "data.max_prompt_length": "2048",
-    "data.max_response_length": "512",
+    # room for a few turns with one short result block each (RECIPE_TOPK / RECIPE_MAX_RESULT_CHARS in recipe_env)
+    "data.max_response_length": "768",
     "data.dataloader_num_workers": "0",
     "actor_rollout_ref.model.use_remove_padding": "False",
     "actor_rollout_ref.model.enable_gradient_checkpointing": "False",
@@ -214,6 +215,9 @@ def recipe_env(setup: TrainerSetup, run_dir: Path) -> dict[str, str]:
         "RECIPE_HOTPOTQA": str(fixtures / "hotpotqa_train_100.json"),
         "RECIPE_2WIKI": str(fixtures / "2wiki_500_first100.jsonl"),
         "RECIPE_HEALTH_TIMEOUT": "180",
+        # one passage of at most 400 characters per search: the tiny tokenizer spends a token per character
+        "RECIPE_TOPK": "1",
+        "RECIPE_MAX_RESULT_CHARS": "400",
     }
 
 

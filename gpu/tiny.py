@@ -20,12 +20,14 @@ Deterministic for a given seed. Needs torch, transformers, tokenizers, pyarrow (
 from __future__ import annotations
 
 import argparse
+import json
 import shutil
 import string
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 DATA_SOURCE = "tiny_copy"
 PAD, EOS = "<pad>", "<eos>"
@@ -297,16 +299,92 @@ def build_search(root: Path, *, seed: int = 0) -> TinyPaths:
     return paths
 
 
+WARM_START_QUERIES = ("film",)
+"""What the warm-started model learns to search: a word frequent in HotpotQA's paragraphs, so that its searches
+return passages. A 2-layer model learns neither to copy a title out of the question nor several query strings
+exactly in a few hundred steps, and sampled at temperature 1 a misspelt query finds nothing."""
+
+Piece = tuple[str, bool]
+"""a stretch of a response and whether it is the model's own (trained) or the environment's (the result block)"""
+
+
+def warm_start_transcripts(records: Sequence[dict[str, Any]]) -> list[tuple[list[dict[str, str]], list[Piece]]]:
+    """(messages, response pieces) per HotpotQA record: think, search one of ``WARM_START_QUERIES``, read the
+    record's first supporting paragraph, answer - in the protocol's own formatting (recipe.agent.protocol)."""
+    from recipe.agent.protocol import format_observation
+    from recipe.prompt import build_messages
+    from recipe.search.passage import Passage
+
+    transcripts = []
+    for number, record in enumerate(records):
+        title = str(record["supporting_facts"][0][0])
+        query = WARM_START_QUERIES[number % len(WARM_START_QUERIES)]
+        sentences = next((s for t, s in record["context"] if t == title), [])
+        observation = format_observation([Passage("0", title, " ".join(sentences).strip(), 1.0)], 3000)
+        pieces = [
+            (f"<think>I should look this up.</think><search>{query}</search>", True),
+            (observation, False),
+            (f"<think>The passage answers it.</think><answer>{record['answer']}</answer>", True),
+        ]
+        transcripts.append((build_messages(str(record["question"])), pieces))
+    return transcripts
+
+
+def warm_start(model_dir: Path, records_path: Path, *, steps: int, seed: int = 0) -> float:
+    """Teach the random search model the protocol's shape with a short supervised run on ``records_path`` (HotpotQA
+    records with contexts): the model's own text is trained, the result block is not (as in the RL loss). Its
+    rollouts then search with real words, so the retriever returns passages; what it answers stays mostly wrong.
+    Returns the last step's loss."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir).to(device)
+    examples = []
+    for messages, pieces in warm_start_transcripts(json.loads(records_path.read_text(encoding="utf-8"))):
+        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        prompt = tokenizer.encode(text, add_special_tokens=False)
+        ids, trained = list(prompt), [False] * len(prompt)
+        for text, learn in pieces:
+            piece = tokenizer.encode(text, add_special_tokens=False)
+            ids += piece
+            trained += [learn] * len(piece)
+        ids.append(tokenizer.eos_token_id)
+        trained.append(True)
+        examples.append((torch.tensor(ids, device=device), torch.tensor(trained, device=device)))
+    torch.manual_seed(seed)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    model.train()
+    loss = torch.tensor(float("nan"))
+    for step in range(steps):
+        ids, trained = examples[step % len(examples)]
+        logits = model(ids[None, :-1]).logits[0]
+        losses = torch.nn.functional.cross_entropy(logits, ids[1:], reduction="none")
+        loss = losses[trained[1:]].mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    model.eval()
+    model.cpu().save_pretrained(model_dir, safe_serialization=True)
+    return float(loss.detach())
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m gpu.tiny", description=__doc__.split("\n\n")[0])
     parser.add_argument("--task", choices=("copy", "search"), default="copy", help="what to build (default copy)")
     parser.add_argument("--out", type=Path, help="output folder (default gpu/.tiny, or gpu/.tiny/search)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--warm-start", type=Path, help="search: HotpotQA records to teach the protocol's shape")
+    parser.add_argument("--warm-steps", type=int, default=400, help="search: supervised steps of the warm start")
     args = parser.parse_args(argv)
     here = Path(__file__).resolve().parent
     if args.task == "search":
         paths = build_search(args.out or here / ".tiny" / "search", seed=args.seed)
         print(f"gpu.tiny: search model and tokenizer {paths.model}")
+        if args.warm_start is not None:
+            loss = warm_start(paths.model, args.warm_start, steps=args.warm_steps, seed=args.seed)
+            print(f"gpu.tiny: warm start on {args.warm_start}: {args.warm_steps} steps, last loss {loss:.3f}")
         return 0
     paths = build(args.out or here / ".tiny", seed=args.seed)
     print(f"gpu.tiny: model {paths.model}, data {paths.train.parent}, reward {paths.reward}")

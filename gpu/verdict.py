@@ -20,12 +20,14 @@ from typing import Any
 from gpu.scenarios import LR_KEY, Scenario
 from guardian.actions.overrides import parse_command
 from guardian.sources.jsonl import read_all
-from recipe.reward import read_transcript, search_call_counts
+from recipe.agent.protocol import INVALID_SEARCH_NOTE, OBSERVATION_CLOSE, OBSERVATION_OPEN
+from recipe.prompt import SEARCH_CLOSE
 
 DETECTION_LIMIT_STEPS = 6
 COLLAPSE_FRACTION = 0.5
 _EVENT = re.compile(r"^(\S+ \S+) (\w+) (\S+) event=(\S+)(.*)$")
 _FIELD = re.compile(r'(\w+)=("(?:[^"\\]|\\.)*"|\S+)')
+_SERVED = re.compile(r"search-server: served (.*)$", re.MULTILINE)
 
 
 @dataclass(frozen=True)
@@ -305,8 +307,9 @@ def judge_guarded(out: Path, s: Scenario, result: Mapping[str, Any], samples: li
 
 
 def rollout_searches(dump_dir: Path) -> dict[str, Any]:
-    """What the search agent did, read from verl's rollout dumps: trajectories, ``<search>`` calls and the share
-    answered by a non-empty ``<result>`` (the reward's own reading of a transcript), and the mean score."""
+    """What the search agent did, read from verl's rollout dumps. An executed search is a ``</search>`` followed by
+    the environment's observation (``recipe.agent.protocol``'s layout: passages from ``Doc 1`` on, or an empty block
+    when nothing matched); a random model also writes ``<result>`` tags of its own, which are not counted."""
     rows = []
     for path in sorted(dump_dir.glob("*.jsonl")):
         for line in path.read_text(errors="replace").splitlines():
@@ -314,17 +317,20 @@ def rollout_searches(dump_dir: Path) -> dict[str, Any]:
                 rows.append(json.loads(line))
             except ValueError:
                 continue
-    calls = answered = with_search = 0
-    for row in rows:
-        n, ok = search_call_counts(read_transcript(str(row.get("output", ""))))
-        calls, answered, with_search = calls + n, answered + ok, with_search + (n > 0)
+    executed = SEARCH_CLOSE + OBSERVATION_OPEN
+    outputs = [str(row.get("output", "")) for row in rows]
+    passages = [text.count(executed + "Doc 1 ") for text in outputs]
+    empties = [text.count(executed + OBSERVATION_CLOSE) for text in outputs]
+    with_passages, empty = sum(passages), sum(empties)
     scores = [float(row["score"]) for row in rows if isinstance(row.get("score"), int | float)]
     return {
         "trajectories": len(rows),
-        "with_search": with_search,
-        "searches": calls,
-        "searches_with_results": answered,
+        "with_search": sum(p + e > 0 for p, e in zip(passages, empties, strict=True)),
+        "searches": with_passages + empty,
+        "searches_with_passages": with_passages,
+        "invalid_turn_notes": sum(text.count(INVALID_SEARCH_NOTE) for text in outputs),
         "mean_score": statistics.fmean(scores) if scores else None,
+        "max_score": max(scores, default=None),
     }
 
 
@@ -343,13 +349,19 @@ def judge_recipe(out: Path, s: Scenario, result: Mapping[str, Any], samples: lis
     _check(
         checks,
         "rollouts_searched",
-        searched.get("searches_with_results", 0) > 0,
-        f"{searched.get('searches', 0)} searches in {searched['trajectories']} trajectories, "
-        f"{searched.get('searches_with_results', 0)} answered with passages",
+        searched.get("searches_with_passages", 0) > 0,
+        f"{searched.get('searches', 0)} searches executed in {searched['trajectories']} trajectories, "
+        f"{searched.get('searches_with_passages', 0)} answered with passages",
     )
     server_log = out / s.name / "logs" / "retrieval_server.log"
-    served = server_log.read_text(errors="replace").count("POST /retrieve") if server_log.exists() else 0
-    _check(checks, "retrieval_server_answered", served > 0, f"{served} POST /retrieve lines in the server log")
+    summary = _SERVED.search(server_log.read_text(errors="replace")) if server_log.exists() else None
+    served = {k: float(v) for k, v in _FIELD.findall(summary.group(1))} if summary else {}
+    _check(
+        checks,
+        "retrieval_server_answered",
+        served.get("queries", 0) >= searched.get("searches", 0) > 0,
+        f"the server's summary line: {summary.group(1) if summary else 'missing'}",
+    )
     store = json.loads((out / s.name / "store.json").read_text()) if (out / s.name / "store.json").exists() else {}
     incidents = store.get("incidents", []) if isinstance(store.get("incidents"), list) else []
     measures: dict[str, Any] = {
@@ -358,6 +370,7 @@ def judge_recipe(out: Path, s: Scenario, result: Mapping[str, Any], samples: lis
         "num_turns_mean": [metrics[k].get("num_turns/mean") for k in sorted(metrics)],
         "response_length_mean": [metrics[k].get("response_length/mean") for k in sorted(metrics)],
         "guardian_incidents": [{k: i.get(k) for k in ("id", "check", "severity", "state")} for i in incidents],
+        "retrieval_server": served,
         "returncodes": codes,
     }
     usage = guardian_usage(samples, s.name)

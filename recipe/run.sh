@@ -47,6 +47,8 @@ environment (defaults in brackets; the checkout is the folder above this script)
   RECIPE_RETRIEVAL_HOST  retrieval server host [127.0.0.1]
   RECIPE_RETRIEVAL_PORT  retrieval server port [8000]
   RECIPE_HEALTH_TIMEOUT  seconds to wait for the server's /health [900]
+  RECIPE_TOPK            passages per search of the agent loop [3]
+  RECIPE_MAX_RESULT_CHARS  characters of one search's result block [3000]
   PYTHON                 the Python that has verl and this checkout's dependencies [python]
 EOF
 }
@@ -340,6 +342,12 @@ fi
 env_overrides=()
 for name in RECIPE_ROOT RECIPE_DATA RECIPE_OUT RECIPE_RETRIEVAL_URL PYTHONPATH VERL_FILE_LOGGER_ROOT; do
   env_overrides+=("++ray_kwargs.ray_init.runtime_env.env_vars.$name=${!name}")
+done
+# the agent loop's retrieval settings (recipe/configs/agent_loops.yaml), when set
+for name in RECIPE_TOPK RECIPE_MAX_RESULT_CHARS; do
+  if [[ -n ${!name:-} ]]; then
+    env_overrides+=("++ray_kwargs.ray_init.runtime_env.env_vars.$name=${!name}")
+  fi
 done
 trainer=("$PYTHON" -m verl.trainer.main_ppo --config-path "$CONFIG_DIR" --config-name "$config"
   "trainer.default_local_dir=$CKPT_DIR" "trainer.rollout_data_dir=$ROLLOUT_DIR"

@@ -1004,7 +1004,9 @@ def test_eval_hotpotqa_end_to_end_with_the_real_index_and_retrieval_server(
             assert eval_hotpotqa.main(args) == 0
         finally:
             retriever.terminate()
-            retriever.wait(timeout=30)
+            _, log = retriever.communicate(timeout=30)
+    # its stop line says what it served: the preflight search and the episode's one
+    assert re.search(r"search-server: served requests=2 queries=2 engine_calls=2 ", log), log
     predictions, summary = read_run(out)
     first = predictions[0]
     assert first["queries"] == ["Lilu mythology demon spirit"] and first["failed_searches"] == 0

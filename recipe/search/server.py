@@ -18,6 +18,7 @@ import argparse
 import asyncio
 import contextlib
 import logging
+import os
 import sys
 import time
 from collections.abc import AsyncIterator, Sequence
@@ -205,6 +206,15 @@ def create_app(engine: SearchEngine, settings: Settings) -> FastAPI:
             yield
         finally:
             await batcher.stop()
+            served = batcher.stats
+            log.info(
+                "search-server: served requests=%d queries=%d engine_calls=%d largest_batch=%d search_s=%.2f",
+                served.requests,
+                served.queries,
+                served.batches,
+                served.largest_batch,
+                served.search_seconds,
+            )
 
     app = FastAPI(title="recipe BM25 retrieval", lifespan=lifespan)
     app.state.batcher = batcher
@@ -258,6 +268,9 @@ def _positive(value: str) -> int:
     return number
 
 
+DEFAULT_THREADS = min(8, len(os.sched_getaffinity(0)))
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m recipe.search.server", description=__doc__.split("\n\n")[0])
     parser.add_argument("--index", required=True, help="index folder built by python -m recipe.search.index")
@@ -270,7 +283,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--batch-wait-ms", type=float, default=DEFAULT_BATCH_WAIT_MS)
     parser.add_argument("--max-batch-queries", type=_positive, default=DEFAULT_MAX_BATCH_QUERIES)
     parser.add_argument("--no-coalesce", action="store_true", help="one engine call per request (for comparison)")
-    parser.add_argument("--threads", type=_positive, default=1, help="numba threads per engine call (default 1)")
+    parser.add_argument(
+        "--threads",
+        type=_positive,
+        default=DEFAULT_THREADS,
+        help=f"numba threads per engine call, each taking a share of the batch's queries (default {DEFAULT_THREADS}, "
+        "the usable cores up to 8)",
+    )
     parser.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
     return parser
 
