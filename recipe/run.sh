@@ -339,14 +339,20 @@ fi
 
 # Ray workers do not inherit this shell's environment on an existing cluster (facts §6), and verl resolves the
 # config's ${oc.env:...} inside them: pass the variables through the job's runtime_env, as literal values.
+# Each value is a quoted Hydra string: Ray accepts only strings there, and Hydra would read 1 as an integer.
 env_overrides=()
+env_var_override() {
+  local name=$1 value=${!1}
+  [[ $value != *"'"* && $value != *\\* ]] || die "$name contains a quote or a backslash, which Hydra cannot pass on: '$value'"
+  env_overrides+=("++ray_kwargs.ray_init.runtime_env.env_vars.$name='$value'")
+}
 for name in RECIPE_ROOT RECIPE_DATA RECIPE_OUT RECIPE_RETRIEVAL_URL PYTHONPATH VERL_FILE_LOGGER_ROOT; do
-  env_overrides+=("++ray_kwargs.ray_init.runtime_env.env_vars.$name=${!name}")
+  env_var_override "$name"
 done
 # the agent loop's retrieval settings (recipe/configs/agent_loops.yaml), when set
 for name in RECIPE_TOPK RECIPE_MAX_RESULT_CHARS; do
   if [[ -n ${!name:-} ]]; then
-    env_overrides+=("++ray_kwargs.ray_init.runtime_env.env_vars.$name=${!name}")
+    env_var_override "$name"
   fi
 done
 trainer=("$PYTHON" -m verl.trainer.main_ppo --config-path "$CONFIG_DIR" --config-name "$config"

@@ -460,6 +460,19 @@ def test_dry_run_command_composes_and_matches_the_configs_paths(
         assert launched.trainer.total_training_steps == 5
 
 
+def test_runtime_env_values_reach_ray_as_strings(
+    bare_env: dict[str, str], verl_config_dir: Path, recipe_env: dict[str, str]
+) -> None:
+    """Ray refuses a runtime_env whose env_vars are not all strings, and Hydra reads an unquoted 1 as an integer."""
+    result = run_sh("--dry-run", env={**bare_env, "RECIPE_TOPK": "1", "RECIPE_MAX_RESULT_CHARS": "400"})
+    assert result.returncode == 0, result.stderr
+    cmd = final_command(result.stdout)
+    launched = compose_recipe(verl_config_dir, MAIN, cmd[cmd.index("--config-name") + 2 :])
+    env_vars = OmegaConf.to_container(launched.ray_kwargs.ray_init.runtime_env.env_vars)
+    assert isinstance(env_vars, dict) and all(isinstance(v, str) for v in env_vars.values()), env_vars
+    assert (env_vars["RECIPE_TOPK"], env_vars["RECIPE_MAX_RESULT_CHARS"]) == ("1", "400")
+
+
 def test_dry_run_collapse_demo_and_no_guardian(bare_env: dict[str, str]) -> None:
     result = run_sh("--dry-run", "--config", DEMO, "--no-guardian", env=bare_env)
     assert result.returncode == 0, result.stderr
