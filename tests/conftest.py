@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import importlib.util
 import math
 import os
 import shutil
 import socket
 import sqlite3
+import subprocess
+import sys
+import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import NoReturn
@@ -36,6 +40,20 @@ def missing(message: str) -> NoReturn:
     if os.environ.get("CI"):
         pytest.fail(message)
     pytest.skip(message)
+
+
+VERL_VERSION = "0.9.1"
+
+
+def verl_package() -> Path:
+    """verl 0.9.1's installed package folder, found without running verl/__init__.py (which imports torch):
+    ``pip install --no-deps verl==0.9.1`` is enough for its config tree and source (the Makefile does it)."""
+    spec = importlib.util.find_spec("verl")
+    if spec is None or not spec.submodule_search_locations:
+        missing(f"verl is not installed (these tests need: pip install --no-deps verl=={VERL_VERSION} hydra-core)")
+    root = Path(next(iter(spec.submodule_search_locations)))
+    assert (root / "version" / "version").read_text().strip() == VERL_VERSION
+    return root
 
 
 def fixture_path(*parts: str) -> Path:
@@ -71,6 +89,37 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+class RetrievalServer:
+    """``python -m recipe.search.server`` over ``index`` on a free loopback port, as a context manager: entered once
+    ``/health`` answers; on exit it is stopped (SIGTERM) and ``log`` holds what it wrote to stderr."""
+
+    def __init__(self, index: Path, timeout_s: float = 120.0) -> None:
+        self.index, self.timeout_s = index, timeout_s
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}/retrieve"
+        self.log = ""
+
+    def __enter__(self) -> RetrievalServer:
+        import httpx
+
+        argv = [sys.executable, "-m", "recipe.search.server", "--index", str(self.index), "--port", str(self.port)]
+        self.process = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + self.timeout_s
+        while True:
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                self.__exit__()
+                raise RuntimeError(f"the retrieval server never answered /health:\n{self.log}")
+            try:
+                if httpx.get(f"http://127.0.0.1:{self.port}/health", timeout=1).status_code == 200:
+                    return self
+            except httpx.TransportError:
+                time.sleep(0.2)
+
+    def __exit__(self, *exc: object) -> None:
+        self.process.terminate()
+        _, self.log = self.process.communicate(timeout=30)
 
 
 class ManualClock:

@@ -12,7 +12,6 @@ import importlib
 import importlib.util
 import json
 import math
-import os
 import sys
 import types
 from collections.abc import Callable, Iterator
@@ -22,6 +21,7 @@ from typing import Any
 import numpy as np
 import orjson
 import pytest
+from conftest import missing, verl_package
 
 from guardian.demo import scenarios, trainer
 from guardian.demo.config import DEMO_DEFAULTS, SCHEMA, compose
@@ -30,25 +30,10 @@ from guardian.demo.writers import FileLogger, console_line
 from guardian.sources.console import parse_console_line
 from guardian.sources.jsonl import read_all
 
-VERL_VERSION = "0.9.1"
-
-
-def _missing(what: str) -> None:
-    message = f"{what} is not installed (contract tests need: pip install --no-deps verl=={VERL_VERSION} hydra-core)"
-    if os.environ.get("CI"):
-        pytest.fail(message)
-    pytest.skip(message)
-
 
 @pytest.fixture(scope="module")
 def verl_dir() -> Path:
-    spec = importlib.util.find_spec("verl")  # locates the package without running verl/__init__.py
-    if spec is None or not spec.submodule_search_locations:
-        _missing("verl")
-    assert spec is not None and spec.submodule_search_locations is not None
-    root = Path(next(iter(spec.submodule_search_locations)))
-    assert (root / "version" / "version").read_text().strip() == VERL_VERSION
-    return root
+    return verl_package()
 
 
 def _load(path: Path, name: str, stubs: tuple[str, ...] = ()) -> types.ModuleType:
@@ -177,7 +162,7 @@ def test_demo_output_is_what_verls_logger_would_write(
 def verl_compose(verl_dir: Path) -> Iterator[Callable[[list[str]], Any]]:
     for module in ("hydra", "omegaconf"):
         if importlib.util.find_spec(module) is None:
-            _missing(module)
+            missing(f"{module} is not installed (contract tests need: pip install hydra-core omegaconf)")
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
 
@@ -305,7 +290,7 @@ def test_scenario_command_lines_compose_in_verl(verl_compose: Callable[[list[str
 )
 def test_values_parse_like_hydras_grammar(verl_dir: Path, override: str) -> None:
     if importlib.util.find_spec("hydra") is None:
-        _missing("hydra-core")
+        missing("hydra-core is not installed (contract tests need: pip install hydra-core)")
     parser = importlib.import_module("hydra.core.override_parser.overrides_parser").OverridesParser.create()
     expected = parser.parse_override(override).value()
     value = parse_override(override).value

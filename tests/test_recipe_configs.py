@@ -12,7 +12,6 @@ Skipped locally when verl/hydra are missing, failed in CI (``CI`` set).
 from __future__ import annotations
 
 import functools
-import importlib.util
 import os
 import shlex
 import shutil
@@ -22,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import verl_package
 from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException
 from omegaconf import DictConfig, ListConfig, OmegaConf
@@ -46,22 +46,9 @@ BROKEN = {
 EXPERIMENT = "trainer.experiment_name"
 
 
-def _missing(what: str) -> None:
-    message = f"{what} is not installed (these tests need: pip install --no-deps verl==0.9.1 hydra-core)"
-    if os.environ.get("CI"):
-        pytest.fail(message)
-    pytest.skip(message)
-
-
 @pytest.fixture(scope="module")
 def verl_config_dir() -> Path:
-    spec = importlib.util.find_spec("verl")  # locates the package without running verl/__init__.py
-    if spec is None or not spec.submodule_search_locations:
-        _missing("verl")
-    assert spec is not None and spec.submodule_search_locations is not None
-    root = Path(next(iter(spec.submodule_search_locations)))
-    assert (root / "version" / "version").read_text().strip() == "0.9.1"
-    return root / "trainer" / "config"
+    return verl_package() / "trainer" / "config"
 
 
 @pytest.fixture

@@ -16,21 +16,19 @@ import asyncio
 import json
 import math
 import re
-import socket
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from conftest import RetrievalServer, free_port
 
 from recipe import eval_gaia, eval_hotpotqa
 from recipe.agent.episode import Ending, EpisodeLimits, TurnEnd, run_episode
@@ -266,12 +264,6 @@ class FakeSearcher:
 
 def passage(title: str, text: str) -> Passage:
     return Passage(doc_id=title.lower().replace(" ", "-"), title=title, text=text, score=1.0)
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def endpoint(server: ScriptedVLLM, **options: Any) -> ChatEndpoint:
@@ -973,40 +965,17 @@ def test_eval_hotpotqa_end_to_end_with_the_real_index_and_retrieval_server(
     assert converted.returncode == 0, converted.stderr
     built = run_module("recipe.search.index", "--corpus", str(corpus), "--out", str(index), "--no-progress")
     assert built.returncode == 0, built.stderr
-    port = free_port()
-    with subprocess.Popen(
-        [sys.executable, "-m", "recipe.search.server", "--index", str(index), "--port", str(port)],
-        cwd=REPO,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    ) as retriever:
-        try:
-            health = f"http://127.0.0.1:{port}/health"
-            deadline = time.monotonic() + 120
-            while True:
-                assert retriever.poll() is None, retriever.stderr.read() if retriever.stderr else ""
-                try:
-                    if httpx.get(health, timeout=1).status_code == 200:
-                        break
-                except httpx.TransportError:
-                    pass
-                assert time.monotonic() < deadline, "the retrieval server never answered /health"
-                time.sleep(0.2)
-            script = {
-                str(records[0]["question"]).strip(): search_then("Lilu mythology demon spirit", "a spirit"),
-                str(records[1]["question"]).strip(): [Reply("<answer>yes</answer>")],
-            }
-            out = tmp_path / "run"
-            url = f"http://127.0.0.1:{port}/retrieve"
-            # three real passages are ~2,000 characters: a budget that holds them (the default is 4096 tokens)
-            args = [*hotpot_args(vllm(script), data, out), "--max-response-tokens", "4096", "--retrieval-url", url]
-            assert eval_hotpotqa.main(args) == 0
-        finally:
-            retriever.terminate()
-            _, log = retriever.communicate(timeout=30)
+    script = {
+        str(records[0]["question"]).strip(): search_then("Lilu mythology demon spirit", "a spirit"),
+        str(records[1]["question"]).strip(): [Reply("<answer>yes</answer>")],
+    }
+    out = tmp_path / "run"
+    with RetrievalServer(index) as retriever:
+        # three real passages are ~2,000 characters: a budget that holds them (the default is 4096 tokens)
+        args = [*hotpot_args(vllm(script), data, out), "--max-response-tokens", "4096"]
+        assert eval_hotpotqa.main([*args, "--retrieval-url", retriever.url]) == 0
     # its stop line says what it served: the preflight search and the episode's one
-    assert re.search(r"search-server: served requests=2 queries=2 engine_calls=2 ", log), log
+    assert re.search(r"search-server: served requests=2 queries=2 engine_calls=2 ", retriever.log), retriever.log
     predictions, summary = read_run(out)
     first = predictions[0]
     assert first["queries"] == ["Lilu mythology demon spirit"] and first["failed_searches"] == 0

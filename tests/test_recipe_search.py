@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 import subprocess
 import sys
 import threading
@@ -20,6 +19,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
+from conftest import free_port
 
 from recipe.prepare_data import read_records
 from recipe.search.client import RetrievalClient, RetrievalError
@@ -94,12 +94,6 @@ def server(engine: SearchEngine) -> Iterator[LiveServer]:
     live = LiveServer(engine, Settings(max_queries=200, max_query_chars=1000, batch_wait_ms=5.0))
     yield live
     live.stop()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def run_module(*args: str) -> subprocess.CompletedProcess[str]:

@@ -8,10 +8,6 @@ import asyncio
 import importlib.util
 import json
 import os
-import socket
-import subprocess
-import sys
-import time
 import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -19,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import RetrievalServer
 
 NEEDED = ("torch", "transformers", "tokenizers", "hydra", "verl", "PIL", "datasets")
 MISSING = [name for name in NEEDED if importlib.util.find_spec(name) is None]
@@ -30,7 +27,6 @@ if MISSING:
 # verl imports Ray's state API from its old place; the warning is Ray's, not the recipe's
 pytestmark = pytest.mark.filterwarnings("ignore:Ray state API is no longer experimental:DeprecationWarning")
 
-import httpx  # noqa: E402
 import hydra.utils  # noqa: E402
 from omegaconf import OmegaConf  # noqa: E402
 
@@ -537,25 +533,8 @@ def retrieval_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     work = tmp_path_factory.mktemp("retrieval")
     write_jsonl(corpus_rows(paragraphs(read_records(str(HOTPOT), "--hotpotqa", "hotpotqa"))), work / "corpus.jsonl")
     build_index(work / "corpus.jsonl", work / "index")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    argv = [sys.executable, "-m", "recipe.search.server", "--index", str(work / "index"), "--port", str(port)]
-    with subprocess.Popen(argv, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) as server:
-        try:
-            deadline = time.monotonic() + 120
-            while True:
-                assert server.poll() is None, "the retrieval server exited"
-                try:
-                    if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
-                        break
-                except httpx.TransportError:
-                    pass
-                assert time.monotonic() < deadline, "the retrieval server never answered /health"
-                time.sleep(0.2)
-            yield f"http://127.0.0.1:{port}/retrieve"
-        finally:
-            server.terminate()
+    with RetrievalServer(work / "index") as server:
+        yield server.url
 
 
 @pytest.mark.slow
