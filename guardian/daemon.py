@@ -37,6 +37,8 @@ from guardian.store import Store
 from guardian.store.writebehind import WriteBehind
 from guardian.tracker import Change, StatusTracker, Transition
 
+NON_FINITE_NOTE = "saved at a step with non-finite values"
+
 log = get_logger("daemon")
 Clock = Callable[[], float]
 Said = tuple[int, str]
@@ -359,14 +361,21 @@ class Guardian:
         last = self.history.last_step
         onsets: list[int] | None = None  # read once per scan, only when a verdict is needed
         for ckpt in scan_checkpoints(self.checkpoints_dir):
+            note: str | None = None
             if last is None or ckpt.step > last:
                 verdict = "unknown"  # saved before its step's metrics line: judged once the line arrives
+            elif ckpt.step in self.history.non_finite:
+                # weights saved after a step with NaN/inf are suspect whatever becomes of the incident: one that
+                # closes (recovered without intervention) must not turn them healthy; the timeline is the current
+                # branch's, so a re-save of that step after a rollback is judged by its own step
+                verdict, note = "unhealthy", NON_FINITE_NOTE
             else:
                 onsets = self._open_onsets(store) if onsets is None else onsets
                 verdict = "unhealthy" if any(onset <= ckpt.step for onset in onsets) else "healthy"
             if self._known_checkpoints.get(ckpt.path) == verdict:
                 continue
-            note = "" if verdict != "unhealthy" else None  # a healthy re-save clears an old branch's note
+            if verdict != "unhealthy":
+                note = ""  # a healthy re-save clears an old branch's note
             store.record_checkpoint(
                 self.run_id, step=ckpt.step, path=str(ckpt.path), verdict=verdict, now=now, note=note
             )
