@@ -22,9 +22,3 @@ def replacing(path: Path) -> Iterator[Path]:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-
-
-def write_text(path: Path, text: str) -> None:
-    """``text`` (UTF-8) into ``path``, atomically."""
-    with replacing(path) as tmp:
-        tmp.write_text(text, encoding="utf-8")

@@ -268,9 +268,12 @@ def check_output(out: Path, force: bool) -> None:
 
 
 def write_outputs(out: Path, records: Sequence[Mapping[str, Any]], summary: Mapping[str, Any]) -> None:
+    """Both files written before either replaces its old one: the folder holds one run's pair."""
     predictions, summary_path = output_paths(out)
-    atomic.write_text(predictions, "".join(json.dumps(record, ensure_ascii=False) + "\n" for record in records))
-    atomic.write_text(summary_path, json.dumps(summary, indent=2, ensure_ascii=False) + "\n")
+    with atomic.replacing(predictions) as predictions_tmp, atomic.replacing(summary_path) as summary_tmp:
+        lines = "".join(json.dumps(record, ensure_ascii=False) + "\n" for record in records)
+        predictions_tmp.write_text(lines, encoding="utf-8")
+        summary_tmp.write_text(json.dumps(summary, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
 # ---------------------------------------------------------------- command line

@@ -129,10 +129,13 @@ def _answers_of(record: Mapping[str, Any]) -> tuple[str, ...]:
     found: list[str] = []
     for field in ANSWER_FIELDS:
         value = record.get(field)
-        values = [value] if isinstance(value, str) else list(value) if isinstance(value, list | tuple) else []
+        values = list(value) if isinstance(value, list | tuple) else [value]
         for answer in values:
-            if isinstance(answer, str) and answer.strip() and answer.strip() not in found:
-                found.append(answer.strip())
+            # a number is an answer too ("answer": 1998 in some re-exports); bool is not (it is an int in Python)
+            if isinstance(answer, str | int | float) and not isinstance(answer, bool):
+                text = str(answer).strip()
+                if text and text not in found:
+                    found.append(text)
     return tuple(found)
 
 
@@ -260,6 +263,15 @@ def _read_hf(spec: str, flag: str) -> Iterator[tuple[str, Mapping[str, Any]]]:
 
 
 def _read_local(path: Path) -> Iterator[tuple[str, Mapping[str, Any]]]:
+    try:
+        yield from _read_local_file(path)
+    except UnicodeDecodeError as error:
+        raise DataError(f"{path}: not UTF-8 text (byte {error.start}: {error.reason})") from None
+    except OSError as error:
+        raise DataError(f"{path}: cannot be read ({error.strerror or error})") from None
+
+
+def _read_local_file(path: Path) -> Iterator[tuple[str, Mapping[str, Any]]]:
     suffix = path.suffix.lower()
     if suffix == ".jsonl":
         with path.open(encoding="utf-8") as handle:
@@ -315,12 +327,9 @@ def load_items(spec: str, flag: str, source: str) -> list[QAItem]:
     return [record_to_item(record, source, where) for where, record in read_records(spec, flag, source)]
 
 
-def write_parquet_atomic(rows: Sequence[Mapping[str, Any]], path: Path) -> None:
-    """Write ``rows`` to ``path`` via a temporary file in the same folder and ``os.replace``: a reader sees the old
-    file or the new one, never half of one."""
-    table = pa.Table.from_pylist(list(rows), schema=SCHEMA)
-    with atomic.replacing(path) as tmp:
-        pq.write_table(table, tmp)
+def write_parquet(rows: Sequence[Mapping[str, Any]], path: Path) -> None:
+    """``rows`` as verl's parquet (the caller makes it atomic: ``atomic.replacing``)."""
+    pq.write_table(pa.Table.from_pylist(list(rows), schema=SCHEMA), path)
 
 
 # ---------------------------------------------------------------- command line
@@ -364,8 +373,11 @@ def run(args: argparse.Namespace) -> None:
     kept, dropped = dedup(items)
     train, val = split(shuffled(kept, args.seed), args.train_size, args.val_size)
     out = Path(args.out)
-    write_parquet_atomic(items_to_rows(train, "train", args.agent_name), out / "train.parquet")
-    write_parquet_atomic(items_to_rows(val, "val", args.agent_name), out / "val.parquet")
+    # both written before either replaces its file: a failure leaves the old pair, never a new train beside an old
+    # val (which could hold the same questions)
+    with atomic.replacing(out / "train.parquet") as train_tmp, atomic.replacing(out / "val.parquet") as val_tmp:
+        write_parquet(items_to_rows(train, "train", args.agent_name), train_tmp)
+        write_parquet(items_to_rows(val, "val", args.agent_name), val_tmp)
 
     read, after, dups = _count(items), _count(kept), _count(dropped)
     in_train, in_val = _count(train), _count(val)
@@ -397,6 +409,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except DataError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
+    except OSError as error:
+        print(f"error: cannot write to {args.out}: {error.strerror or error}", file=sys.stderr)
+        return 1
     return 0
 
 

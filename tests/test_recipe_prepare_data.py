@@ -239,6 +239,12 @@ def test_other_bad_inputs_are_clear_errors(tmp_path: Path) -> None:
         pd.load_items(str(csv), "--hotpotqa", pd.HOTPOTQA)
     with pytest.raises(pd.DataError, match="is a folder, not a file"):
         pd.load_items(str(tmp_path), "--2wiki", pd.TWOWIKI)
+    latin1 = tmp_path / "latin1.jsonl"
+    latin1.write_bytes('{"question": "caf\u00e9?", "answer": "a"}\n'.encode("latin-1"))
+    with pytest.raises(pd.DataError, match=re.escape(str(latin1)) + ": not UTF-8 text"):
+        pd.load_items(str(latin1), "--hotpotqa", pd.HOTPOTQA)
+    number = write_jsonl(tmp_path / "num.jsonl", [{"question": "Which year?", "answer": 1998}])
+    assert pd.load_items(str(number), "--2wiki", pd.TWOWIKI)[0].answers == ("1998",)
     no_answer = write_jsonl(tmp_path / "na.jsonl", [{"idx": 1, "question": "q", "answer": "a"}, {"question": "q2"}])
     with pytest.raises(pd.DataError, match=re.escape(str(no_answer)) + r" line 2: no answer"):
         pd.load_items(str(no_answer), "--2wiki", pd.TWOWIKI)
@@ -287,6 +293,14 @@ def test_hugging_face_without_datasets_or_cache_is_a_clear_error(monkeypatch: py
     monkeypatch.setitem(sys.modules, "datasets", fake)
     with pytest.raises(pd.DataError, match=r"not loadable from the Hugging Face cache.*offline and not in the cache"):
         pd.load_items("hf:hotpotqa/hotpot_qa:distractor", "--hotpotqa", pd.HOTPOTQA)
+
+
+def test_an_output_that_cannot_be_written_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    taken = tmp_path / "a-file"
+    taken.write_text("not a folder")
+    assert pd.main(["--hotpotqa", str(HOTPOT_TRAIN), "--out", str(taken)]) == 1
+    assert f"error: cannot write to {taken}" in capsys.readouterr().err
+    assert taken.read_text() == "not a folder"
 
 
 def test_rewrite_replaces_the_old_files(tmp_path: Path) -> None:

@@ -27,7 +27,7 @@ from recipe.search.engine import IndexLoadError, SearchEngine
 from recipe.search.hotpot_corpus import corpus_rows, paragraphs, write_jsonl
 from recipe.search.index import CorpusError, IndexExistsError, build_index, make_tokenizer
 from recipe.search.server import Settings, create_app
-from recipe.search.topk import batch_topk
+from recipe.search.topk import Scratch, batch_topk
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURES = REPO / "tests" / "fixtures" / "recipe"
@@ -167,6 +167,38 @@ def test_postings_kernel_ties_order_and_small_cases() -> None:
     assert batch_topk(indptr, indices, data, 5, [[], [1]], 2, n_threads=2) == [([], []), ([3, 0], [1.0, 0.25])]
     with pytest.raises(ValueError, match="k must be >= 1"):
         batch_topk(indptr, indices, data, 5, [[0]], 0)
+
+
+def test_postings_kernel_lists_each_passage_once_whatever_its_terms_contribute() -> None:
+    """bm25s stores zero contributions (``atire``: a term in every passage has idf 0) and negative ones
+    (``robertson``: a term in most passages): repeated such terms once counted a passage as new on every visit,
+    past the end of the per-thread list. Term 0 is in every passage with 0.0, term 1 adds 1.0 to passage 0 and
+    -0.5 to passage 2."""
+    indptr, indices = np.array([0, 3, 5]), np.array([0, 1, 2, 0, 2])
+    data = np.array([0.0, 0.0, 0.0, 1.0, -0.5], dtype=np.float32)
+    scratch = Scratch(3, 1)
+    for _ in range(3):  # the buffers are clean again after every call
+        assert batch_topk(indptr, indices, data, 3, [[0, 0, 0, 0, 1, 1]], 3, scratch=scratch) == [([0], [2.0])]
+        assert batch_topk(indptr, indices, data, 3, [[0] * 10], 3, scratch=scratch) == [([], [])]
+    assert not scratch.scores.any() and not scratch.seen.any()
+
+
+@pytest.mark.parametrize("method", ["atire", "robertson"])
+def test_the_engine_with_methods_that_store_zero_or_negative_weights(tmp_path: Path, method: str) -> None:
+    corpus = tmp_path / "corpus.jsonl"
+    rows = [
+        {"id": str(i), "contents": f'"Doc {i}"\ncommonword {"rare" if i == 3 else "filler"} text {i}'}
+        for i in range(50)
+    ]
+    corpus.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    build_index(corpus, tmp_path / "index", method=method)
+    engine = SearchEngine(tmp_path / "index")
+    try:
+        assert engine.postings_kernel
+        (hits,) = engine.hits(["commonword commonword rare"], 5)
+        assert [engine.document(h.row)["id"] for h in hits][:1] == ["3"] and all(h.score > 0 for h in hits)
+    finally:
+        engine.close()
 
 
 def test_engine_edge_cases(engine: SearchEngine) -> None:

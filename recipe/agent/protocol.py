@@ -7,7 +7,8 @@ A model turn ends at the first ``</search>`` or ``</answer>`` (the stop strings)
     \\n\\n<result>\\nDoc 1 (Title: Paris) Paris is the capital …\\nDoc 2 (Title: …) …\\n</result>\\n\\n
 
 which the training loop masks from the loss (the model did not write it). A turn ending in ``<answer>…</answer>``
-ends the episode. Passage lines follow Search-R1's ``Doc i(Title: t) text`` layout (``_passages2string``), with the
+ends the episode. Passage lines are ``Doc i (Title: t) text``: Search-R1's layout (``_passages2string`` writes
+``Doc i(Title: t)``, without the space) as verl's former search tool spells it, one line per passage, with the
 ``<result>`` tag of this recipe in place of Search-R1's ``<information>``.
 """
 

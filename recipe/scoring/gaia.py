@@ -91,7 +91,8 @@ def _elements_match(model_element: str, truth_element: str) -> bool:
 
 def gaia_verdict(model_answer: str | None, ground_truth: str) -> GaiaVerdict:
     """``question_scorer``'s decision with its reason. A missing answer (no ``<answer>`` in the response) is
-    wrong under every rule."""
+    wrong under every rule - the one place this differs from the official scorer, which turns ``None`` into the
+    string ``"None"`` (so it would match a ground truth "none")."""
     kind = answer_kind(ground_truth)
     if model_answer is None:
         return GaiaVerdict(False, kind)

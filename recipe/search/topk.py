@@ -36,17 +36,21 @@ def _query_topk(
     terms: npt.NDArray[np.int64],
     k: int,
     scores: npt.NDArray[np.float32],
+    seen: npt.NDArray[np.uint8],
     touched: npt.NDArray[np.int32],
     out_rows: npt.NDArray[np.int64],
     out_scores: npt.NDArray[np.float32],
 ) -> int:
-    """Fill ``out_rows``/``out_scores`` (length k) with the query's best documents, best first; returns how many
-    documents scored above 0 (at most k are written). ``scores`` is all zeros on entry and on exit."""
+    """Fill ``out_rows``/``out_scores`` (length k) with the query's best documents with a score above 0, best
+    first; returns how many were written. ``scores`` and ``seen`` are all zeros on entry and on exit. A document is
+    listed once however many of its terms contribute, and whatever they contribute: bm25s stores zero entries (a
+    term in every passage has idf 0 with ``atire``) and negative ones (``robertson``, a term in most passages)."""
     n_touched = 0
     for t in terms:
         for j in range(indptr[t], indptr[t + 1]):
             doc = indices[j]
-            if scores[doc] == 0.0:
+            if seen[doc] == 0:
+                seen[doc] = 1
                 touched[n_touched] = doc
                 n_touched += 1
             scores[doc] += data[j]
@@ -55,6 +59,9 @@ def _query_topk(
         doc = touched[i]
         s = scores[doc]
         scores[doc] = 0.0
+        seen[doc] = 0
+        if s <= 0.0:
+            continue
         if filled == k and (s < out_scores[k - 1] or (s == out_scores[k - 1] and doc > out_rows[k - 1])):
             continue
         # insertion into the sorted top list (k <= 50: cheaper than a heap); ties keep the lower document first
@@ -83,6 +90,7 @@ def _batch_topk(
     k: int,
     n_chunks: int,
     scores: npt.NDArray[np.float32],
+    seen: npt.NDArray[np.uint8],
     touched: npt.NDArray[np.int32],
 ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float32], npt.NDArray[np.int64]]:
     n_queries = len(offsets) - 1
@@ -99,6 +107,7 @@ def _batch_topk(
                 terms[offsets[q] : offsets[q + 1]],
                 k,
                 scores[chunk],
+                seen[chunk],
                 touched[chunk],
                 rows[q],
                 best[q],
@@ -107,14 +116,16 @@ def _batch_topk(
 
 
 class Scratch:
-    """One score buffer (zeros between calls: the kernel clears what it touched) and one touched-list per thread,
-    for a corpus of ``n_docs``: 8 bytes per passage per thread (336 MB for wiki-18's 21M passages on 2 threads)."""
+    """One score buffer and one seen-flag buffer (zeros between calls: the kernel clears what it touched) and one
+    touched-list per thread, for a corpus of ``n_docs``: 9 bytes per passage per thread (378 MB for wiki-18's 21M
+    passages on 2 threads)."""
 
     def __init__(self, n_docs: int, n_threads: int) -> None:
         if n_docs >= 2**31:
             raise ValueError(f"{n_docs} passages: the kernel numbers them with int32")
         self.n_docs = n_docs
         self.scores = np.zeros((max(1, n_threads), n_docs), dtype=np.float32)
+        self.seen = np.zeros((max(1, n_threads), n_docs), dtype=np.uint8)
         self.touched = np.empty((max(1, n_threads), n_docs), dtype=np.int32)
 
     @property
@@ -158,6 +169,7 @@ def batch_topk(
         k,
         n_chunks,
         scratch.scores,
+        scratch.seen,
         scratch.touched,
     )
     return [
