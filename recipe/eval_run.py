@@ -42,6 +42,7 @@ from recipe.agent.openai_chat import (
     ChatTranscript,
     EndpointError,
 )
+from recipe.arguments import NON_NEGATIVE, POSITIVE, integer_at_least
 from recipe.prepare_data import DataError
 from recipe.scoring import extract_answer
 from recipe.search.client import RetrievalClient
@@ -279,27 +280,6 @@ def write_outputs(out: Path, records: Sequence[Mapping[str, Any]], summary: Mapp
 # ---------------------------------------------------------------- command line
 
 
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
-
-
-def _result_chars(text: str) -> int:
-    value = int(text)
-    if value < MIN_RESULT_CHARS:
-        raise argparse.ArgumentTypeError(f"must be >= {MIN_RESULT_CHARS}, got {value}")
-    return value
-
-
-def _non_negative(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
-    return value
-
-
 def build_parser(benchmark: Benchmark, description: str, data_help: str) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=f"python -m recipe.{benchmark.name}", description=description)
     parser.add_argument("--data", metavar="PATH", required=True, help=data_help)
@@ -318,29 +298,29 @@ def build_parser(benchmark: Benchmark, description: str, data_help: str) -> argp
         metavar="URL",
         help=f"the retrieval server's /retrieve URL (default {DEFAULT_RETRIEVAL_URL})",
     )
-    parser.add_argument("--limit", type=_positive, metavar="N", help="evaluate the first N questions only")
-    parser.add_argument("--concurrency", type=_positive, default=8, metavar="K", help="episodes at once (default 8)")
+    parser.add_argument("--limit", type=POSITIVE, metavar="N", help="evaluate the first N questions only")
+    parser.add_argument("--concurrency", type=POSITIVE, default=8, metavar="K", help="episodes at once (default 8)")
     limits = EpisodeLimits()
     parser.add_argument(
         "--max-turns",
-        type=_positive,
+        type=POSITIVE,
         default=limits.max_turns,
         metavar="N",
         help=f"model generations per episode; the last cannot search (default {limits.max_turns})",
     )
     parser.add_argument(
-        "--topk", type=_positive, default=limits.topk, metavar="K", help=f"passages per search (default {limits.topk})"
+        "--topk", type=POSITIVE, default=limits.topk, metavar="K", help=f"passages per search (default {limits.topk})"
     )
     parser.add_argument(
         "--max-result-chars",
-        type=_result_chars,
+        type=integer_at_least(MIN_RESULT_CHARS),
         default=limits.max_result_chars,
         metavar="N",
         help=f"characters per <result> block (default {limits.max_result_chars})",
     )
     parser.add_argument(
         "--max-response-tokens",
-        type=_positive,
+        type=POSITIVE,
         default=DEFAULT_MAX_RESPONSE_TOKENS,
         metavar="N",
         help="response budget per episode in tokens, model text and results together; match training's "
@@ -351,7 +331,7 @@ def build_parser(benchmark: Benchmark, description: str, data_help: str) -> argp
     )
     parser.add_argument(
         "--retries",
-        type=_non_negative,
+        type=NON_NEGATIVE,
         default=3,
         metavar="N",
         help="retries of an endpoint request after a connection error or 5xx (default 3)",

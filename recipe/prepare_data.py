@@ -32,6 +32,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from recipe import atomic
+from recipe.arguments import NON_NEGATIVE
 from recipe.prompt import NATIVE_SYSTEM_PROMPT, SYSTEM_PROMPT, build_messages
 
 HOTPOTQA: Final = "hotpotqa"
@@ -339,13 +340,6 @@ def _count(items: Iterable[QAItem]) -> Counter[str]:
     return Counter(item.source for item in items)
 
 
-def _non_negative(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
-    return value
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m recipe.prepare_data",
@@ -355,8 +349,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--hotpotqa", metavar="FILE", help=f"HotpotQA (distractor) records: {src}")
     parser.add_argument("--2wiki", dest="twowiki", metavar="FILE", help=f"2WikiMultihopQA records: {src}")
     parser.add_argument("--out", metavar="DIR", required=True, help="folder for train.parquet and val.parquet")
-    parser.add_argument("--train-size", type=_non_negative, default=100_000, help="train rows (default 100000)")
-    parser.add_argument("--val-size", type=_non_negative, default=1000, help="val rows (default 1000)")
+    parser.add_argument("--train-size", type=NON_NEGATIVE, default=100_000, help="train rows (default 100000)")
+    parser.add_argument("--val-size", type=NON_NEGATIVE, default=1000, help="val rows (default 1000)")
     parser.add_argument("--seed", type=int, default=0, help="shuffle seed (default 0)")
     parser.add_argument(
         "--agent-name", default=DEFAULT_AGENT, help=f"registered verl agent loop name (default {DEFAULT_AGENT})"

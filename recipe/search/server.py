@@ -32,6 +32,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict
 
+from recipe.arguments import POSITIVE
 from recipe.search.engine import MAX_TOPK, Hit, IndexLoadError, SearchEngine
 
 log = logging.getLogger("recipe.search.server")
@@ -261,13 +262,6 @@ def create_app(engine: SearchEngine, settings: Settings) -> FastAPI:
     return app
 
 
-def _positive(value: str) -> int:
-    number = int(value)
-    if number < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {number}")
-    return number
-
-
 DEFAULT_THREADS = min(8, len(os.sched_getaffinity(0)))
 
 
@@ -276,16 +270,16 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--index", required=True, help="index folder built by python -m recipe.search.index")
     parser.add_argument("--host", default="127.0.0.1", help="default 127.0.0.1 (loopback only)")
     parser.add_argument("--port", type=int, default=8000)
-    parser.add_argument("--default-topk", type=_positive, default=DEFAULT_TOPK)
-    parser.add_argument("--max-topk", type=_positive, default=MAX_TOPK)
-    parser.add_argument("--max-queries", type=_positive, default=DEFAULT_MAX_QUERIES, help="queries per request")
-    parser.add_argument("--max-query-chars", type=_positive, default=DEFAULT_MAX_QUERY_CHARS)
+    parser.add_argument("--default-topk", type=POSITIVE, default=DEFAULT_TOPK)
+    parser.add_argument("--max-topk", type=POSITIVE, default=MAX_TOPK)
+    parser.add_argument("--max-queries", type=POSITIVE, default=DEFAULT_MAX_QUERIES, help="queries per request")
+    parser.add_argument("--max-query-chars", type=POSITIVE, default=DEFAULT_MAX_QUERY_CHARS)
     parser.add_argument("--batch-wait-ms", type=float, default=DEFAULT_BATCH_WAIT_MS)
-    parser.add_argument("--max-batch-queries", type=_positive, default=DEFAULT_MAX_BATCH_QUERIES)
+    parser.add_argument("--max-batch-queries", type=POSITIVE, default=DEFAULT_MAX_BATCH_QUERIES)
     parser.add_argument("--no-coalesce", action="store_true", help="one engine call per request (for comparison)")
     parser.add_argument(
         "--threads",
-        type=_positive,
+        type=POSITIVE,
         default=DEFAULT_THREADS,
         help=f"numba threads per engine call, each taking a share of the batch's queries (default {DEFAULT_THREADS}, "
         "the usable cores up to 8)",
