@@ -45,13 +45,12 @@ from recipe.agent.openai_chat import (
 from recipe.arguments import NON_NEGATIVE, POSITIVE, integer_at_least
 from recipe.prepare_data import DataError
 from recipe.scoring import extract_answer
-from recipe.search.client import RetrievalClient
+from recipe.search.client import DEFAULT_RETRIEVAL_URL, RetrievalClient
 from recipe.search.passage import RetrievalError
 
 PREDICTIONS_FILE: Final = "predictions.jsonl"
 SUMMARY_FILE: Final = "summary.json"
 DEFAULT_ENDPOINT: Final = "http://127.0.0.1:8001/v1"
-DEFAULT_RETRIEVAL_URL: Final = "http://127.0.0.1:8000/retrieve"
 MIN_RESULT_CHARS: Final = 64
 EXIT_INPUT: Final = 2
 EXIT_SERVICE: Final = 1

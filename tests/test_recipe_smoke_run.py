@@ -85,4 +85,5 @@ def test_the_fixture_holds_no_local_paths() -> None:
     for path in SMOKE.rglob("*"):
         if path.is_file():
             text = path.read_text(errors="replace")
-            assert "/tmp/harness" not in text and "/work/main" not in text, path
+            # gpu/device.sh's scratch folders on the GPU machine; the repository itself appears as <repo>
+            assert not any(scratch in text for scratch in ("/tmp/harness", "/tmp/site", "/tmp/tiny")), path

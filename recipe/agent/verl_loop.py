@@ -30,12 +30,11 @@ from verl.utils.rollout_trace import rollout_trace_op
 from verl.workers.rollout.replica import TokenOutput
 
 from recipe.agent.episode import Episode, EpisodeLimits, Searcher, Turn, TurnEnd, run_episode
-from recipe.search.client import RetrievalClient
+from recipe.search.client import DEFAULT_RETRIEVAL_URL, RetrievalClient
 
 logger = logging.getLogger(__name__)
 
 AGENT_NAME = "search_agent"
-DEFAULT_RETRIEVAL_URL = "http://127.0.0.1:8000/retrieve"
 DEFAULT_RETRIEVAL_TIMEOUT_S = 30.0
 
 # the keys every trajectory adds to extra_fields (verl turns each into one array over the batch and hands them to

@@ -21,7 +21,10 @@ import httpx
 
 from recipe.search.passage import Passage, RetrievalError
 
-__all__ = ["RetrievalClient", "RetrievalError", "parse_result"]
+__all__ = ["DEFAULT_RETRIEVAL_URL", "RetrievalClient", "RetrievalError", "parse_result"]
+
+DEFAULT_RETRIEVAL_URL = "http://127.0.0.1:8000/retrieve"
+"""where ``python -m recipe.search.server`` answers with its default host and port"""
 
 
 def parse_result(body: Any, expected: int) -> list[list[Passage]]:
