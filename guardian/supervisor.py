@@ -384,14 +384,15 @@ class Supervisor(Rescue):
         self._halt_trainer(reason=reason)
         self._finish_attempt(self.control.exit_status(self.attempt.handle))
 
+    def _stop_policy(self) -> StopPolicy:
+        ic = self.config.intervention
+        return StopPolicy(ic.stop_sigint_s, ic.stop_sigterm_s, ic.stop_sigkill_s)
+
     def _halt_trainer(self, *, reason: str) -> None:
         """Stop the trainer's processes (nothing is stored: also while the store is unavailable)."""
         if self.attempt is None or self.attempt.handle is None:
             return
-        ic = self.config.intervention
-        result = self.control.stop(
-            self.attempt.handle, StopPolicy(ic.stop_sigint_s, ic.stop_sigterm_s, ic.stop_sigkill_s)
-        )
+        result = self.control.stop(self.attempt.handle, self._stop_policy())
         log.warning(
             event(
                 "trainer_stopped",
@@ -425,10 +426,7 @@ class Supervisor(Rescue):
                 fix = "stop them: kill " + " ".join(map(str, left))
                 log.warning(event("strays_after_exit", {**fields, "pids": ",".join(map(str, left)), "fix": fix}))
             return
-        ic = self.config.intervention
-        result = self.control.stop(
-            self.attempt.handle, StopPolicy(ic.stop_sigint_s, ic.stop_sigterm_s, ic.stop_sigkill_s)
-        )
+        result = self.control.stop(self.attempt.handle, self._stop_policy())
         if result.strays or result.signals_sent or result.survivors:
             fields |= {
                 "signals": ",".join(result.signals_sent) or "none",

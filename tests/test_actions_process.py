@@ -361,7 +361,7 @@ def test_runner_records_a_command_that_cannot_start(tmp_path: Path) -> None:
 
 def test_stop_policy_rejects_negative_waits() -> None:
     with pytest.raises(ValueError, match="sigterm_wait_s"):
-        StopPolicy(sigterm_wait_s=-1)
+        StopPolicy(sigint_wait_s=30.0, sigterm_wait_s=-1, sigkill_wait_s=10.0)
 
 
 def test_exit_status_reading_and_describing(tmp_path: Path) -> None:

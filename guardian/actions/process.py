@@ -106,11 +106,12 @@ LOST = ExitStatus(None, None)
 
 @dataclass(frozen=True)
 class StopPolicy:
-    """How long to wait after each signal of the SIGINT → SIGTERM → SIGKILL escalation."""
+    """How long to wait after each signal of the SIGINT → SIGTERM → SIGKILL escalation (no defaults here: the
+    guardian's come from ``guardian.yaml`` ``intervention.stop_*_s``)."""
 
-    sigint_wait_s: float = 30.0
-    sigterm_wait_s: float = 30.0
-    sigkill_wait_s: float = 10.0
+    sigint_wait_s: float
+    sigterm_wait_s: float
+    sigkill_wait_s: float
 
     def __post_init__(self) -> None:
         for name in ("sigint_wait_s", "sigterm_wait_s", "sigkill_wait_s"):
