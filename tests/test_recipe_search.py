@@ -21,10 +21,9 @@ import numpy as np
 import pytest
 from conftest import free_port
 
-from recipe.prepare_data import read_records
 from recipe.search.client import RetrievalClient, RetrievalError
 from recipe.search.engine import IndexLoadError, SearchEngine
-from recipe.search.hotpot_corpus import corpus_rows, paragraphs, write_jsonl
+from recipe.search.hotpot_corpus import write_corpus
 from recipe.search.index import CorpusError, IndexExistsError, build_index, make_tokenizer
 from recipe.search.server import Settings, create_app
 from recipe.search.topk import Scratch, batch_topk
@@ -47,7 +46,7 @@ def _records() -> list[dict]:
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("corpus") / "hotpotqa_passages.jsonl"
-    write_jsonl(corpus_rows(paragraphs(read_records(str(HOTPOTQA), "--hotpotqa", "hotpotqa"))), path)
+    write_corpus(str(HOTPOTQA), path)
     return path
 
 

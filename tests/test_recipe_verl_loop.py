@@ -526,12 +526,11 @@ def test_verl_tool_registry_loads_the_tool_from_yaml(
 @pytest.fixture(scope="module")
 def retrieval_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """``recipe.search.server`` on loopback over an index of the HotpotQA sample's own paragraphs."""
-    from recipe.prepare_data import read_records
-    from recipe.search.hotpot_corpus import corpus_rows, paragraphs, write_jsonl
+    from recipe.search.hotpot_corpus import write_corpus
     from recipe.search.index import build_index
 
     work = tmp_path_factory.mktemp("retrieval")
-    write_jsonl(corpus_rows(paragraphs(read_records(str(HOTPOT), "--hotpotqa", "hotpotqa"))), work / "corpus.jsonl")
+    write_corpus(str(HOTPOT), work / "corpus.jsonl")
     build_index(work / "corpus.jsonl", work / "index")
     with RetrievalServer(work / "index") as server:
         yield server.url

@@ -58,16 +58,22 @@ def write_jsonl(rows: Iterable[Mapping[str, str]], path: Path) -> int:
     return count
 
 
+def write_corpus(hotpotqa: str, out: Path) -> int:
+    """The corpus of the HotpotQA records at ``hotpotqa`` (a file or ``hf:…``, as prepare_data reads them) written
+    to ``out``; returns the passage count. DataError when the records hold no paragraph."""
+    rows = list(corpus_rows(paragraphs(read_records(hotpotqa, "--hotpotqa", "hotpotqa"))))
+    if not rows:
+        raise DataError(f"--hotpotqa {hotpotqa}: no context paragraph found")
+    return write_jsonl(rows, out)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m recipe.search.hotpot_corpus", description=__doc__.split("\n")[0])
     parser.add_argument("--hotpotqa", required=True, help="HotpotQA records with contexts (.json, .jsonl, .parquet)")
     parser.add_argument("--out", type=Path, required=True, help="corpus .jsonl to write (wiki-18 format)")
     args = parser.parse_args(argv)
     try:
-        rows = list(corpus_rows(paragraphs(read_records(args.hotpotqa, "--hotpotqa", "hotpotqa"))))
-        if not rows:
-            raise DataError(f"--hotpotqa {args.hotpotqa}: no context paragraph found")
-        count = write_jsonl(rows, args.out)
+        count = write_corpus(args.hotpotqa, args.out)
     except DataError as error:
         print(f"hotpot_corpus: {error}", file=sys.stderr)
         return 2
