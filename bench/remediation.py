@@ -64,7 +64,6 @@ from pathlib import Path
 
 from common import json_safe
 
-from guardian.actions.process import StopPolicy
 from guardian.config import GuardianConfig
 from guardian.demo.scenarios import SCENARIOS, RunFiles, Scenario
 from guardian.demo_run import FINAL_STEPS, demo_config
@@ -225,16 +224,15 @@ def unguarded_final_reward(scenario: Scenario) -> float | None:
 
 
 def _stop(supervisor: Supervisor) -> None:
-    attempt = supervisor.attempt
+    attempt = supervisor.trainer.attempt
     if attempt is not None and attempt.handle is not None:
-        ic = supervisor.config.intervention
-        supervisor.control.stop(attempt.handle, StopPolicy(ic.stop_sigint_s, ic.stop_sigterm_s, ic.stop_sigkill_s))
+        supervisor.control.stop(attempt.handle, supervisor.trainer.stop_policy())
 
 
 def _record(
     store: Store, run_id: str, scenario: Scenario, code: int | None, last_step: int | None, wall: float
 ) -> RunRecord:
-    incidents = {i.id: i for i in store.list_incidents(run_id, limit=1000)}
+    incidents = {i.id: i for i in store.list_incidents(run_id, limit=None)}
     attempts = {a.id: a for a in store.attempts(run_id)}
     interventions: list[InterventionRecord] = []
     seen: set[int] = set()

@@ -16,7 +16,6 @@ import statistics
 import sys
 import threading
 import time
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import orjson
@@ -33,7 +32,7 @@ from guardian.notify.setup import notifying, sink_names
 from guardian.policy import CRASH_OUTPUT_EVIDENCE
 from guardian.run import guard_loop, local_supervisor, register_run
 from guardian.sinks.export import exporting
-from guardian.store import InterventionView, Store
+from guardian.store import InterventionView, StateDetail, Store, config_changes
 from guardian.supervisor import Supervisor
 
 # seconds per step added to the trainer, so the story unfolds at a readable pace
@@ -87,7 +86,7 @@ class Narrator:
                 worst, "[green]healthy[/]"
             )
             self.console.print(f"  step {step:>4}  {_values(supervisor)}  {label}")
-        for incident in reversed(self.store.list_incidents(self.run_id, limit=1000)):
+        for incident in reversed(self.store.list_incidents(self.run_id)):
             if incident.id in self.told_incidents or incident.status == "dismissed":
                 continue
             self.told_incidents.add(incident.id)
@@ -111,7 +110,7 @@ class Narrator:
                 self.told_events.add((iv.id, index))
                 self._event(e.state, e.detail, iv)
 
-    def _event(self, state: str, detail: Mapping[str, object], iv: InterventionView) -> None:
+    def _event(self, state: str, detail: StateDetail, iv: InterventionView) -> None:
         say = self.console.print
         tag = f"[cyan]intervention {iv.number} {state:11}[/]"
         more = " " * len(f"intervention {iv.number} {state:11} ")  # a continuation line, under the text
@@ -127,9 +126,9 @@ class Narrator:
             if detail.get("why"):
                 say(f"{more}{escape(str(detail['why']))}")
         elif state == "PATCHED":
-            for key, before, after in detail.get("diff", []):  # type: ignore[attr-defined]
+            for key, before, after in config_changes(detail.get("diff")):
                 say(f"{tag} {key}: {escape(format_setting(before))} -> {escape(format_setting(after))}")
-            for note in detail.get("notes", []):  # type: ignore[attr-defined]
+            for note in detail.get("notes", []):
                 say(f"{more}note: {escape(str(note))}")
         elif state == "RESUMING":
             say(f"{tag} relaunched the trainer from the rollback point")
@@ -188,7 +187,7 @@ def run_demo(config: GuardianConfig, *, scenario: str, json_output: bool) -> int
                 narrate(supervisor)
 
             code = guard_loop(supervisor, stop, config.sources.poll_interval_s, live=False, after_tick=after_tick)
-        incidents = store.list_incidents(run_id, limit=1000)
+        incidents = store.list_incidents(run_id)
         if json_output:
             document = {
                 "run": run_id,

@@ -22,26 +22,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from guardian.outcome import Outcome
-
-
-class State(StrEnum):
-    DETECTED = "DETECTED"
-    STOPPING = "STOPPING"
-    STOPPED = "STOPPED"
-    ROLLED_BACK = "ROLLED_BACK"
-    PATCHED = "PATCHED"
-    RESUMING = "RESUMING"
-    PROBATION = "PROBATION"
-    RESOLVED = "RESOLVED"
-    UNRESOLVED = "UNRESOLVED"  # probation could not prove the fix helped: a person must look
-    RELAPSED = "RELAPSED"
-    GAVE_UP = "GAVE_UP"
-
-
-class Kind(StrEnum):
-    REMEDIATE = "remediate"  # a health incident: roll back, patch, resume
-    RESTART = "restart"  # a crash or a stall: same config from the latest healthy checkpoint
-
+from guardian.states import Kind, State
 
 # incidents of these checks are answered with a restart (Kind.RESTART), every other one with a remedy
 RESTART_CHECKS: frozenset[str] = frozenset({"stall", "crash"})
@@ -152,14 +133,16 @@ def judge_probation(
     *,
     outcome: Outcome,
     probation_steps: int,
+    max_factor: float,
     critical_checks_since_resume: Sequence[str],
     trainer_finished: bool = False,
 ) -> ProbationVerdict:
     """A resumed run passes probation after ``probation_steps`` steps past the checkpoint once the fix is
     proven: the incident's signal healthy and reward (and validation) back to their rollback-point level.
-    Any critical finding on the new branch is a relapse. Not proven yet: probation runs on, up to twice
-    as long (or until the trainer finishes); then a fix whose signal still shows the trouble while the
-    reward also stayed short relapses (the next rung), and anything else short of proof is UNRESOLVED."""
+    Any critical finding on the new branch is a relapse. Not proven yet: probation runs on, up to
+    ``max_factor`` times as long (or until the trainer finishes); then a fix whose signal still shows the
+    trouble while the reward also stayed short relapses (the next rung), and anything else short of proof
+    is UNRESOLVED."""
     if critical_checks_since_resume:
         return ProbationVerdict(
             Ending.RELAPSED, f"critical again: {', '.join(sorted(set(critical_checks_since_resume)))}"
@@ -170,15 +153,16 @@ def judge_probation(
     figures = outcome.describe()
     if outcome.proven:
         return ProbationVerdict(Ending.RESOLVED, f"{done} steps after the rollback, fix proven: {figures}")
-    if done < 2 * probation_steps and not trainer_finished:
+    longest = max_factor * probation_steps
+    if done < longest and not trainer_finished:
         return ProbationVerdict(Ending.ON_PROBATION, f"on probation, not proven yet: {figures}")
-    when = "the trainer finished" if trainer_finished and done < 2 * probation_steps else f"{done} steps"
+    when = "the trainer finished" if trainer_finished and done < longest else f"{done} steps"
     if not outcome.signal_healthy and outcome.recovered is False:
         return ProbationVerdict(Ending.RELAPSED, f"after {when} the trouble persists: {figures}")
     return ProbationVerdict(Ending.UNRESOLVED, f"after {when} the fix is not proven: {figures}")
 
 
-def resume_deadline(*, typical_step_s: float | None, startup_s: float, factor: float = 5.0) -> float:
+def resume_deadline(*, typical_step_s: float | None, startup_s: float, steps: float) -> float:
     """Seconds a relaunched trainer may take to log its first new step: its start-up allowance plus
-    ``factor`` typical steps (verl spends minutes on start-up before the first step)."""
-    return startup_s + factor * (typical_step_s or 0.0)
+    ``steps`` typical step times (verl spends minutes on start-up before the first step)."""
+    return startup_s + steps * (typical_step_s or 0.0)

@@ -66,13 +66,13 @@ def outcome(steps_after: int, *, healthy: bool = True, reward: tuple[float, floa
 
 
 def test_probation_resolves_only_a_proven_fix() -> None:
-    assert judge_probation(outcome=outcome(5), probation_steps=10, critical_checks_since_resume=[]).ending is (
-        Ending.ON_PROBATION
-    )
-    passed = judge_probation(outcome=outcome(10), probation_steps=10, critical_checks_since_resume=[])
+    assert judge_probation(
+        outcome=outcome(5), probation_steps=10, max_factor=2.0, critical_checks_since_resume=[]
+    ).ending is (Ending.ON_PROBATION)
+    passed = judge_probation(outcome=outcome(10), probation_steps=10, max_factor=2.0, critical_checks_since_resume=[])
     assert passed.ending is Ending.RESOLVED and "back to 0.5 at the rollback point" in passed.reason
     relapsed = judge_probation(
-        outcome=outcome(4), probation_steps=10, critical_checks_since_resume=["entropy_collapse"]
+        outcome=outcome(4), probation_steps=10, max_factor=2.0, critical_checks_since_resume=["entropy_collapse"]
     )
     assert relapsed.ending is Ending.RELAPSED and "entropy_collapse" in relapsed.reason
 
@@ -80,32 +80,36 @@ def test_probation_resolves_only_a_proven_fix() -> None:
 def test_a_quiet_fix_that_lost_the_reward_is_unresolved_not_resolved() -> None:
     # nothing critical for the whole window, the signal healthy, but the reward ended below the rollback point
     short = outcome(10, reward=(0.86, 0.3))
-    assert judge_probation(outcome=short, probation_steps=10, critical_checks_since_resume=[]).ending is (
-        Ending.ON_PROBATION
-    )  # waits, up to twice the window, for the reward to come back
-    over = judge_probation(outcome=outcome(20, reward=(0.86, 0.3)), probation_steps=10, critical_checks_since_resume=[])
+    assert judge_probation(
+        outcome=short, probation_steps=10, max_factor=2.0, critical_checks_since_resume=[]
+    ).ending is (Ending.ON_PROBATION)  # waits, up to twice the window, for the reward to come back
+    over = judge_probation(
+        outcome=outcome(20, reward=(0.86, 0.3)), probation_steps=10, max_factor=2.0, critical_checks_since_resume=[]
+    )
     assert over.ending is Ending.UNRESOLVED and "below 0.86 at the rollback point" in over.reason
     back = judge_probation(
-        outcome=outcome(14, reward=(0.86, 0.85)), probation_steps=10, critical_checks_since_resume=[]
+        outcome=outcome(14, reward=(0.86, 0.85)), probation_steps=10, max_factor=2.0, critical_checks_since_resume=[]
     )
     assert back.ending is Ending.RESOLVED  # within the noise tolerance of the rollback point
 
 
 def test_trouble_that_persists_relapses_to_the_next_rung() -> None:
     stuck = outcome(20, healthy=False, reward=(0.5, 0.3))
-    verdict = judge_probation(outcome=stuck, probation_steps=10, critical_checks_since_resume=[])
+    verdict = judge_probation(outcome=stuck, probation_steps=10, max_factor=2.0, critical_checks_since_resume=[])
     assert verdict.ending is Ending.RELAPSED and "persists" in verdict.reason
     # the signal still warns but the reward came back: not proven, not worse - a person looks
-    mixed = judge_probation(outcome=outcome(20, healthy=False), probation_steps=10, critical_checks_since_resume=[])
+    mixed = judge_probation(
+        outcome=outcome(20, healthy=False), probation_steps=10, max_factor=2.0, critical_checks_since_resume=[]
+    )
     assert mixed.ending is Ending.UNRESOLVED
 
 
 def test_a_trainer_that_finishes_during_probation_is_judged_on_what_it_showed() -> None:
-    done = judge_probation(outcome=outcome(3, reward=None), probation_steps=10, critical_checks_since_resume=[],
-                           trainer_finished=True)  # fmt: skip
+    done = judge_probation(outcome=outcome(3, reward=None), probation_steps=10, max_factor=2.0,
+                           critical_checks_since_resume=[], trainer_finished=True)  # fmt: skip
     assert done.ending is Ending.RESOLVED  # signal healthy, reward not yet comparable
-    short = judge_probation(outcome=outcome(6, reward=(0.5, 0.2)), probation_steps=10, critical_checks_since_resume=[],
-                            trainer_finished=True)  # fmt: skip
+    short = judge_probation(outcome=outcome(6, reward=(0.5, 0.2)), probation_steps=10, max_factor=2.0,
+                            critical_checks_since_resume=[], trainer_finished=True)  # fmt: skip
     assert short.ending is Ending.UNRESOLVED and "the trainer finished" in short.reason
 
 

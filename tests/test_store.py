@@ -19,9 +19,11 @@ from sqlalchemy.exc import OperationalError
 
 from guardian.findings import Finding, Severity
 from guardian.history import StepRecord
+from guardian.states import RunStatus, State
 from guardian.store import (
     NotFoundError,
     Store,
+    StoredPlan,
     StoreError,
     head_revision,
     mask_url,
@@ -182,7 +184,9 @@ def test_runs_and_attempts(store: Store) -> None:
     assert latest is not None and latest.id == second.id and latest.pid == 4242
     assert store.end_attempt(first.id, exit_code=1, now=T0 + 60).ended_at == datetime.fromtimestamp(T0 + 60, tz=UTC)
     assert first.to_json()["command"] == ["python", "-m", "x"]
-    assert store.set_run_status(run_id, "stopped").status == "stopped"
+    assert store.set_run_status(run_id, RunStatus.GAVE_UP).status is RunStatus.GAVE_UP
+    with pytest.raises(ValueError, match="status must be one of"):
+        store.set_run_status(run_id, "stopped")  # type: ignore[arg-type]
     json.dumps([r.to_json() for r in store.list_runs()])
 
 
@@ -315,8 +319,7 @@ def test_incident_lifecycle_with_findings(store: Store) -> None:
     calmer = store.escalate_incident(incident.id, _finding(Severity.WARN, step=13, onset=9), now=T0 + 13)
     assert calmer.severity is Severity.CRITICAL and calmer.onset_step == 6 and calmer.opened_step == 10
 
-    stopping = store.set_incident_status(incident.id, "stopping", now=T0 + 14)
-    assert stopping.is_open and store.open_incident_for(run_id, "entropy") is not None
+    assert store.open_incident_for(run_id, "entropy") is not None
     closed = store.close_incident(incident.id, status="resolved", now=T0 + 50, step=40, note="probation passed")
     assert closed.closed_step == 40 and closed.closed_at == datetime.fromtimestamp(T0 + 50, tz=UTC)
     assert not closed.is_open and store.open_incident_for(run_id, "entropy") is None
@@ -427,8 +430,8 @@ def test_intervention_states_and_timeline_are_committed(store: Store) -> None:
         first.id, "ROLLED_BACK", now=T0 + 2, target_step=40, target_path="/c/global_step_40", detail={"moved": [50]}
     )
     assert rolled.target_step == 40
-    patched = store.advance(first.id, "PATCHED", now=T0 + 3, plan={"argv": ["python", "x=1"]})
-    assert patched.plan == {"argv": ["python", "x=1"]} and patched.target_step == 40
+    patched = store.advance(first.id, State.PATCHED, now=T0 + 3, plan=StoredPlan(argv=("python", "x=1")))
+    assert patched.plan == StoredPlan(argv=("python", "x=1")) and patched.target_step == 40
     done = store.advance(first.id, "RESOLVED", now=T0 + 4)
     assert done.finished and store.active_intervention(run_id) is None
     events = store.intervention_events(first.id)
@@ -451,7 +454,7 @@ def test_a_write_waits_the_busy_timeout_for_a_held_lock_then_fails(db_path: Path
         holder.execute("BEGIN EXCLUSIVE")
         started = time.monotonic()
         with pytest.raises(OperationalError, match="database is locked"):
-            store.set_run_status(run_id, "finished")
+            store.set_run_status(run_id, RunStatus.FINISHED)
         assert 0.15 < time.monotonic() - started < 3
         with pytest.raises(OperationalError, match="database is locked"):
             store.probe_write()
@@ -459,4 +462,4 @@ def test_a_write_waits_the_busy_timeout_for_a_held_lock_then_fails(db_path: Path
         holder.execute("ROLLBACK")
         holder.close()
         store.probe_write()
-        assert store.set_run_status(run_id, "finished").status == "finished"
+        assert store.set_run_status(run_id, RunStatus.FINISHED).status == "finished"

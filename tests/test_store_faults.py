@@ -129,7 +129,10 @@ def tick_until(supervisor: Supervisor, done: Callable[[], bool], timeout_s: floa
 
 
 def stopped(supervisor: Supervisor) -> bool:
-    return supervisor.attempt is not None and supervisor.control.exit_status(supervisor.attempt.handle) is not None  # type: ignore[arg-type]
+    return (
+        supervisor.trainer.attempt is not None
+        and supervisor.control.exit_status(supervisor.trainer.attempt.handle) is not None
+    )  # type: ignore[arg-type]
 
 
 def file_steps(home: Path, attempt: int) -> set[int]:
@@ -366,8 +369,8 @@ def test_a_held_exclusive_lock_during_an_intervention(
             code = tick_until(supervisor, lambda: False)
         finally:
             lock.release()
-            if supervisor.attempt is not None and supervisor.attempt.handle is not None:
-                supervisor._halt_trainer(reason="test over")
+            if supervisor.trainer.attempt is not None and supervisor.trainer.attempt.handle is not None:
+                supervisor.trainer.halt(reason="test over")
         assert code == 0
         assert_rescued_with_everything_stored(supervisor, store, db, home)
     assert len(events(logs, "store_unavailable")) == 1 and len(events(logs, "store_recovered")) == 1
@@ -458,8 +461,8 @@ def test_a_full_filesystem_while_the_run_collapses(
             supervisor.clock.skew += RETRY_MAX_S  # type: ignore[attr-defined]
             code = tick_until(supervisor, lambda: False)
         finally:
-            if supervisor.attempt is not None and supervisor.attempt.handle is not None:
-                supervisor._halt_trainer(reason="test over")
+            if supervisor.trainer.attempt is not None and supervisor.trainer.attempt.handle is not None:
+                supervisor.trainer.halt(reason="test over")
         assert code == 0
         assert_rescued_with_everything_stored(supervisor, store, disk.db, home)
     (line,) = events(logs, "store_unavailable")
@@ -484,8 +487,8 @@ def test_a_corrupted_page_mid_run_stops_the_collapsing_trainer_and_says_so_in_on
             supervisor.clock.skew += STORE_WAIT_S + 1  # type: ignore[attr-defined]
             code = tick_until(supervisor, lambda: False, timeout_s=10)
         finally:
-            if supervisor.attempt is not None and supervisor.attempt.handle is not None:
-                supervisor._halt_trainer(reason="test over")
+            if supervisor.trainer.attempt is not None and supervisor.trainer.attempt.handle is not None:
+                supervisor.trainer.halt(reason="test over")
     assert code == 1
     (line,) = events(logs, "guardian_cannot_continue")
     assert "malformed" in line and ".recover" in line and 'trainer="not running"' in line
@@ -529,8 +532,8 @@ def test_an_exception_in_a_tick_is_logged_once_and_only_a_repeat_gives_up(
         try:
             code = guard_loop(supervisor, threading.Event(), 0.05, live=False)
         finally:
-            if supervisor.attempt is not None and supervisor.attempt.handle is not None:
-                supervisor._halt_trainer(reason="test over")
+            if supervisor.trainer.attempt is not None and supervisor.trainer.attempt.handle is not None:
+                supervisor.trainer.halt(reason="test over")
     (failed,) = events(logs, "tick_failed")
     assert "poll exploded" in failed
     assert len([r for r in logs.records if r.exc_info]) == 1, "the traceback once"

@@ -16,21 +16,22 @@ import sqlite3
 import subprocess
 import sys
 import traceback
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 from conftest import ManualClock
+from rescue_world import RUN as RESCUE_RUN
+from rescue_world import World
 from sqlalchemy.exc import IntegrityError, OperationalError
 
 from guardian.config import GuardianConfig
 from guardian.daemon import Guardian
 from guardian.findings import Finding, Severity
-from guardian.launcher import RunFolder
 from guardian.outage import failure_text
-from guardian.rescue import Rescue
 from guardian.sources.jsonl import MetricsFile
-from guardian.store import InterventionView, Store
+from guardian.states import Kind, State
+from guardian.store import InterventionView, Store, StoredPlan
 from guardian.store.writebehind import RETRY_MAX_S, WriteBehind
 
 SCRIPTED = Path(__file__).with_name("scripted_trainer.py")
@@ -216,50 +217,36 @@ def test_incident_opened_is_logged_once_after_its_commit_not_for_a_rolled_back_t
 # ------------------------------------------------------------------------ the relaunch, in one transaction
 
 
-class Relauncher(Rescue):
-    """Just enough of a supervisor for ``Rescue._relaunch``: it records launches instead of starting trainers."""
-
-    def __init__(self, store: Store, folder: RunFolder) -> None:
-        self.store, self.run_id, self.folder = store, RUN, folder
-        self.clock = lambda: 2.0
-        self.after_commit = lambda state: None
-        self.launched: list[int] = []
-
-    def _next_attempt_number(self) -> int:
-        latest = self.store.latest_attempt(self.run_id)
-        return (latest.number if latest else 0) + 1
-
-    def _start(self, attempt_id: int, number: int, argv: Sequence[str], extra_env: Mapping[str, str]) -> None:
-        self.launched.append(attempt_id)
-
-
 def test_a_relaunch_refused_between_its_attempt_and_resuming_keeps_neither(
     tmp_path: Path, store: Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    incident = store.open_incident(RUN, Finding("entropy_collapse", Severity.CRITICAL, 20, "collapse"), 1.0)
-    created = store.create_intervention(RUN, incident.id, kind="patch", rung=0, from_attempt_id=None, now=1.0)
-    iv = store.advance(created.id, "PATCHED", now=1.0, plan={"argv": ["python", "train.py"], "env": {}})
+    world = World(store, tmp_path / "run")
+    incident = world.incident()
+    created = store.create_intervention(
+        RESCUE_RUN, incident.id, kind=Kind.REMEDIATE, rung=0, from_attempt_id=None, now=1.0
+    )
+    store.advance(created.id, State.PATCHED, now=1.0, plan=StoredPlan(argv=("python", "train.py")))
     original = Store.advance
     left = [1]
 
     def advance(self: Store, *args: object, **kwargs: object) -> InterventionView:
-        if left[0] and args[1:2] == ("RESUMING",):
+        if left[0] and args[1:2] == (State.RESUMING,):
             left[0] -= 1
             raise an_outage()
         return original(self, *args, **kwargs)  # type: ignore[arg-type]
 
     monkeypatch.setattr(Store, "advance", advance)
-    rescue = Relauncher(store, RunFolder(tmp_path / "run"))
     with pytest.raises(OperationalError):
-        rescue._relaunch(iv)
-    assert store.attempts(RUN) == [], "the attempt was rolled back with RESUMING"
-    assert store.interventions(RUN)[0].state == "PATCHED" and rescue.launched == []
+        world.tick()
+    assert len(store.attempts(RESCUE_RUN)) == 1, "the new attempt was rolled back with RESUMING"
+    assert store.interventions(RESCUE_RUN)[0].state is State.PATCHED and world.calls == []
 
-    resumed = rescue._relaunch(iv)  # the next pass starts over from PATCHED
+    world.tick()  # the next pass starts over from PATCHED
 
-    (attempt,) = store.attempts(RUN)
-    assert (resumed.state, resumed.to_attempt_id, rescue.launched) == ("RESUMING", attempt.id, [attempt.id])
-    assert attempt.number == 1
+    _, attempt = store.attempts(RESCUE_RUN)
+    resumed = store.interventions(RESCUE_RUN)[0]
+    assert (resumed.state, resumed.to_attempt_id, attempt.number) == (State.RESUMING, attempt.id, 2)
+    assert world.calls == ["launch attempt 2: python train.py"]
 
 
 # ------------------------------------------------------------------------ no run data in the log

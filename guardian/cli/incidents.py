@@ -22,10 +22,11 @@ from guardian.notify.compose import at_step, format_setting, format_value
 from guardian.notify.events import incident_key, intervention_key
 from guardian.outcome import outcome_line
 from guardian.policy import CRASH_OUTPUT_EVIDENCE
-from guardian.store import IncidentDetail, InterventionEventView, InterventionView
+from guardian.store import IncidentDetail, InterventionEventView, InterventionView, config_changes
 from guardian.store.deliveries import DeliveryView
 
 Timeline = Sequence[InterventionEventView]
+PAGE_SIZE = 50  # incidents list shows the newest this many unless --limit says otherwise
 
 
 def register(add: AddCommand) -> None:
@@ -33,7 +34,7 @@ def register(add: AddCommand) -> None:
     isub = p.add_subparsers(dest="action", required=True)
     pl = isub.add_parser("list", help="newest first")
     pl.add_argument("--run", help="only this run id")
-    pl.add_argument("--limit", type=store_int, default=50)
+    pl.add_argument("--limit", type=store_int, default=PAGE_SIZE, help=f"newest this many (default {PAGE_SIZE})")
     pl.add_argument("--json", action="store_true")
     ps = isub.add_parser("show", help="one incident with its findings")
     ps.add_argument("id", type=store_int)
@@ -103,17 +104,6 @@ def stages(timeline: Timeline) -> list[Stage]:
     return [Stage(state, at, detail) for state, (at, detail) in merged.items()]
 
 
-def diff_rows(value: object) -> list[tuple[str, object, object]]:
-    """A stored patch diff (``{"key", "before", "after"}`` objects or ``[key, before, after]`` lists)."""
-    rows: list[tuple[str, object, object]] = []
-    for item in value if isinstance(value, list) else []:
-        if isinstance(item, Mapping) and "key" in item:
-            rows.append((str(item["key"]), item.get("before"), item.get("after")))
-        elif isinstance(item, list) and len(item) == 3:
-            rows.append((str(item[0]), item[1], item[2]))
-    return rows
-
-
 def _steps(value: object) -> str:
     steps = [str(s) for s in value] if isinstance(value, list) else []
     return ", ".join(steps) if steps else "none"
@@ -139,15 +129,14 @@ def intervention_lines(iv: InterventionView, timeline: Timeline) -> list[str]:
         dumps = rolled_back.detail.get("dumps_quarantined")
         if isinstance(dumps, list) and dumps:
             lines.append(f"    quarantined rollout dumps: {len(dumps)} (steps {dumps[0]}-{dumps[-1]})")
-    plan = iv.plan or {}
     patched = by_state.get("PATCHED")
-    diff = diff_rows(plan.get("diff")) or diff_rows(patched.detail.get("diff") if patched else None)
+    diff = (iv.plan.diff if iv.plan else ()) or config_changes(patched.detail.get("diff") if patched else None)
     if diff:
         lines.append("    patch:")
         lines.extend(
             f"      {escape(k)}: {escape(format_setting(b))} -> {escape(format_setting(a))}" for k, b, a in diff
         )
-    notes = plan.get("notes") or (patched.detail.get("notes") if patched else None)
+    notes = (iv.plan.notes if iv.plan else ()) or (patched.detail.get("notes") if patched else None)
     lines.extend(f"      note: {escape(str(n))}" for n in (notes if isinstance(notes, list) else []))
     lines.append("    timeline:")
     for s in by_state.values():

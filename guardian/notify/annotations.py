@@ -18,7 +18,7 @@ from guardian import grafana
 from guardian.dashboards import ANNOTATION_TAG, run_tag
 from guardian.notify.compose import compose
 from guardian.notify.events import EventKind, GuardianEvent, opening_keys
-from guardian.policy import State
+from guardian.states import State
 from guardian.store.deliveries import SENT, DeliveryView
 
 if TYPE_CHECKING:

@@ -20,7 +20,8 @@ from typing import Final
 from guardian.exits import EXIT_GAVE_UP
 from guardian.findings import Severity
 from guardian.notify.events import EventKind, GuardianEvent, Level
-from guardian.policy import CRASH_OUTPUT_EVIDENCE, RESTART_CHECKS, State
+from guardian.policy import CRASH_OUTPUT_EVIDENCE, RESTART_CHECKS
+from guardian.states import State
 
 TITLE_MAX: Final = 63  # W&B: a title must be under 64 characters
 TEXT_MAX: Final = 3000  # Slack: a section block's text holds at most 3000 characters

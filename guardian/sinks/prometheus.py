@@ -76,7 +76,7 @@ from guardian.keys import Signal
 from guardian.logs import event, get_logger
 from guardian.sinks.exposition import ExpositionApp
 from guardian.sinks.snapshot import ExportSource, RunSnapshot
-from guardian.store.interventions import FINISHED_STATES
+from guardian.states import FINISHED_STATES
 
 log = get_logger("prometheus")
 

@@ -2,11 +2,16 @@
 
 from guardian.store.engine import head_revision, mask_url
 from guardian.store.errors import NotFoundError, StoreError
-from guardian.store.interventions import InterventionEventView, InterventionView
+from guardian.store.interventions import (
+    ConfigChange,
+    InterventionEventView,
+    InterventionView,
+    StateDetail,
+    StoredPlan,
+    config_changes,
+)
 from guardian.store.repository import Store
 from guardian.store.views import (
-    CLOSED_INCIDENT_STATUSES,
-    INCIDENT_OPEN,
     MODES,
     VERDICTS,
     AttemptView,
@@ -18,12 +23,11 @@ from guardian.store.views import (
 )
 
 __all__ = [
-    "CLOSED_INCIDENT_STATUSES",
-    "INCIDENT_OPEN",
     "MODES",
     "VERDICTS",
     "AttemptView",
     "CheckpointView",
+    "ConfigChange",
     "FindingView",
     "IncidentDetail",
     "IncidentView",
@@ -31,8 +35,11 @@ __all__ = [
     "InterventionView",
     "NotFoundError",
     "RunView",
+    "StateDetail",
     "Store",
     "StoreError",
+    "StoredPlan",
+    "config_changes",
     "head_revision",
     "mask_url",
 ]

@@ -1,35 +1,120 @@
-"""The persisted intervention state machine: rows, their event timeline, and the views of both.
+"""The persisted intervention state machine: rows, their event timeline, and the typed views of both.
 
 ``Store`` inherits these methods. ``advance`` commits a new state (and the facts that go with it:
 target checkpoint, patch plan, new attempt) in one transaction *before* the caller performs the side
 effect that state announces, which is what lets a restarted guardian finish an interrupted
-intervention exactly once. States are plain strings here; ``guardian.policy`` owns their meaning.
+intervention exactly once. ``guardian.policy`` owns which transitions are allowed.
+
+One writer (``guardian.rescue.executor``) and several readers (``incidents show``, the notifications, the
+demo's narration) share the records below: ``StoredPlan`` is the relaunch committed in PATCHED, and
+``StateDetail`` names every key a state's event may carry.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
+from typing import NamedTuple, TypedDict
 
 import orjson
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
+from guardian.states import FINISHED_STATES, Kind, State
 from guardian.store.errors import NotFoundError
 from guardian.store.models import Intervention, InterventionEvent
 from guardian.store.views import as_utc, at_utc
 
-# states after which an intervention is over (a relapse ends it and starts the next one)
-FINISHED_STATES = frozenset({"RESOLVED", "UNRESOLVED", "RELAPSED", "GAVE_UP"})
+
+class ConfigChange(NamedTuple):
+    """One setting a patch changed: its Hydra key, the effective value before and the value after."""
+
+    key: str
+    before: object
+    after: object
+
+    def to_json(self) -> dict[str, object]:
+        return {"key": self.key, "before": self.before, "after": self.after}
+
+
+def config_changes(value: object) -> tuple[ConfigChange, ...]:
+    """A stored diff as ``ConfigChange`` rows: ``{"key", "before", "after"}`` objects (what is written now) or
+    ``[key, before, after]`` lists (what older guardians wrote into a PATCHED event)."""
+    rows: list[ConfigChange] = []
+    for item in value if isinstance(value, list | tuple) else ():
+        if isinstance(item, Mapping) and "key" in item:
+            rows.append(ConfigChange(str(item["key"]), item.get("before"), item.get("after")))
+        elif isinstance(item, list | tuple) and len(item) == 3:
+            rows.append(ConfigChange(str(item[0]), item[1], item[2]))
+    return tuple(rows)
+
+
+@dataclass(frozen=True, slots=True)
+class StoredPlan:
+    """The relaunch an intervention committed in PATCHED: what RESUMING launches, and what people read of it."""
+
+    argv: tuple[str, ...]
+    env: Mapping[str, str] = field(default_factory=dict)  # added to the trainer's environment
+    diff: tuple[ConfigChange, ...] = ()
+    notes: tuple[str, ...] = ()
+    resume_from: str | None = None  # the checkpoint folder; None: from scratch
+    resume_path: str | None = None  # as verl is given it (trainer.resume_from_path)
+    rung: str | None = None  # the remedy's name; None for a restart
+    optimizer_reset: bool = False
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "argv": list(self.argv),
+            "env": dict(self.env),
+            "diff": [c.to_json() for c in self.diff],
+            "notes": list(self.notes),
+            "resume_from": self.resume_from,
+            "resume_path": self.resume_path,
+            "rung": self.rung,
+            "optimizer_reset": self.optimizer_reset,
+        }
+
+    @classmethod
+    def from_json(cls, document: Mapping[str, object]) -> StoredPlan:
+        """Read a stored plan; a missing or mistyped field reads as empty (rows of older guardians)."""
+        argv, env, notes = document.get("argv"), document.get("env"), document.get("notes")
+        resume_from, resume_path, rung = document.get("resume_from"), document.get("resume_path"), document.get("rung")
+        return cls(
+            argv=tuple(str(a) for a in argv) if isinstance(argv, list | tuple) else (),
+            env={str(k): str(v) for k, v in env.items()} if isinstance(env, Mapping) else {},
+            diff=config_changes(document.get("diff")),
+            notes=tuple(str(n) for n in notes) if isinstance(notes, list | tuple) else (),
+            resume_from=str(resume_from) if resume_from is not None else None,
+            resume_path=str(resume_path) if resume_path is not None else None,
+            rung=str(rung) if rung is not None else None,
+            optimizer_reset=document.get("optimizer_reset") is True,
+        )
+
+
+class StateDetail(TypedDict, total=False):
+    """What an intervention's event may say, by the state that writes it."""
+
+    why: str  # STOPPED (the target's rule), ROLLED_BACK from scratch, the endings: the reason
+    plan: str  # STOPPING: the ladder's decision (rung, relapses)
+    exclude_steps: list[int]  # STOPPING: earlier targets of the same incident
+    target: str | None  # STOPPED: the rollback checkpoint's path; ROLLED_BACK: None from scratch
+    moved: list[int]  # ROLLED_BACK: the checkpoint steps moved to quarantine
+    tracker: int  # ROLLED_BACK: the step latest_checkpointed_iteration.txt was rewritten to
+    dumps_quarantined: list[int]  # ROLLED_BACK: the steps of the abandoned branch's rollout dumps, moved aside
+    dumps_kept: bool  # ROLLED_BACK: False when moving them failed
+    diff: list[dict[str, object]]  # PATCHED: ConfigChange.to_json rows
+    notes: list[str]  # PATCHED
+    first_step: int  # PROBATION: the relaunched trainer's first new step
+    outcome: dict[str, object]  # the endings: outcome.Outcome.to_json
 
 
 @dataclass(frozen=True, slots=True)
 class InterventionEventView:
     id: int
-    state: str
+    state: State
     at: datetime
-    detail: Mapping[str, object]
+    detail: StateDetail
 
     def to_json(self) -> dict[str, object]:
         return {"state": self.state, "at": self.at.isoformat(), "detail": dict(self.detail)}
@@ -41,14 +126,14 @@ class InterventionView:
     run_id: str
     incident_id: int
     number: int
-    kind: str  # remediate | restart
+    kind: Kind
     rung: int
-    state: str
+    state: State
     from_attempt_id: int | None
     to_attempt_id: int | None
     target_step: int | None
     target_path: str | None
-    plan: Mapping[str, object] | None
+    plan: StoredPlan | None
     created_at: datetime
     updated_at: datetime
     note: str | None
@@ -76,7 +161,7 @@ class InterventionView:
             "to_attempt_id": self.to_attempt_id,
             "target_step": self.target_step,
             "target_path": self.target_path,
-            "plan": dict(self.plan) if self.plan is not None else None,
+            "plan": self.plan.to_json() if self.plan is not None else None,
             "created_at": self.created_at.isoformat(),
             "updated_at": self.updated_at.isoformat(),
             "note": self.note,
@@ -89,14 +174,14 @@ def _view(row: Intervention) -> InterventionView:
         run_id=row.run_id,
         incident_id=row.incident_id,
         number=row.number,
-        kind=row.kind,
+        kind=Kind(row.kind),
         rung=row.rung,
-        state=row.state,
+        state=State(row.state),
         from_attempt_id=row.from_attempt_id,
         to_attempt_id=row.to_attempt_id,
         target_step=row.target_step,
         target_path=row.target_path,
-        plan=orjson.loads(row.plan_json) if row.plan_json else None,
+        plan=StoredPlan.from_json(orjson.loads(row.plan_json)) if row.plan_json else None,
         created_at=as_utc(row.created_at),
         updated_at=as_utc(row.updated_at),
         note=row.note,
@@ -104,7 +189,8 @@ def _view(row: Intervention) -> InterventionView:
 
 
 def _event_view(row: InterventionEvent) -> InterventionEventView:
-    return InterventionEventView(row.id, row.state, as_utc(row.at), orjson.loads(row.detail_json))
+    detail: StateDetail = orjson.loads(row.detail_json)
+    return InterventionEventView(row.id, State(row.state), as_utc(row.at), detail)
 
 
 _UNSET = object()
@@ -117,7 +203,7 @@ class InterventionRecords:
     _write: sessionmaker[Session]
 
     def create_intervention(
-        self, run_id: str, incident_id: int, *, kind: str, rung: int, from_attempt_id: int | None, now: float
+        self, run_id: str, incident_id: int, *, kind: Kind, rung: int, from_attempt_id: int | None, now: float
     ) -> InterventionView:
         """A new intervention in state DETECTED, numbered after the run's previous ones."""
         with self._write() as session, session.begin():
@@ -128,26 +214,28 @@ class InterventionRecords:
                 number=(number or 0) + 1,
                 kind=kind,
                 rung=rung,
-                state="DETECTED",
+                state=State.DETECTED,
                 from_attempt_id=from_attempt_id,
                 created_at=at_utc(now),
                 updated_at=at_utc(now),
             )
             session.add(row)
             session.flush()
-            session.add(InterventionEvent(intervention_id=row.id, state="DETECTED", at=at_utc(now), detail_json="{}"))
+            session.add(
+                InterventionEvent(intervention_id=row.id, state=State.DETECTED, at=at_utc(now), detail_json="{}")
+            )
             return _view(row)
 
     def advance(
         self,
         intervention_id: int,
-        state: str,
+        state: State,
         *,
         now: float,
-        detail: Mapping[str, object] | None = None,
+        detail: StateDetail | None = None,
         target_step: int | object | None = _UNSET,
         target_path: str | object | None = _UNSET,
-        plan: Mapping[str, object] | object | None = _UNSET,
+        plan: StoredPlan | object | None = _UNSET,
         to_attempt_id: int | object | None = _UNSET,
         note: str | object | None = _UNSET,
     ) -> InterventionView:
@@ -163,7 +251,7 @@ class InterventionRecords:
             if target_path is not _UNSET:
                 row.target_path = target_path  # type: ignore[assignment]
             if plan is not _UNSET:
-                row.plan_json = orjson.dumps(plan).decode() if plan is not None else None
+                row.plan_json = None if plan is None else orjson.dumps(plan.to_json()).decode()  # type: ignore[attr-defined]
             if to_attempt_id is not _UNSET:
                 row.to_attempt_id = to_attempt_id  # type: ignore[assignment]
             if note is not _UNSET:

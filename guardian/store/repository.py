@@ -28,16 +28,14 @@ from sqlalchemy.orm import Session, sessionmaker
 from guardian.config import BUSY_TIMEOUT_S
 from guardian.findings import Finding
 from guardian.history import StepRecord
+from guardian.states import CLOSED_INCIDENT_STATUSES, IncidentStatus, RunStatus
 from guardian.store.deliveries import DeliveryRecords
 from guardian.store.engine import WRITE_OPTION, current_revision, mask_url, open_engine
 from guardian.store.errors import NotFoundError, StoreError
 from guardian.store.interventions import InterventionRecords
 from guardian.store.models import Attempt, Checkpoint, FindingRow, Incident, Run, Step
 from guardian.store.views import (
-    CLOSED_INCIDENT_STATUSES,
-    INCIDENT_OPEN,
     MODES,
-    RUN_STATUS_ACTIVE,
     VERDICTS,
     AttemptView,
     CheckpointView,
@@ -199,7 +197,7 @@ class Store(InterventionRecords, DeliveryRecords):
                     rollouts_dir=rollouts_dir,
                     checkpoints_dir=checkpoints_dir,
                     mode=mode,
-                    status=RUN_STATUS_ACTIVE,
+                    status=RunStatus.ACTIVE,
                     config_json=config_json,
                 )
                 session.add(row)
@@ -211,7 +209,9 @@ class Store(InterventionRecords, DeliveryRecords):
             row = session.get(Run, run_id)
             return run_view(row) if row is not None else None
 
-    def set_run_status(self, run_id: str, status: str) -> RunView:
+    def set_run_status(self, run_id: str, status: RunStatus) -> RunView:
+        if status not in set(RunStatus):
+            raise ValueError(f"status must be one of {sorted(RunStatus)}, not {status!r}")
         with self._write() as session, session.begin():
             row = session.get(Run, run_id)
             if row is None:
@@ -483,7 +483,7 @@ class Store(InterventionRecords, DeliveryRecords):
                 run_id=run_id,
                 check=finding.check,
                 severity=finding.severity.label,
-                status=INCIDENT_OPEN,
+                status=IncidentStatus.OPEN,
                 opened_at=at_utc(now),
                 opened_step=finding.step,
                 onset_step=finding.onset_step,
@@ -524,17 +524,6 @@ class Store(InterventionRecords, DeliveryRecords):
             row.updated_at = at_utc(now)
             return incident_view(row)
 
-    def set_incident_status(self, incident_id: int, status: str, now: float) -> IncidentView:
-        """Move an open incident to another (intervention) state; closing goes through
-        ``close_incident``."""
-        if status in CLOSED_INCIDENT_STATUSES:
-            raise ValueError(f"use close_incident to set the closed status {status!r}")
-        with self._write() as session, session.begin():
-            row = self._incident_row(session, incident_id)
-            row.status = status
-            row.updated_at = at_utc(now)
-            return incident_view(row)
-
     def close_incident(
         self,
         incident_id: int,
@@ -557,8 +546,8 @@ class Store(InterventionRecords, DeliveryRecords):
                 row.note = note
             return incident_view(row)
 
-    def list_incidents(self, run_id: str | None = None, limit: int = 50) -> list[IncidentView]:
-        """Incidents, newest first (of one run, or of all)."""
+    def list_incidents(self, run_id: str | None = None, limit: int | None = None) -> list[IncidentView]:
+        """Incidents, newest first (of one run, or of all); the newest ``limit`` of them, or every one for None."""
         query = select(Incident).order_by(Incident.opened_at.desc(), Incident.id.desc()).limit(limit)
         if run_id is not None:
             query = query.where(Incident.run_id == run_id)

@@ -2,8 +2,8 @@
 
 Callers of ``Store`` get these dataclasses, never ORM objects. Timestamps come back as timezone-aware
 UTC ``datetime`` (SQLite hands back naive values, which are read as UTC); ``to_json`` gives each view
-as JSON-ready data with ISO 8601 timestamps. The constants name the values that runs, checkpoints
-and incidents take in their ``mode``, ``verdict`` and ``status`` fields.
+as JSON-ready data with ISO 8601 timestamps. Status fields come back as the
+members of ``guardian.states``'s enums.
 """
 
 from __future__ import annotations
@@ -16,13 +16,11 @@ from typing import Final
 import orjson
 
 from guardian.findings import EvidenceValue, Severity
+from guardian.states import CLOSED_INCIDENT_STATUSES, IncidentStatus, Mode, RunStatus, Verdict
 from guardian.store.models import Attempt, Checkpoint, FindingRow, Incident, Run
 
-MODES: Final = frozenset({"observe", "advise", "enforce"})
-VERDICTS: Final = frozenset({"healthy", "unhealthy", "unknown"})
-RUN_STATUS_ACTIVE: Final = "active"
-INCIDENT_OPEN: Final = "open"
-CLOSED_INCIDENT_STATUSES: Final = frozenset({"resolved", "unresolved", "gave_up", "dismissed"})
+MODES: Final = frozenset(Mode)
+VERDICTS: Final = frozenset(Verdict)
 
 # ---------------------------------------------------------------------------------------------- views
 
@@ -42,7 +40,7 @@ class RunView:
     rollouts_dir: str
     checkpoints_dir: str | None
     mode: str
-    status: str
+    status: RunStatus
     config_json: str | None
 
     def to_json(self) -> dict[str, object]:
@@ -112,7 +110,7 @@ class CheckpointView:
     step: int
     path: str
     found_at: datetime
-    verdict: str
+    verdict: Verdict
     note: str | None
 
     def to_json(self) -> dict[str, object]:
@@ -167,7 +165,7 @@ class IncidentView:
     run_id: str
     check: str
     severity: Severity
-    status: str
+    status: IncidentStatus
     opened_at: datetime
     opened_step: int | None
     onset_step: int | None
@@ -260,7 +258,7 @@ def run_view(row: Run) -> RunView:
         rollouts_dir=row.rollouts_dir,
         checkpoints_dir=row.checkpoints_dir,
         mode=row.mode,
-        status=row.status,
+        status=RunStatus(row.status),
         config_json=row.config_json,
     )
 
@@ -286,7 +284,7 @@ def checkpoint_view(row: Checkpoint) -> CheckpointView:
         step=row.step,
         path=row.path,
         found_at=as_utc(row.found_at),
-        verdict=row.verdict,
+        verdict=Verdict(row.verdict),
         note=row.note,
     )
 
@@ -313,7 +311,7 @@ def incident_view(row: Incident) -> IncidentView:
         run_id=row.run_id,
         check=row.check,
         severity=parse_severity(row.severity),
-        status=row.status,
+        status=IncidentStatus(row.status),
         opened_at=as_utc(row.opened_at),
         opened_step=row.opened_step,
         onset_step=row.onset_step,

@@ -1,0 +1,52 @@
+"""What the rescue's executor needs from the world, as protocols: the trainer, the checkpoint folders, the planner.
+
+``guardian.supervisor`` provides the local implementations (a process group per attempt, the run's checkpoint
+directory, verl's Hydra config); the unit tests provide recording ones, and a Ray Jobs trainer fits the same slot.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+from guardian.actions.ladder import Rung
+from guardian.actions.process import ExitStatus
+from guardian.states import Kind
+from guardian.store import AttemptView, StateDetail, StoredPlan
+
+
+class TrainerPort(Protocol):
+    def stop(self, *, reason: str) -> None:
+        """Stop every process of the current attempt and record its end; nothing running is fine. Raises when
+        processes survive SIGKILL (never two trainers at once)."""
+
+    def launch(self, attempt: AttemptView, plan: StoredPlan) -> None:
+        """Launch ``attempt`` with ``plan``, or attach to it when an earlier guardian already launched it."""
+
+    def output_tail(self) -> str:
+        """The end of the current attempt's output (a crash's last words). Raises OSError when it cannot be read."""
+
+    def finish(self, status: ExitStatus) -> None:
+        """The trainer ended by itself: stop what it left running (as the mode allows) and record its end."""
+
+
+class CheckpointPort(Protocol):
+    def quarantine_after(self, step: int, incident_id: int) -> list[int]:
+        """Move every checkpoint after ``step`` aside (never deleted) and point verl's tracker at ``step``; the
+        steps moved. Raises ``CheckpointError`` when that is impossible."""
+
+    def quarantine_all(self, incident_id: int) -> list[int]:
+        """Move every checkpoint aside (a restart from scratch): the steps moved."""
+
+    def set_aside_dumps(self, after_step: int, incident_id: int) -> StateDetail:
+        """Move the abandoned branch's rollout dumps aside when the attempts share the user's dump dir; what was
+        done, for the ROLLED_BACK event (empty when there was nothing to do)."""
+
+
+class PlannerPort(Protocol):
+    def plan(self, kind: Kind, check: str, rung: int, resume_from: str | None) -> StoredPlan:
+        """The relaunch: ``check``'s rung ``rung`` applied to the current command (the same config for a restart),
+        resumed from ``resume_from`` (None: from scratch). Raises ``PatchError``/``ValueError`` when refused."""
+
+    def first_effective_rung(self, ladder: Sequence[Rung], start: int) -> int:
+        """The first rung from ``start`` that changes the current command's config."""

@@ -1,0 +1,69 @@
+"""Every status a stored row takes: interventions, incidents, runs, checkpoints. One home, no string copies.
+
+The enums are ``StrEnum``: the store keeps their values as text and hands them back as members, and a member
+compares equal to its value, so a reader may match either. What the values *mean* - which transitions an
+intervention may take - is ``guardian.policy``'s.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Final
+
+
+class State(StrEnum):
+    """Where an intervention stands (``guardian.policy`` has the allowed transitions)."""
+
+    DETECTED = "DETECTED"
+    STOPPING = "STOPPING"
+    STOPPED = "STOPPED"
+    ROLLED_BACK = "ROLLED_BACK"
+    PATCHED = "PATCHED"
+    RESUMING = "RESUMING"
+    PROBATION = "PROBATION"
+    RESOLVED = "RESOLVED"
+    UNRESOLVED = "UNRESOLVED"  # probation could not prove the fix helped: a person must look
+    RELAPSED = "RELAPSED"
+    GAVE_UP = "GAVE_UP"
+
+
+# an intervention in one of these is over (a relapse ends it; the next one climbs the ladder)
+FINISHED_STATES: Final = frozenset({State.RESOLVED, State.UNRESOLVED, State.RELAPSED, State.GAVE_UP})
+
+
+class Kind(StrEnum):
+    """What an intervention does."""
+
+    REMEDIATE = "remediate"  # a health incident: roll back, patch, resume
+    RESTART = "restart"  # a crash or a stall: same config from the latest healthy checkpoint
+
+
+class IncidentStatus(StrEnum):
+    OPEN = "open"
+    RESOLVED = "resolved"  # recovered by itself (observe), or an intervention proved its fix
+    UNRESOLVED = "unresolved"  # an intervention ran its probation without proof: a person must look
+    GAVE_UP = "gave_up"
+    DISMISSED = "dismissed"  # raised on a branch a rollback abandoned
+
+
+CLOSED_INCIDENT_STATUSES: Final = frozenset(set(IncidentStatus) - {IncidentStatus.OPEN})
+
+
+class RunStatus(StrEnum):
+    ACTIVE = "active"
+    FINISHED = "finished"
+    GAVE_UP = "gave_up"
+
+
+class Verdict(StrEnum):
+    """A checkpoint's: may a rollback land on it?"""
+
+    HEALTHY = "healthy"
+    UNHEALTHY = "unhealthy"
+    UNKNOWN = "unknown"  # saved before its step's metrics line arrived
+
+
+class Mode(StrEnum):
+    OBSERVE = "observe"  # judge, store, alert
+    ADVISE = "advise"  # ... and say what an intervention would do
+    ENFORCE = "enforce"  # ... and do it

@@ -1,0 +1,262 @@
+"""The rescue, pass by pass: every path from an incident to its end, on a real store with a manual clock and
+recording ports (tests/rescue_world.py). The subprocess chaos tests (test_run_e2e.py) prove the same on real
+processes; these prove each decision and each restart point in milliseconds."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from rescue_world import RUN, GuardianKilled, World
+
+from guardian.actions.process import ExitStatus
+from guardian.config import GuardianConfig
+from guardian.exits import EXIT_GAVE_UP, EXIT_UNHEALTHY
+from guardian.rescue.snapshot import StandingFinding
+from guardian.states import IncidentStatus, Kind, RunStatus, State
+from guardian.store import Store
+
+PATH_TO_RESUMING = [State.DETECTED, State.STOPPING, State.STOPPED, State.STOPPED, State.ROLLED_BACK, State.PATCHED]
+
+
+@pytest.fixture
+def world(tmp_path: Path) -> World:
+    config = GuardianConfig.model_validate(
+        {"home": str(tmp_path), "mode": "enforce", "intervention": {"probation_steps": 10}}
+    )
+    store = Store.open(f"sqlite:///{tmp_path / 'guardian.db'}")
+    return World(store, tmp_path / "run", config)
+
+
+def resumed(world: World) -> None:
+    """An entropy collapse at step 40 (onset 35), checkpoints at 10, 20, 30 and 40: one pass reaches RESUMING."""
+    world.save(10, 20, 30)
+    world.save(40, verdict="unhealthy")
+    world.incident()
+    assert world.tick() is None
+
+
+def test_a_collapse_is_rolled_back_patched_relaunched_and_resolved_once_the_fix_is_proven(world: World) -> None:
+    resumed(world)
+    (iv,) = world.interventions()
+    assert (iv.state, iv.kind, iv.rung, iv.target_step) == (State.RESUMING, Kind.REMEDIATE, 0, 30)
+    assert world.calls == [
+        "stop intervention 1 of incident #1",
+        "quarantine after 30: [40]",
+        "launch attempt 2: train entropy_collapse-rung-1 resume=/ckpt/global_step_30",
+    ]
+    assert iv.plan is not None and iv.plan.diff[0].key == "actor.optim.lr"
+    assert world.tick() is None, "no step yet: waits"
+    world.logs(31, 32)
+    world.proven(2)
+    world.tick()
+    assert world.interventions()[0].state is State.PROBATION
+    world.proven(10)
+    world.tick()
+    (iv,) = world.interventions()
+    assert iv.state is State.RESOLVED and world.states() == [
+        *PATH_TO_RESUMING,
+        State.RESUMING,
+        State.PROBATION,
+        State.RESOLVED,
+    ]
+    (incident,) = world.store.list_incidents(RUN)
+    assert incident.status is IncidentStatus.RESOLVED and "fix proven" in (incident.note or "")
+
+
+def test_a_relapse_climbs_one_rung_and_rolls_back_one_checkpoint_further(world: World) -> None:
+    resumed(world)
+    world.logs(31)
+    world.proven(1)
+    world.tick()
+    world.critical = [StandingFinding("entropy_collapse", 33)]
+    assert world.tick() is None
+    (first,) = world.interventions()
+    assert first.state is State.RELAPSED and "critical again: entropy_collapse" in (first.note or "")
+    world.critical = []
+    world.tick()  # the next intervention opens on the next pass
+    _, second = world.interventions()
+    assert (second.state, second.rung, second.target_step) == (State.RESUMING, 1, 20)
+    assert world.calls[-1] == "launch attempt 3: train entropy_collapse-rung-2 resume=/ckpt/global_step_20"
+
+
+def test_each_relapse_escalates_until_the_budget_is_spent_then_it_gives_up_and_stays_stopped(world: World) -> None:
+    world.save(5, 10, 20, 30)
+    world.incident()
+    for number in range(1, 4):  # the default budget: three remedies
+        world.tick()
+        world.clock.now += 10_000  # past the resume deadline, with no new step
+        world.tick()
+        assert world.interventions()[number - 1].state is State.RELAPSED
+    assert [iv.rung for iv in world.interventions()] == [0, 1, 2]
+    assert [iv.target_step for iv in world.interventions()] == [30, 20, 10]
+    assert world.tick() == EXIT_GAVE_UP
+    last = world.interventions()[-1]
+    assert last.state is State.GAVE_UP and "budget spent (3 of 3)" in (last.note or "")
+    assert world.store.get_run(RUN).status is RunStatus.GAVE_UP  # type: ignore[union-attr]
+    assert world.store.list_incidents(RUN)[0].status is IncidentStatus.GAVE_UP
+    world.calls.clear()
+    assert world.tick() == EXIT_GAVE_UP and world.calls == ["stop gave up"], "a given-up run stays stopped"
+
+
+def test_rungs_that_would_change_nothing_are_climbed_past_and_the_reason_says_so(world: World) -> None:
+    world.planner.effective_from = 1
+    resumed(world)
+    (iv,) = world.interventions()
+    assert iv.rung == 1
+    stopping = world.store.intervention_events(iv.id)[1]
+    assert "entropy-1 would change nothing in this run: rung 2 of 3" in stopping.detail.get("plan", "")
+
+
+@pytest.mark.parametrize(
+    ("setup", "reason"),
+    [
+        (lambda w: setattr(w.checkpoints, "refuse", "tracker file is a directory"), "rollback failed: tracker file"),
+        (lambda w: setattr(w.planner, "refuse", "lr must be > 0"), "patch refused: lr must be > 0"),
+    ],
+)
+def test_a_rollback_or_patch_that_cannot_be_done_gives_up_with_its_reason(world: World, setup, reason: str) -> None:  # type: ignore[no-untyped-def]
+    setup(world)
+    world.save(10, 20, 30)
+    world.incident()
+    assert world.tick() == EXIT_GAVE_UP
+    (iv,) = world.interventions()
+    assert iv.state is State.GAVE_UP and reason in (iv.note or "")
+    assert not any(c.startswith("launch") for c in world.calls)
+
+
+def test_a_check_with_no_ladder_gives_up_at_once(world: World) -> None:
+    world.config = world.config.model_copy(
+        update={"remediation": world.config.remediation.model_copy(update={"ladders": {}})}
+    )
+    world.new_guardian()
+    world.incident()
+    assert world.tick() == EXIT_GAVE_UP
+    assert "no remediation ladder for entropy_collapse" in (world.interventions()[0].note or "")
+
+
+def test_no_healthy_checkpoint_restarts_from_scratch_once_then_gives_up(world: World) -> None:
+    world.save(40, verdict="unhealthy")
+    world.incident()
+    world.tick()
+    (iv,) = world.interventions()
+    assert iv.state is State.RESUMING and iv.target_step is None
+    assert world.calls[1:] == ["quarantine all: [40]", "launch attempt 2: train entropy_collapse-rung-1 resume=disable"]
+    world.exit_status = ExitStatus(1, None)
+    world.tick()
+    assert world.interventions()[0].state is State.RELAPSED
+    assert world.tick() == EXIT_GAVE_UP
+    assert "a restart from scratch failed too" in (world.interventions()[1].note or "")
+
+
+def test_a_crash_opens_its_incident_with_the_output_and_restarts_with_the_same_config(world: World) -> None:
+    world.save(10, 20)
+    world.exit_status = ExitStatus(1, None)
+    world.tick()
+    (crash,) = world.store.list_incidents(RUN)
+    assert crash.check == "crash" and crash.message.endswith(
+        "exit code 1: RuntimeError: CUDA error: an illegal memory access"
+    )
+    assert "Traceback" in str(crash.evidence["stdout_tail"])
+    (iv,) = world.interventions()
+    assert (iv.kind, iv.state, iv.target_step) == (Kind.RESTART, State.RESUMING, 20)
+    assert world.calls[-1] == "launch attempt 2: train same-config resume=/ckpt/global_step_20"
+    world.logs(21)
+    world.proven(1)
+    world.tick()
+    world.proven(10)
+    world.tick()
+    assert world.interventions()[0].state is State.RESOLVED
+
+
+def test_crash_output_that_cannot_be_read_is_said_in_the_incident_not_swallowed(world: World) -> None:
+    world.trainer.tail = PermissionError(13, "Permission denied")
+    world.exit_status = ExitStatus(None, 9)
+    world.tick()
+    (crash,) = world.store.list_incidents(RUN)
+    assert "killed by SIGKILL: (its output could not be read: [Errno 13] Permission denied)" in crash.message
+
+
+def test_a_stall_is_answered_with_a_restart(world: World) -> None:
+    world.save(10)
+    world.incident("stall", step=12, onset=None)
+    world.tick()
+    (iv,) = world.interventions()
+    assert iv.kind is Kind.RESTART and iv.target_step == 10
+
+
+@pytest.mark.parametrize(
+    ("arrange", "why"),
+    [
+        (lambda w: w.logs(25), "resumed at step 25, expected 30"),
+        (lambda w: setattr(w, "exit_status", ExitStatus(1, None)), "ended before a new step: exit code 1"),
+        (lambda w: setattr(w.clock, "now", w.clock.now + 951), "no new step 950s after the relaunch"),
+    ],
+)
+def test_a_relaunch_that_does_not_train_past_its_checkpoint_relapses(world: World, arrange, why: str) -> None:  # type: ignore[no-untyped-def]
+    resumed(world)
+    world.clock.now += 949  # start-up 900 s + 5 typical steps of 10 s: not yet
+    world.tick()
+    assert world.interventions()[0].state is State.RESUMING
+    world.clock.now -= 949
+    arrange(world)
+    world.tick()
+    assert world.interventions()[0].state is State.RELAPSED and why in (world.interventions()[0].note or "")
+
+
+def test_an_unproven_fix_is_unresolved_after_twice_the_probation_and_the_run_ends_unhealthy(world: World) -> None:
+    resumed(world)
+    world.logs(31)
+    world.proven(10, reward=(0.5, 0.3))
+    world.tick()
+    world.tick()
+    assert world.interventions()[0].state is State.PROBATION, "not proven: probation runs on"
+    world.proven(20, reward=(0.5, 0.3))
+    world.tick()
+    assert world.interventions()[0].state is State.UNRESOLVED
+    world.exit_status = ExitStatus(0, None)
+    assert world.tick() == EXIT_UNHEALTHY
+    assert world.calls[-1] == "finish exit code 0"
+
+
+def test_observe_mode_touches_nothing_and_advise_mode_says_once_what_it_would_do(world: World) -> None:
+    world.config = world.config.model_copy(update={"mode": "advise"})
+    world.new_guardian()
+    world.save(10, 20, 30)
+    world.incident()
+    world.tick()
+    world.tick()
+    assert world.interventions() == [] and world.calls == [] and world.executor.advised == {1}
+    world.exit_status = ExitStatus(0, None)
+    assert world.tick() == EXIT_UNHEALTHY and world.calls == ["finish exit code 0"]
+
+
+@pytest.mark.parametrize(
+    "dies_after",
+    ["DETECTED", "STOPPING", "STOPPED", "STOPPED+target", "ROLLED_BACK", "PATCHED", "RESUMING", "PROBATION"],
+)
+def test_a_guardian_killed_after_any_commit_finishes_the_intervention_once(world: World, dies_after: str) -> None:
+    world.kill_after = dies_after
+    world.save(10, 20, 30)
+    world.incident()
+    world.proven(1)
+    first_attempt = world.attempt_id
+
+    def passes() -> None:
+        for _ in range(4):
+            world.tick()
+            if world.attempt_id != first_attempt and not world.attempt_steps:
+                world.logs(31)  # the relaunched trainer's first step
+
+    with pytest.raises(GuardianKilled):
+        passes()
+    world.restarted()
+    passes()
+    world.proven(10)
+    world.tick()
+    (iv,) = world.interventions()
+    assert iv.state is State.RESOLVED
+    assert sum(c.startswith("launch attempt 2") for c in world.calls) == 1, world.calls
+    assert sum(c.startswith("quarantine") for c in world.calls) == 1, world.calls
+    assert len(world.store.attempts(RUN)) == 2
+    assert world.states().count(State.RESUMING) == 1
