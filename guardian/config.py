@@ -98,6 +98,12 @@ class EntropyExplosionConfig(CheckBase):
         description="Critical needs entropy (nats/token) of at least this: a rise from a very low baseline "
         "(0.13 -> 0.67) is exploration coming back, not gibberish.",
     )
+    onset_ratio: float = Field(
+        1.25,
+        gt=1,
+        description="When it fires, the onset is the first step of the run-up where entropy (raw and smoothed) is "
+        "past this × baseline.",
+    )
 
 
 class EgrCollapseConfig(CheckBase):
@@ -132,12 +138,24 @@ class KlDriftConfig(CheckBase):
         "(0.02 -> 0.3 nat/token in 10 steps while the reward climbs is learning, not a blow-up).",
     )
     floor: float = Field(0.1, gt=0, description="Per-token KL below this is never drift (KL starts at 0 by design).")
+    onset_growth: float = Field(
+        1.5,
+        gt=1,
+        description="When it fires, the onset is the first step of the run-up where KL's growth within the window "
+        "is past this.",
+    )
 
 
 class LogprobDeclineConfig(CheckBase):
     warn_rise: float = Field(0.4, gt=0, description="Warn when mean -log pi rose by this fraction of baseline.")
     critical_rise: float = Field(1.0, gt=0, description="Critical when mean -log pi rose by this fraction.")
     floor: float = Field(0.05, gt=0, description="Baseline floor (nats/token).")
+    onset_rise: float = Field(
+        0.2,
+        gt=0,
+        description="When it fires, the onset is the first step of the run-up where mean -log pi is past this "
+        "rise (a fraction of baseline).",
+    )
 
 
 class RewardCollapseConfig(CheckBase):
@@ -188,9 +206,22 @@ class RewardCollapseConfig(CheckBase):
 class LengthConfig(CheckBase):
     collapse_warn_ratio: float = Field(0.5, gt=0, lt=1, description="Warn when mean length < this × baseline.")
     collapse_critical_ratio: float = Field(0.2, gt=0, lt=1, description="Critical below this × baseline.")
+    collapse_onset_ratio: float = Field(
+        0.8,
+        gt=0,
+        lt=1,
+        description="When a collapse fires, its onset is the first step of the run-up where mean length is past "
+        "(below) this × baseline.",
+    )
     explosion_warn_ratio: float = Field(2.0, gt=1, description="Warn when mean length > this × baseline.")
     explosion_critical_ratio: float = Field(3.0, gt=1, description="Critical above this × baseline if fast.")
     explosion_fast_growth: float = Field(1.8, gt=1, description="... and grew by this factor within fast_window_steps.")
+    explosion_onset_ratio: float = Field(
+        1.3,
+        gt=1,
+        description="When an explosion fires, its onset is the first step of the run-up where mean length is past "
+        "(above) this × baseline.",
+    )
     fast_window_steps: int = Field(10, ge=1, description="Window for the growth-rate condition.")
     truncation_warn: float = Field(0.1, ge=0, le=1, description="Warn when truncated-response share > this.")
     truncation_critical: float = Field(0.3, ge=0, le=1, description="Critical above this share ...")

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import numpy as np
+import pytest
 from conftest import context, history_of
 
 from guardian.checks.drift import kl_drift, logprob_decline
@@ -314,6 +316,53 @@ def test_a_critical_does_not_flap_when_one_point_dips() -> None:
         seen.append(truncation(context(h), C.length, C.reward_collapse).severity)
     first = seen.index(Severity.CRITICAL)
     assert all(s == Severity.CRITICAL for s in seen[first:]), seen
+
+
+# -- onsets: where a fired check says the run-up began ------------------------------------------
+def _onset(h: RunHistory, judge: Callable[[RunHistory, ChecksConfig], Finding], cfg: ChecksConfig) -> int | None:
+    finding = judge(h, cfg)
+    assert finding.severity >= Severity.WARN, finding
+    return finding.onset_step
+
+
+ONSET_CASES = {
+    "entropy_explosion.onset_ratio": (
+        [{H: 0.5}] * 5 + [{H: v} for v in ramp(0.5, 1.0, 20)],
+        lambda h, c: entropy_explosion(context(h), c.entropy_explosion, c.reward_collapse),
+        {"entropy_explosion": {"onset_ratio": 1.1}},
+    ),
+    "kl_drift.onset_growth": (
+        [{"actor/kl_loss": 0.2}] * 15 + [{"actor/kl_loss": 0.2 * 1.15**i} for i in range(1, 16)],
+        lambda h, c: kl_drift(context(h), c.kl_drift, c.reward_collapse),
+        {"kl_drift": {"onset_growth": 1.2}},
+    ),
+    "logprob_decline.onset_rise": (
+        [{"rollout_corr/training_log_ppl": 1.0}] * 5
+        + [{"rollout_corr/training_log_ppl": v} for v in ramp(1.0, 2.0, 20)],
+        lambda h, c: logprob_decline(context(h), c.logprob_decline),
+        {"logprob_decline": {"onset_rise": 0.05}},
+    ),
+    "length.collapse_onset_ratio": (
+        [{"response_length/mean": 1000.0}] * 5 + [{"response_length/mean": v} for v in ramp(1000, 300, 20)],
+        lambda h, c: length_collapse(context(h), c.length),
+        {"length": {"collapse_onset_ratio": 0.95}},
+    ),
+    "length.explosion_onset_ratio": (
+        [{"response_length/mean": 1000.0}] * 5 + [{"response_length/mean": v} for v in ramp(1000, 2500, 20)],
+        lambda h, c: length_explosion(context(h), c.length, c.reward_collapse),
+        {"length": {"explosion_onset_ratio": 1.05}},
+    ),
+}
+
+
+@pytest.mark.parametrize("setting", ONSET_CASES)
+def test_the_onset_level_is_the_configured_one(setting: str) -> None:
+    rows, judge, stricter = ONSET_CASES[setting]
+    h = history_of(rows)
+    default_onset = _onset(h, judge, C)
+    earlier = _onset(h, judge, ChecksConfig.model_validate(stricter))
+    assert default_onset is not None and earlier is not None
+    assert earlier < default_onset, (earlier, default_onset)
 
 
 # -- spikes and numbers ------------------------------------------------------------------------

@@ -50,7 +50,6 @@ from guardian.keys import Signal
 
 COLLAPSE = "entropy_collapse"
 EXPLOSION = "entropy_explosion"
-DEPARTED_ABOVE = 1.25
 # the earlier stretch must have spent at least this much entropy (in e-folds, ln 1.25) for its exchange
 # rate of reward per entropy to be a usable yardstick
 MIN_REFERENCE_EFOLDS = math.log(1.25)
@@ -321,7 +320,7 @@ def entropy_explosion(ctx: CheckContext, cfg: EntropyExplosionConfig, reward_cfg
         level_at,
         for_steps=cfg.for_steps,
         first_position=baseline_end(ctx.baseline),
-        departed_at=lambda i: held(i) / base >= DEPARTED_ABOVE,
+        departed_at=lambda i: held(i) / base >= cfg.onset_ratio,
     )
     last = len(series) - 1
     key = h.key_of(Signal.ENTROPY)
