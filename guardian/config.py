@@ -75,7 +75,14 @@ class EntropyCollapseConfig(CheckBase):
         gt=0,
         lt=1,
         description="... while the reward gained less than this share of what the same entropy bought earlier "
-        "in the run.",
+        "in the run ...",
+    )
+    exchange_reference_ratio: float = Field(
+        0.8,
+        gt=0,
+        lt=1,
+        description="... when entropy was already below this × baseline where the fall began (less spent earlier "
+        "is too little to price entropy in reward: then the fall is critical while the reward is not improving).",
     )
     still_falling: float = Field(
         0.25,
@@ -192,6 +199,13 @@ class RewardCollapseConfig(CheckBase):
         lt=1,
         description="A plateau within this fraction of scale below the best sample's score is convergence: low "
         "entropy or alike groups there get advice, not a rollback (a rollback cannot buy much below the ceiling).",
+    )
+    recovery_tolerance: float = Field(
+        0.05,
+        gt=0,
+        lt=1,
+        description="After a rescue, a validation score within this fraction of its level at the rollback point is "
+        "back, while its noise is not known yet (fewer than six scores; later: within improve_z × its noise).",
     )
 
     @model_validator(mode="after")

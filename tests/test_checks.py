@@ -80,6 +80,25 @@ def test_entropy_spent_without_learning_is_critical_within_six_steps_with_onset_
     assert first_critical.evidence["reward_expected"] is not None
 
 
+def test_the_earlier_exchange_rate_prices_entropy_only_once_enough_was_spent() -> None:
+    # run-a's shape again: where the fast fall begins entropy is at 0.44 x baseline - spent enough to price it
+    # by default, too little when the setting asks for entropy below 0.3 x baseline first
+    rows = rows_of(decay(3.6, 2.0, 15), noisy(ramp(0.2, 0.53, 15), 0.01))
+    rows += rows_of(decay(1.6, 0.1, 15), noisy([0.53] * 15, 0.01, seed=8))
+    strict = ChecksConfig.model_validate({"entropy_collapse": {"exchange_reference_ratio": 0.3}})
+    h = RunHistory()
+    for step, row in enumerate(rows, 1):
+        h.add(StepRecord(step, {k: float(v) for k, v in row.items() if v is not None}))
+        default = collapse(h)
+        if default.evidence.get("reward_expected") is not None:
+            break
+    else:
+        raise AssertionError("the default never priced the fall")
+    priced = entropy_collapse(context(h), strict.entropy_collapse, strict.reward_collapse, strict.egr_collapse)
+    assert priced.evidence["fell_from_step"] == default.evidence["fell_from_step"]
+    assert priced.evidence["reward_expected"] is None
+
+
 def test_a_fast_fall_the_reward_pays_for_is_not_a_collapse() -> None:
     # entropy halves within a few steps but the reward keeps climbing at the same exchange rate
     entropy = decay(2.0, 1.5, 20) + decay(1.4, 0.3, 10)

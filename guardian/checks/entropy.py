@@ -50,9 +50,6 @@ from guardian.keys import Signal
 
 COLLAPSE = "entropy_collapse"
 EXPLOSION = "entropy_explosion"
-# the earlier stretch must have spent at least this much entropy (in e-folds, ln 1.25) for its exchange
-# rate of reward per entropy to be a usable yardstick
-MIN_REFERENCE_EFOLDS = math.log(1.25)
 
 
 @dataclass(frozen=True, slots=True)
@@ -205,11 +202,10 @@ def _fast_fall(
     start = reward_at(from_step)
     if reward is None or start is None:
         return _FastFall(from_step, from_value, None, None)
-    spent_before = math.log(base / from_value) if from_value < base else 0.0
     gained_before = start.level - start.baseline
     expected = None
-    if spent_before >= MIN_REFERENCE_EFOLDS and gained_before > 0:
-        expected = gained_before / spent_before * math.log(from_value / value)
+    if from_value <= cfg.exchange_reference_ratio * base and gained_before > 0:  # enough spent to price entropy
+        expected = gained_before / math.log(base / from_value) * math.log(from_value / value)
     return _FastFall(from_step, from_value, expected, reward.level - start.level)
 
 
@@ -223,7 +219,7 @@ def _spent_without_learning(
     if fall.bought is None:  # the reward was too young to have a level where the fall began
         return not reward.improving and reward.gain is not None
     if fall.expected_gain is not None:
-        return fall.bought + 2 * reward.level_sigma < cfg.exchange_fraction * fall.expected_gain
+        return fall.bought + reward.z * reward.level_sigma < cfg.exchange_fraction * fall.expected_gain
     return not reward.improving
 
 
