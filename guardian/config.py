@@ -335,8 +335,22 @@ class InterventionConfig(_Section):
     probation_steps: int = Field(
         20, ge=1, description="Healthy steps after the rollback point before an intervention counts as resolved."
     )
+    probation_max_factor: float = Field(
+        2.0,
+        ge=1,
+        description="A probation that has not proven the fix after probation_steps goes on up to this × "
+        "probation_steps, then ends short of proof (relapsed while the trouble persists, else unresolved).",
+    )
     startup_seconds: float = Field(
-        900.0, gt=0, description="A relaunched trainer must log a new step within this (+ 5 typical steps)."
+        900.0,
+        gt=0,
+        description="A relaunched trainer must log its first new step within this (+ resume_deadline_steps).",
+    )
+    resume_deadline_steps: float = Field(
+        5.0,
+        gt=0,
+        description="A relaunched trainer must log its first new step within startup_seconds + this many typical "
+        "step times.",
     )
     stop_sigint_s: float = Field(60.0, ge=0, description="Stop: wait this long after SIGINT to the process group.")
     stop_sigterm_s: float = Field(30.0, ge=0, description="... then after SIGTERM, before SIGKILL.")
