@@ -387,7 +387,7 @@ class Guardian:
         is chosen against the same step."""
         return [
             i.onset_step if i.onset_step is not None else i.opened_step or 0
-            for i in store.list_incidents(self.run_id, limit=1000)
+            for i in store.list_incidents(self.run_id)
             if i.is_open and i.severity == Severity.CRITICAL
         ]
 

@@ -26,6 +26,7 @@ from guardian.store import IncidentDetail, InterventionEventView, InterventionVi
 from guardian.store.deliveries import DeliveryView
 
 Timeline = Sequence[InterventionEventView]
+PAGE_SIZE = 50  # incidents list shows the newest this many unless --limit says otherwise
 
 
 def register(add: AddCommand) -> None:
@@ -33,7 +34,7 @@ def register(add: AddCommand) -> None:
     isub = p.add_subparsers(dest="action", required=True)
     pl = isub.add_parser("list", help="newest first")
     pl.add_argument("--run", help="only this run id")
-    pl.add_argument("--limit", type=store_int, default=50)
+    pl.add_argument("--limit", type=store_int, default=PAGE_SIZE, help=f"newest this many (default {PAGE_SIZE})")
     pl.add_argument("--json", action="store_true")
     ps = isub.add_parser("show", help="one incident with its findings")
     ps.add_argument("id", type=store_int)

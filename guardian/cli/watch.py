@@ -289,7 +289,7 @@ def _incidents(guardian: Guardian, store: Store) -> tuple[IncidentLine, ...]:
             )
         )
     try:
-        stored = store.list_incidents(guardian.run_id, limit=1000)
+        stored = store.list_incidents(guardian.run_id)
     except DBAPIError as exc:
         log.error(event("watch_store_unreadable", {"run": guardian.run_id, "error": store_error_text(exc)}))
         return ()

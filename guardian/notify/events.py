@@ -166,7 +166,7 @@ def run_events(
 def load_events(store: Store, run_id: str) -> list[GuardianEvent]:
     """``run_events`` over what ``store`` holds for ``run_id`` now."""
     run = store.get_run(run_id)
-    incidents = store.list_incidents(run_id, limit=2**31 - 1)
+    incidents = store.list_incidents(run_id)
     timelines = store.run_timelines(run_id)
     interventions = [(iv, timelines.get(iv.id, [])) for iv in store.interventions(run_id)]
     return run_events(run_id, run.mode if run is not None else "observe", incidents, interventions)

@@ -27,8 +27,6 @@ if TYPE_CHECKING:
     from guardian.store import RunView, Store
 
 FINAL_RESULTS: Final = (SENT, SUPPRESSED, DROPPED)
-# store.list_incidents pages by default; the counter needs every incident of the run
-_ALL_INCIDENTS: Final = 2**31 - 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,7 +108,7 @@ def snapshot_from(
     run = store.get_run(run_id)
     attempt = store.latest_attempt(run_id)
     interventions = store.interventions(run_id)
-    incidents = store.list_incidents(run_id, limit=_ALL_INCIDENTS)
+    incidents = store.list_incidents(run_id)
     open_worst: dict[str, Severity] = {}
     for incident in incidents:
         if incident.is_open:

@@ -557,8 +557,8 @@ class Store(InterventionRecords, DeliveryRecords):
                 row.note = note
             return incident_view(row)
 
-    def list_incidents(self, run_id: str | None = None, limit: int = 50) -> list[IncidentView]:
-        """Incidents, newest first (of one run, or of all)."""
+    def list_incidents(self, run_id: str | None = None, limit: int | None = None) -> list[IncidentView]:
+        """Incidents, newest first (of one run, or of all); the newest ``limit`` of them, or every one for None."""
         query = select(Incident).order_by(Incident.opened_at.desc(), Incident.id.desc()).limit(limit)
         if run_id is not None:
             query = query.where(Incident.run_id == run_id)
