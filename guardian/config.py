@@ -91,6 +91,12 @@ class EntropyCollapseConfig(CheckBase):
         description="Entropy that lost less than this share over the reward's longest window is steady: low and "
         "steady with a flat reward is convergence (a warning with advice), not a collapse.",
     )
+    onset_windows: int = Field(
+        2,
+        ge=0,
+        description="A collapse's onset is where the reward stopped improving, or, up to this many reward windows "
+        "before that, the first step of the run-up where entropy is past (below) warn_ratio × baseline.",
+    )
 
 
 class EntropyExplosionConfig(CheckBase):

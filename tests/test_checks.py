@@ -99,6 +99,20 @@ def test_the_earlier_exchange_rate_prices_entropy_only_once_enough_was_spent() -
     assert priced.evidence["reward_expected"] is None
 
 
+def test_a_collapse_onset_reaches_back_onset_windows_reward_windows_before_the_plateau() -> None:
+    # entropy below its warning band from step 30 while the reward climbs to step 60, then a plateau on which
+    # entropy still falls: the onset is where the reward stopped improving, or up to onset_windows earlier
+    entropy = decay(1.0, 0.25, 30) + decay(0.24, 0.08, 30) + decay(0.079, 0.01, 40)
+    h = history_of(rows_of(entropy, noisy(ramp(0.1, 0.6, 60) + [0.6] * 40, 0.01))[:70])
+    at_plateau = ChecksConfig.model_validate({"entropy_collapse": {"onset_windows": 0}})
+    default = collapse(h)
+    plateau = entropy_collapse(context(h), at_plateau.entropy_collapse, C.reward_collapse, C.egr_collapse)
+    assert default.severity == plateau.severity == Severity.CRITICAL
+    window = default.evidence["reward_window_steps"]
+    assert plateau.onset_step is not None and 55 <= plateau.onset_step <= 62 and isinstance(window, int)
+    assert default.onset_step == plateau.onset_step - C.entropy_collapse.onset_windows * window
+
+
 def test_a_fast_fall_the_reward_pays_for_is_not_a_collapse() -> None:
     # entropy halves within a few steps but the reward keeps climbing at the same exchange rate
     entropy = decay(2.0, 1.5, 20) + decay(1.4, 0.3, 10)

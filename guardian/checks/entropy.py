@@ -140,7 +140,7 @@ def entropy_collapse(
     last = len(series) - 1
     now = assess(last)
     if verdict.severity >= Severity.WARN:
-        verdict = Verdict(verdict.severity, _collapse_onset(ctx, reward_cfg, series, now, verdict))
+        verdict = Verdict(verdict.severity, _collapse_onset(ctx, cfg, reward_cfg, series, now, verdict))
     key, reward_key = h.key_of(Signal.ENTROPY), h.key_of(Signal.REWARD)
     reward = now.reward or reward_trend_at(h, series.steps[last], reward_cfg, ctx.baseline)
     egr = now.egr or egr_state_at(h, series.steps[last], egr_cfg)
@@ -233,12 +233,17 @@ def _loss_over(series: Series, smooth: list[float], i: int, steps: int) -> float
 
 
 def _collapse_onset(
-    ctx: CheckContext, reward_cfg: RewardCollapseConfig, series: Series, now: _Assessment, verdict: Verdict
+    ctx: CheckContext,
+    cfg: EntropyCollapseConfig,
+    reward_cfg: RewardCollapseConfig,
+    series: Series,
+    now: _Assessment,
+    verdict: Verdict,
 ) -> int | None:
     """The last step the run was still healthy and still improving, so a rollback keeps the progress made
-    until then: where the reward stopped improving - or, up to twice the reward's window before that, where
-    entropy fell below its warning band (``verdict.onset_step``): a checkpoint saved below it resumes a
-    policy with little entropy left, but a run that learned for a long while at low entropy keeps that
+    until then: where the reward stopped improving - or, up to ``onset_windows`` reward windows before that,
+    where entropy fell below its warning band (``verdict.onset_step``): a checkpoint saved below it resumes
+    a policy with little entropy left, but a run that learned for a long while at low entropy keeps that
     progress. Without a reward signal, where the fast fall began, else where entropy left the band."""
     last_step = series.steps[-1]
     band = verdict.onset_step
@@ -246,7 +251,7 @@ def _collapse_onset(
     if start is None:
         return now.fall.from_step if now.fall is not None else band
     if band is not None and now.reward is not None and band < start:
-        return max(band, start - 2 * now.reward.window)
+        return max(band, start - cfg.onset_windows * now.reward.window)
     return start
 
 
