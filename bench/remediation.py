@@ -232,7 +232,7 @@ def _stop(supervisor: Supervisor) -> None:
 def _record(
     store: Store, run_id: str, scenario: Scenario, code: int | None, last_step: int | None, wall: float
 ) -> RunRecord:
-    incidents = {i.id: i for i in store.list_incidents(run_id, limit=None)}
+    incidents = {i.id: i for i in store.list_incidents(run_id)}
     attempts = {a.id: a for a in store.attempts(run_id)}
     interventions: list[InterventionRecord] = []
     seen: set[int] = set()

@@ -75,7 +75,14 @@ class EntropyCollapseConfig(CheckBase):
         gt=0,
         lt=1,
         description="... while the reward gained less than this share of what the same entropy bought earlier "
-        "in the run.",
+        "in the run ...",
+    )
+    exchange_reference_ratio: float = Field(
+        0.8,
+        gt=0,
+        lt=1,
+        description="... when entropy was already below this × baseline where the fall began (less spent earlier "
+        "is too little to price entropy in reward: then the fall is critical while the reward is not improving).",
     )
     still_falling: float = Field(
         0.25,
@@ -83,6 +90,12 @@ class EntropyCollapseConfig(CheckBase):
         lt=1,
         description="Entropy that lost less than this share over the reward's longest window is steady: low and "
         "steady with a flat reward is convergence (a warning with advice), not a collapse.",
+    )
+    onset_windows: int = Field(
+        2,
+        ge=0,
+        description="A collapse's onset is where the reward stopped improving, or, up to this many reward windows "
+        "before that, the first step of the run-up where entropy is past (below) warn_ratio × baseline.",
     )
 
 
@@ -97,6 +110,12 @@ class EntropyExplosionConfig(CheckBase):
         ge=0,
         description="Critical needs entropy (nats/token) of at least this: a rise from a very low baseline "
         "(0.13 -> 0.67) is exploration coming back, not gibberish.",
+    )
+    onset_ratio: float = Field(
+        1.25,
+        gt=1,
+        description="When it fires, the onset is the first step of the run-up where entropy (raw and smoothed) is "
+        "past this × baseline.",
     )
 
 
@@ -132,12 +151,24 @@ class KlDriftConfig(CheckBase):
         "(0.02 -> 0.3 nat/token in 10 steps while the reward climbs is learning, not a blow-up).",
     )
     floor: float = Field(0.1, gt=0, description="Per-token KL below this is never drift (KL starts at 0 by design).")
+    onset_growth: float = Field(
+        1.5,
+        gt=1,
+        description="When it fires, the onset is the first step of the run-up where KL's growth within the window "
+        "is past this.",
+    )
 
 
 class LogprobDeclineConfig(CheckBase):
     warn_rise: float = Field(0.4, gt=0, description="Warn when mean -log pi rose by this fraction of baseline.")
     critical_rise: float = Field(1.0, gt=0, description="Critical when mean -log pi rose by this fraction.")
     floor: float = Field(0.05, gt=0, description="Baseline floor (nats/token).")
+    onset_rise: float = Field(
+        0.2,
+        gt=0,
+        description="When it fires, the onset is the first step of the run-up where mean -log pi is past this "
+        "rise (a fraction of baseline).",
+    )
 
 
 class RewardCollapseConfig(CheckBase):
@@ -175,6 +206,13 @@ class RewardCollapseConfig(CheckBase):
         description="A plateau within this fraction of scale below the best sample's score is convergence: low "
         "entropy or alike groups there get advice, not a rollback (a rollback cannot buy much below the ceiling).",
     )
+    recovery_tolerance: float = Field(
+        0.05,
+        gt=0,
+        lt=1,
+        description="After a rescue, a validation score within this fraction of its level at the rollback point is "
+        "back, while its noise is not known yet (fewer than six scores; later: within improve_z × its noise).",
+    )
 
     @model_validator(mode="after")
     def _window_order(self) -> RewardCollapseConfig:
@@ -188,9 +226,22 @@ class RewardCollapseConfig(CheckBase):
 class LengthConfig(CheckBase):
     collapse_warn_ratio: float = Field(0.5, gt=0, lt=1, description="Warn when mean length < this × baseline.")
     collapse_critical_ratio: float = Field(0.2, gt=0, lt=1, description="Critical below this × baseline.")
+    collapse_onset_ratio: float = Field(
+        0.8,
+        gt=0,
+        lt=1,
+        description="When a collapse fires, its onset is the first step of the run-up where mean length is past "
+        "(below) this × baseline.",
+    )
     explosion_warn_ratio: float = Field(2.0, gt=1, description="Warn when mean length > this × baseline.")
     explosion_critical_ratio: float = Field(3.0, gt=1, description="Critical above this × baseline if fast.")
     explosion_fast_growth: float = Field(1.8, gt=1, description="... and grew by this factor within fast_window_steps.")
+    explosion_onset_ratio: float = Field(
+        1.3,
+        gt=1,
+        description="When an explosion fires, its onset is the first step of the run-up where mean length is past "
+        "(above) this × baseline.",
+    )
     fast_window_steps: int = Field(10, ge=1, description="Window for the growth-rate condition.")
     truncation_warn: float = Field(0.1, ge=0, le=1, description="Warn when truncated-response share > this.")
     truncation_critical: float = Field(0.3, ge=0, le=1, description="Critical above this share ...")

@@ -19,9 +19,6 @@ from guardian.findings import Finding, Severity
 from guardian.history import RunHistory, Series
 from guardian.keys import Signal
 
-# relative tolerance for a validation score whose own noise is not known yet (fewer than six points)
-VAL_TOLERANCE = 0.05
-
 
 @dataclass(frozen=True, slots=True)
 class Comparison:
@@ -156,7 +153,9 @@ def _compare_reward(history: RunHistory, target: int, checks: ChecksConfig) -> C
 def _compare_validation(history: RunHistory, target: int, checks: ChecksConfig) -> Comparison | None:
     """The latest validation score at or before the rollback point vs the latest one after it (verl logs
     validation every ``test_freq`` steps, and once at the resume step: that one is the checkpoint's, so it
-    counts as "before")."""
+    counts as "before"). The tolerance is ``improve_z`` times the score's noise, or ``recovery_tolerance`` of
+    its level while the noise is not known yet."""
+    cfg = checks.reward_collapse
     series = history.signal(Signal.VAL_SCORE)
     i = bisect_right(series.steps, target) - 1
     if i < 0 or series.steps[-1] <= target:
@@ -164,8 +163,8 @@ def _compare_validation(history: RunHistory, target: int, checks: ChecksConfig) 
     before, now = series.values[i], series.values[-1]
     if not (math.isfinite(before) and math.isfinite(now)):
         return None
-    trend = reward_trend_at(history, target, checks.reward_collapse, checks.baseline, Signal.VAL_SCORE)
-    tolerance = 2 * trend.noise if trend is not None else VAL_TOLERANCE * abs(before)
+    trend = reward_trend_at(history, target, cfg, checks.baseline, Signal.VAL_SCORE)
+    tolerance = cfg.improve_z * trend.noise if trend is not None else cfg.recovery_tolerance * abs(before)
     return Comparison(history.key_of(Signal.VAL_SCORE), before, now, tolerance)
 
 

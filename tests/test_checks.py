@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import numpy as np
+import pytest
 from conftest import context, history_of
 
 from guardian.checks.drift import kl_drift, logprob_decline
@@ -76,6 +78,39 @@ def test_entropy_spent_without_learning_is_critical_within_six_steps_with_onset_
     assert first_critical.onset_step is not None and 12 <= first_critical.onset_step <= 17
     assert "entropy spent without learning" in first_critical.message
     assert first_critical.evidence["reward_expected"] is not None
+
+
+def test_the_earlier_exchange_rate_prices_entropy_only_once_enough_was_spent() -> None:
+    # run-a's shape again: where the fast fall begins entropy is at 0.44 x baseline - spent enough to price it
+    # by default, too little when the setting asks for entropy below 0.3 x baseline first
+    rows = rows_of(decay(3.6, 2.0, 15), noisy(ramp(0.2, 0.53, 15), 0.01))
+    rows += rows_of(decay(1.6, 0.1, 15), noisy([0.53] * 15, 0.01, seed=8))
+    strict = ChecksConfig.model_validate({"entropy_collapse": {"exchange_reference_ratio": 0.3}})
+    h = RunHistory()
+    for step, row in enumerate(rows, 1):
+        h.add(StepRecord(step, {k: float(v) for k, v in row.items() if v is not None}))
+        default = collapse(h)
+        if default.evidence.get("reward_expected") is not None:
+            break
+    else:
+        raise AssertionError("the default never priced the fall")
+    priced = entropy_collapse(context(h), strict.entropy_collapse, strict.reward_collapse, strict.egr_collapse)
+    assert priced.evidence["fell_from_step"] == default.evidence["fell_from_step"]
+    assert priced.evidence["reward_expected"] is None
+
+
+def test_a_collapse_onset_reaches_back_onset_windows_reward_windows_before_the_plateau() -> None:
+    # entropy below its warning band from step 30 while the reward climbs to step 60, then a plateau on which
+    # entropy still falls: the onset is where the reward stopped improving, or up to onset_windows earlier
+    entropy = decay(1.0, 0.25, 30) + decay(0.24, 0.08, 30) + decay(0.079, 0.01, 40)
+    h = history_of(rows_of(entropy, noisy(ramp(0.1, 0.6, 60) + [0.6] * 40, 0.01))[:70])
+    at_plateau = ChecksConfig.model_validate({"entropy_collapse": {"onset_windows": 0}})
+    default = collapse(h)
+    plateau = entropy_collapse(context(h), at_plateau.entropy_collapse, C.reward_collapse, C.egr_collapse)
+    assert default.severity == plateau.severity == Severity.CRITICAL
+    window = default.evidence["reward_window_steps"]
+    assert plateau.onset_step is not None and 55 <= plateau.onset_step <= 62 and isinstance(window, int)
+    assert default.onset_step == plateau.onset_step - C.entropy_collapse.onset_windows * window
 
 
 def test_a_fast_fall_the_reward_pays_for_is_not_a_collapse() -> None:
@@ -314,6 +349,53 @@ def test_a_critical_does_not_flap_when_one_point_dips() -> None:
         seen.append(truncation(context(h), C.length, C.reward_collapse).severity)
     first = seen.index(Severity.CRITICAL)
     assert all(s == Severity.CRITICAL for s in seen[first:]), seen
+
+
+# -- onsets: where a fired check says the run-up began ------------------------------------------
+def _onset(h: RunHistory, judge: Callable[[RunHistory, ChecksConfig], Finding], cfg: ChecksConfig) -> int | None:
+    finding = judge(h, cfg)
+    assert finding.severity >= Severity.WARN, finding
+    return finding.onset_step
+
+
+ONSET_CASES = {
+    "entropy_explosion.onset_ratio": (
+        [{H: 0.5}] * 5 + [{H: v} for v in ramp(0.5, 1.0, 20)],
+        lambda h, c: entropy_explosion(context(h), c.entropy_explosion, c.reward_collapse),
+        {"entropy_explosion": {"onset_ratio": 1.1}},
+    ),
+    "kl_drift.onset_growth": (
+        [{"actor/kl_loss": 0.2}] * 15 + [{"actor/kl_loss": 0.2 * 1.15**i} for i in range(1, 16)],
+        lambda h, c: kl_drift(context(h), c.kl_drift, c.reward_collapse),
+        {"kl_drift": {"onset_growth": 1.2}},
+    ),
+    "logprob_decline.onset_rise": (
+        [{"rollout_corr/training_log_ppl": 1.0}] * 5
+        + [{"rollout_corr/training_log_ppl": v} for v in ramp(1.0, 2.0, 20)],
+        lambda h, c: logprob_decline(context(h), c.logprob_decline),
+        {"logprob_decline": {"onset_rise": 0.05}},
+    ),
+    "length.collapse_onset_ratio": (
+        [{"response_length/mean": 1000.0}] * 5 + [{"response_length/mean": v} for v in ramp(1000, 300, 20)],
+        lambda h, c: length_collapse(context(h), c.length),
+        {"length": {"collapse_onset_ratio": 0.95}},
+    ),
+    "length.explosion_onset_ratio": (
+        [{"response_length/mean": 1000.0}] * 5 + [{"response_length/mean": v} for v in ramp(1000, 2500, 20)],
+        lambda h, c: length_explosion(context(h), c.length, c.reward_collapse),
+        {"length": {"explosion_onset_ratio": 1.05}},
+    ),
+}
+
+
+@pytest.mark.parametrize("setting", ONSET_CASES)
+def test_the_onset_level_is_the_configured_one(setting: str) -> None:
+    rows, judge, stricter = ONSET_CASES[setting]
+    h = history_of(rows)
+    default_onset = _onset(h, judge, C)
+    earlier = _onset(h, judge, ChecksConfig.model_validate(stricter))
+    assert default_onset is not None and earlier is not None
+    assert earlier < default_onset, (earlier, default_onset)
 
 
 # -- spikes and numbers ------------------------------------------------------------------------

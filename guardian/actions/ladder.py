@@ -84,7 +84,6 @@ class Rung(_Model):
     name: str = Field(min_length=1, description="Short name, recorded on the incident.")
     why: str = Field(min_length=1, description="What it changes and why, with the source of each number.")
     changes: tuple[Change, ...] = Field((), description="Key changes, applied in order to the effective config.")
-    rollback_extra_steps: int = Field(0, ge=0, description="Roll back to <= onset - margin - this many steps.")
     rollback_extra_checkpoints: int = Field(0, ge=0, description="Skip this many more healthy checkpoints back.")
     reset_optimizer: bool | None = Field(
         None, description="Resume with load_contents=[model]: None = when the LR changes, true = always, false = never."

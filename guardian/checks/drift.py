@@ -114,7 +114,9 @@ def kl_drift(ctx: CheckContext, cfg: KlDriftConfig, reward_cfg: RewardCollapseCo
         stuck = reward is None or reward.stuck  # not learning, confidently: an early, unclear trend is not
         return Severity.CRITICAL if rate >= cfg.critical_growth and stuck else Severity.WARN
 
-    verdict = judge(series, level_at, for_steps=cfg.for_steps, first_position=1, departed_at=lambda i: growth(i) >= 1.5)
+    verdict = judge(
+        series, level_at, for_steps=cfg.for_steps, first_position=1, departed_at=lambda i: growth(i) >= cfg.onset_growth
+    )
     last = len(series) - 1
     rate = growth(last)
     key = h.key_of(Signal.KL)
@@ -147,7 +149,7 @@ def logprob_decline(ctx: CheckContext, cfg: LogprobDeclineConfig) -> Finding:
         warn=1 + cfg.warn_rise,
         critical=1 + cfg.critical_rise,
         for_steps=cfg.for_steps,
-        departed=1.2,
+        departed=1 + cfg.onset_rise,
         healthy="mean log-prob of sampled tokens steady",
         unhealthy=lambda r: (
             f"mean log-prob of sampled tokens fell: {ctx.history.key_of(Signal.LOG_PPL)} (-log pi) "

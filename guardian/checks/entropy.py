@@ -50,10 +50,6 @@ from guardian.keys import Signal
 
 COLLAPSE = "entropy_collapse"
 EXPLOSION = "entropy_explosion"
-DEPARTED_ABOVE = 1.25
-# the earlier stretch must have spent at least this much entropy (in e-folds, ln 1.25) for its exchange
-# rate of reward per entropy to be a usable yardstick
-MIN_REFERENCE_EFOLDS = math.log(1.25)
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,7 +140,7 @@ def entropy_collapse(
     last = len(series) - 1
     now = assess(last)
     if verdict.severity >= Severity.WARN:
-        verdict = Verdict(verdict.severity, _collapse_onset(ctx, reward_cfg, series, now, verdict))
+        verdict = Verdict(verdict.severity, _collapse_onset(ctx, cfg, reward_cfg, series, now, verdict))
     key, reward_key = h.key_of(Signal.ENTROPY), h.key_of(Signal.REWARD)
     reward = now.reward or reward_trend_at(h, series.steps[last], reward_cfg, ctx.baseline)
     egr = now.egr or egr_state_at(h, series.steps[last], egr_cfg)
@@ -206,11 +202,10 @@ def _fast_fall(
     start = reward_at(from_step)
     if reward is None or start is None:
         return _FastFall(from_step, from_value, None, None)
-    spent_before = math.log(base / from_value) if from_value < base else 0.0
     gained_before = start.level - start.baseline
     expected = None
-    if spent_before >= MIN_REFERENCE_EFOLDS and gained_before > 0:
-        expected = gained_before / spent_before * math.log(from_value / value)
+    if from_value <= cfg.exchange_reference_ratio * base and gained_before > 0:  # enough spent to price entropy
+        expected = gained_before / math.log(base / from_value) * math.log(from_value / value)
     return _FastFall(from_step, from_value, expected, reward.level - start.level)
 
 
@@ -224,7 +219,7 @@ def _spent_without_learning(
     if fall.bought is None:  # the reward was too young to have a level where the fall began
         return not reward.improving and reward.gain is not None
     if fall.expected_gain is not None:
-        return fall.bought + 2 * reward.level_sigma < cfg.exchange_fraction * fall.expected_gain
+        return fall.bought + reward.z * reward.level_sigma < cfg.exchange_fraction * fall.expected_gain
     return not reward.improving
 
 
@@ -238,12 +233,17 @@ def _loss_over(series: Series, smooth: list[float], i: int, steps: int) -> float
 
 
 def _collapse_onset(
-    ctx: CheckContext, reward_cfg: RewardCollapseConfig, series: Series, now: _Assessment, verdict: Verdict
+    ctx: CheckContext,
+    cfg: EntropyCollapseConfig,
+    reward_cfg: RewardCollapseConfig,
+    series: Series,
+    now: _Assessment,
+    verdict: Verdict,
 ) -> int | None:
     """The last step the run was still healthy and still improving, so a rollback keeps the progress made
-    until then: where the reward stopped improving - or, up to twice the reward's window before that, where
-    entropy fell below its warning band (``verdict.onset_step``): a checkpoint saved below it resumes a
-    policy with little entropy left, but a run that learned for a long while at low entropy keeps that
+    until then: where the reward stopped improving - or, up to ``onset_windows`` reward windows before that,
+    where entropy fell below its warning band (``verdict.onset_step``): a checkpoint saved below it resumes
+    a policy with little entropy left, but a run that learned for a long while at low entropy keeps that
     progress. Without a reward signal, where the fast fall began, else where entropy left the band."""
     last_step = series.steps[-1]
     band = verdict.onset_step
@@ -251,7 +251,7 @@ def _collapse_onset(
     if start is None:
         return now.fall.from_step if now.fall is not None else band
     if band is not None and now.reward is not None and band < start:
-        return max(band, start - 2 * now.reward.window)
+        return max(band, start - cfg.onset_windows * now.reward.window)
     return start
 
 
@@ -321,7 +321,7 @@ def entropy_explosion(ctx: CheckContext, cfg: EntropyExplosionConfig, reward_cfg
         level_at,
         for_steps=cfg.for_steps,
         first_position=baseline_end(ctx.baseline),
-        departed_at=lambda i: held(i) / base >= DEPARTED_ABOVE,
+        departed_at=lambda i: held(i) / base >= cfg.onset_ratio,
     )
     last = len(series) - 1
     key = h.key_of(Signal.ENTROPY)

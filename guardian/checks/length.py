@@ -55,7 +55,7 @@ def length_collapse(ctx: CheckContext, cfg: LengthConfig) -> Finding:
         level_at,
         for_steps=cfg.for_steps,
         first_position=baseline_end(ctx.baseline),
-        departed_at=lambda i: ratio_of(i) < 0.8,
+        departed_at=lambda i: ratio_of(i) < cfg.collapse_onset_ratio,
     )
     last = len(series) - 1
     evidence = _length_evidence(series, ctx, ratio_of(last))
@@ -95,7 +95,7 @@ def length_explosion(ctx: CheckContext, cfg: LengthConfig, reward_cfg: RewardCol
         level_at,
         for_steps=cfg.for_steps,
         first_position=baseline_end(ctx.baseline),
-        departed_at=lambda i: ratio_of(i) > 1.3,
+        departed_at=lambda i: ratio_of(i) > cfg.explosion_onset_ratio,
     )
     last = len(series) - 1
     evidence = _length_evidence(series, ctx, ratio_of(last))
