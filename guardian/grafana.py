@@ -26,6 +26,7 @@ import niquests.exceptions
 from grafana_client.api import GrafanaApi
 from grafana_client.client import GrafanaException, GrafanaTimeoutError
 
+from guardian.faults import is_outage, transient_status
 from guardian.logs import event, get_logger
 
 TOKEN_ENV = "GRAFANA_TOKEN"
@@ -56,7 +57,8 @@ class Secret:
 
 class GrafanaError(RuntimeError):
     """A Grafana call failed. ``status`` is the HTTP status (None: no answer); ``retryable`` is True for
-    timeouts, unreachable hosts and 5xx, i.e. failures that a later attempt may not repeat."""
+    timeouts, unreachable hosts, 5xx, 429 and 408, i.e. failures that a later attempt may not repeat (the rule
+    of ``guardian.faults``: not a bad certificate or URL, nor another 4xx)."""
 
     def __init__(self, message: str, *, status: int | None = None, retryable: bool = False) -> None:
         super().__init__(message)
@@ -298,7 +300,7 @@ def _to_error(api: GrafanaApi, what: str, exc: Exception, target: str) -> Grafan
     elif not isinstance(exc, GrafanaException) or not exc.status_code:
         err = GrafanaError(
             f"{what}: Grafana unreachable at {where} ({_reason(exc)}); check the URL and that Grafana is up",
-            retryable=True,
+            retryable=is_outage(exc),  # refused, reset, a resolver down; not a bad certificate or URL
         )
     else:
         status, detail = int(exc.status_code), _detail(exc.response)
@@ -314,7 +316,7 @@ def _to_error(api: GrafanaApi, what: str, exc: Exception, target: str) -> Grafan
             text = f"Grafana server error {status} at {where}: {detail}; try again later"
         else:
             text = f"refused ({status}): {detail}"
-        err = GrafanaError(f"{what}: {text}", status=status, retryable=status >= 500)
+        err = GrafanaError(f"{what}: {text}", status=status, retryable=transient_status(status))
     auth = api.client.auth  # defence in depth: Grafana never echoes the token, but a proxy might
     if isinstance(auth, _BearerAuth) and len(auth.token.reveal()) >= 4 and auth.token.reveal() in str(err):
         err = GrafanaError(str(err).replace(auth.token.reveal(), "***"), status=err.status, retryable=err.retryable)

@@ -254,6 +254,27 @@ def test_server_error_is_surfaced_not_retried(api: GrafanaApi, fake_grafana: Fak
     assert g.add_annotation(api, time_ms=T0, time_end_ms=None, tags=["rlguard"], text="x") > 0
 
 
+def test_too_many_requests_is_retryable_a_bad_request_is_not(api: GrafanaApi, fake_grafana: FakeGrafana) -> None:
+    fake_grafana.fail_next(1, 429)
+    with pytest.raises(g.GrafanaError, match="429") as busy:
+        g.add_annotation(api, time_ms=T0, time_end_ms=None, tags=["rlguard"], text="x")
+    fake_grafana.fail_next(1, 400)
+    with pytest.raises(g.GrafanaError, match="400") as refused:
+        g.add_annotation(api, time_ms=T0, time_end_ms=None, tags=["rlguard"], text="x")
+    assert (busy.value.status, busy.value.retryable) == (429, True)
+    assert (refused.value.status, refused.value.retryable) == (400, False)
+
+
+def test_tls_to_a_plain_http_grafana_is_not_retryable(fake_grafana: FakeGrafana) -> None:
+    client = g.connect(fake_grafana.url.replace("http://", "https://"), TOKEN, timeout_s=2)
+    try:
+        with pytest.raises(g.GrafanaError, match="unreachable") as info:
+            g.server_version(client)
+    finally:
+        g.close(client)
+    assert not info.value.retryable and info.value.status is None  # the same handshake fails every time
+
+
 def test_a_url_that_is_not_grafana() -> None:
     class Html(BaseHTTPRequestHandler):
         def do_GET(self) -> None:

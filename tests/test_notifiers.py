@@ -416,6 +416,27 @@ def test_webhook_redirect_is_a_failure(receiver: Receiver) -> None:
     assert [r["path"] for r in receiver.requests] == ["/moved" + TOKEN_PATH]
 
 
+@pytest.mark.parametrize(
+    ("status", "retryable"),
+    [(503, True), (502, True), (429, True), (408, True), (400, False), (401, False), (404, False)],
+)
+def test_webhook_answers_that_may_change_are_retryable_the_rest_not(
+    receiver: Receiver, status: int, retryable: bool
+) -> None:
+    receiver.answers.append(status)
+    with pytest.raises(NotifyError, match=f"HTTP {status}") as info:
+        WebhookNotifier(receiver.url("/ok" + TOKEN_PATH)).send(compose(event(incident())))
+    assert info.value.retryable is retryable
+
+
+def test_webhook_tls_to_a_plain_http_receiver_is_not_retryable(receiver: Receiver) -> None:
+    https = receiver.url("/ok" + TOKEN_PATH).replace("http://", "https://")
+    with pytest.raises(NotifyError, match="cannot deliver") as info:
+        WebhookNotifier(https).send(compose(event(incident())))
+    assert not info.value.retryable  # the same handshake fails every time
+    _assert_no_secret(str(info.value))
+
+
 def test_webhook_closed_port() -> None:
     port = free_port()  # nothing listens there
     notifier = WebhookNotifier(f"https://127.0.0.1:{port}{TOKEN_PATH}?token={SECRET}")
@@ -532,8 +553,28 @@ def test_wandb_disabled_mode_is_a_no_op(wandb_env: Path) -> None:
 def test_wandb_missing_package_says_how_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "wandb", None)  # import wandb -> ImportError
     notifier = WandbNotifier("p", entity=None, run_name="r")
-    with pytest.raises(NotifyError, match=r"pip install 'verl-guardian\[wandb\]'"):
+    with pytest.raises(NotifyError, match=r"pip install 'verl-guardian\[wandb\]'") as info:
         notifier.send(compose(event(incident())))
+    assert not info.value.retryable  # it stays uninstalled
     notifier.close()
     with pytest.raises(ValueError, match="mode must be one of"):
         WandbNotifier("p", entity=None, run_name="r", mode="online-ish")
+
+
+@pytest.mark.parametrize(
+    ("error", "retryable"),
+    [("CommError", True), ("AuthenticationError", False), ("UsageError", False), ("Error", False)],
+)
+def test_wandb_failures_are_retryable_when_wandb_could_not_reach_its_server(
+    wandb_env: Path, monkeypatch: pytest.MonkeyPatch, error: str, retryable: bool
+) -> None:
+    import wandb
+
+    def init(**kwargs: object) -> None:
+        raise getattr(wandb.errors, error)("from wandb")
+
+    monkeypatch.setattr(wandb, "init", init)
+    notifier = WandbNotifier("p", entity=None, run_name="r", directory=wandb_env / "wb")
+    with pytest.raises(NotifyError, match=f"wandb.init failed: {error}: from wandb") as info:
+        notifier.send(compose(event(incident())))
+    assert info.value.retryable is retryable

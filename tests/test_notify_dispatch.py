@@ -1,23 +1,28 @@
 """The dispatcher over a real SQLite store: each event once per sink (across restarts), routing,
-horizon, per-check cooldown, retries with backoff, dropped deliveries, and a loop that never raises."""
+horizon, per-check cooldown, retries with backoff, dropped deliveries, and a loop that never raises.
+An outage (a receiver down, a 503) is retried; a bug (composing the alert raised, a 400) is not."""
 
 from __future__ import annotations
 
 import logging
+import re
 import threading
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from conftest import ManualClock
+from conftest import ManualClock, free_port
 from sqlalchemy.exc import OperationalError
+from webhook_receiver import Receiver, bodies, receiving
 
 from guardian.config import NotifyConfig, WebhookConfig
 from guardian.findings import Finding, Severity
+from guardian.notify import compose as compose_module
 from guardian.notify.dispatcher import Decision, Dispatcher, DispatchPolicy, backoff_s, decide
 from guardian.notify.events import EventKind, GuardianEvent, Level, load_events
-from guardian.notify.notifiers import NotifyError
+from guardian.notify.notifiers import NotifyError, WebhookNotifier
+from guardian.notify.setup import NotifierSink
 from guardian.store import Store
 from guardian.store.deliveries import DeliveryView
 
@@ -64,8 +69,30 @@ def incident(store: Store, check: str, severity: Severity, now: float) -> int:
     return store.open_incident(RUN, finding, now).id
 
 
-def dispatcher(store: Store, clock: ManualClock, *sinks: RecordingSink, **policy: float) -> Dispatcher:
+def dispatcher(store: Store, clock: ManualClock, *sinks: RecordingSink | NotifierSink, **policy: float) -> Dispatcher:
     return Dispatcher(store, RUN, sinks, DispatchPolicy(**policy), clock)  # type: ignore[arg-type]
+
+
+def webhook(url: str) -> NotifierSink:
+    """The real thing: a webhook notifier behind the dispatcher, as guardian.yaml builds it."""
+    return NotifierSink(WebhookNotifier(url, name="hook", timeout_s=2), Level.INFO, 0.0)
+
+
+def lines(caplog: pytest.LogCaptureFixture, name: str) -> list[logging.LogRecord]:
+    return [r for r in caplog.records if r.getMessage().startswith(f"event={name} ")]
+
+
+def field(record: logging.LogRecord, name: str) -> str:
+    """The value of ``name`` in an event line (the last one: ``event=`` names the line, then the event key)."""
+    found = re.findall(rf"\b{name}=(\S+)", record.getMessage())
+    assert found, record.getMessage()
+    return str(found[-1])
+
+
+def source_line(place: str) -> str:
+    """The line of guardian code that ``place`` (``guardian/x.py:N``) names."""
+    path, number = place.rsplit(":", 1)
+    return (Path(compose_module.__file__).parents[2] / path).read_text().splitlines()[int(number) - 1]
 
 
 def test_every_event_goes_once_per_sink_even_after_a_restart(store: Store) -> None:
@@ -261,3 +288,117 @@ def test_a_send_the_store_could_not_record_is_recorded_not_resent(
 def test_webhook_names_cannot_take_a_built_in_sink_name() -> None:
     with pytest.raises(ValueError, match="taken by the built-in sinks"):
         NotifyConfig(webhooks=(WebhookConfig(name="grafana", url_env="X"),))
+
+
+def test_a_bug_composing_an_alert_is_tried_once_logged_and_dropped_and_the_rest_goes_out(
+    store: Store, receiver: Receiver, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real = compose_module.format_evidence
+
+    def format_evidence(evidence: Mapping[str, object]) -> str:  # a format code for the wrong type: a bug
+        return f"ratio={evidence['ratio']:d}" if "ratio" in evidence else real(evidence)  # type: ignore[index]
+
+    monkeypatch.setattr(compose_module, "format_evidence", format_evidence)
+    finding = Finding("kl_drift", Severity.CRITICAL, 40, "kl drifting", evidence={"ratio": 0.2})
+    broken = store.open_incident(RUN, finding, T0).id
+    fine = incident(store, "stall", Severity.CRITICAL, T0 + 0.5)
+    clock = ManualClock(T0 + 1)
+    d = dispatcher(store, clock, webhook(receiver.url("/ok/hook")), retries=60)
+    with caplog.at_level(logging.INFO, logger="guardian"):
+        for _ in range(4):  # the retries an outage would get are due: none is made
+            d.pass_once()
+            clock.now += 120
+    assert [b["guardian"]["key"] for b in bodies(receiver)] == [f"incident:{fine}:critical"]  # type: ignore[index]
+    row = store.deliveries(RUN, "hook")[f"incident:{broken}:critical"]
+    assert (row.status, row.attempts) == ("dropped", 1)
+    (bug,) = lines(caplog, "delivery_bug")
+    assert bug.levelno == logging.ERROR and bug.exc_info is not None and bug.exc_info[0] is ValueError
+    assert (field(bug, "type"), field(bug, "event"), field(bug, "sink")) == (
+        "ValueError",
+        f"incident:{broken}:critical",
+        "hook",
+    )
+    at = field(bug, "at")
+    assert at.startswith("guardian/notify/compose.py:") and "format_evidence(" in source_line(at)
+    assert row.last_error is not None and f"ValueError at {at}" in row.last_error and "not retried" in row.last_error
+    assert not lines(caplog, "alert_failed") and not lines(caplog, "alert_dropped")
+    assert store.delivery_counts(RUN) == {("hook", "sent"): 1, ("hook", "dropped"): 1}
+
+
+def test_a_receiver_that_is_down_is_retried_until_it_is_back(store: Store, caplog: pytest.LogCaptureFixture) -> None:
+    port = free_port()  # nothing listens there: connection refused
+    number = incident(store, "stall", Severity.CRITICAL, T0)
+    key = f"incident:{number}:critical"
+    clock = ManualClock(T0 + 1)
+    d = dispatcher(store, clock, webhook(f"http://127.0.0.1:{port}/ok/hook"), retries=5)
+    with caplog.at_level(logging.WARNING, logger="guardian"):
+        d.pass_once()
+        clock.now += backoff_s(1)
+        d.pass_once()
+    row = store.deliveries(RUN, "hook")[key]
+    assert (row.status, row.attempts) == ("failing", 2) and "refused" in (row.last_error or "")
+    assert len(lines(caplog, "alert_failed")) == 2 and not lines(caplog, "delivery_bug")
+    with receiving(port) as receiver:
+        clock.now += backoff_s(2)
+        d.pass_once()
+    assert [b["guardian"]["key"] for b in bodies(receiver)] == [key]  # type: ignore[index]
+    assert store.deliveries(RUN, "hook")[key].status == "sent"
+
+
+def test_a_receiver_answering_503_is_retried_with_backoff(store: Store, receiver: Receiver) -> None:
+    receiver.answers.extend([503, 503])
+    number = incident(store, "stall", Severity.CRITICAL, T0)
+    key = f"incident:{number}:critical"
+    clock = ManualClock(T0 + 1)
+    d = dispatcher(store, clock, webhook(receiver.url("/ok/hook")), retries=5)
+    d.pass_once()
+    d.pass_once()  # not due yet
+    assert len(receiver.requests) == 1 and store.deliveries(RUN, "hook")[key].status == "failing"
+    for tries in (1, 2):
+        clock.now += backoff_s(tries)
+        d.pass_once()
+    row = store.deliveries(RUN, "hook")[key]
+    assert (row.status, row.attempts, len(receiver.requests)) == ("sent", 3, 3)
+
+
+def test_a_receiver_refusing_the_payload_400_is_not_retried(
+    store: Store, receiver: Receiver, caplog: pytest.LogCaptureFixture
+) -> None:
+    receiver.answers.append(400)  # the first request only
+    refused = incident(store, "stall", Severity.CRITICAL, T0)
+    later = incident(store, "kl_drift", Severity.CRITICAL, T0 + 0.5)
+    clock = ManualClock(T0 + 1)
+    d = dispatcher(store, clock, webhook(receiver.url("/ok/hook")), retries=60)
+    with caplog.at_level(logging.INFO, logger="guardian"):
+        for _ in range(3):
+            d.pass_once()
+            clock.now += 120
+    assert [b["guardian"]["key"] for b in bodies(receiver)] == [  # type: ignore[index]
+        f"incident:{refused}:critical",
+        f"incident:{later}:critical",
+    ]
+    row = store.deliveries(RUN, "hook")[f"incident:{refused}:critical"]
+    assert (row.status, row.attempts) == ("dropped", 1) and "HTTP 400" in (row.last_error or "")
+    (bug,) = lines(caplog, "delivery_bug")
+    assert field(bug, "type") == "NotifyError" and field(bug, "at").startswith("guardian/notify/notifiers.py:")
+    assert "HTTP 400" in bug.getMessage() and bug.exc_info is not None
+
+
+def test_a_bug_in_a_sweep_is_logged_once_with_its_place_not_every_sweep(
+    store: Store, caplog: pytest.LogCaptureFixture
+) -> None:
+    class Exploding(RecordingSink):
+        def wants(self, event: GuardianEvent) -> bool:
+            raise RuntimeError("bug in a sink")
+
+    incident(store, "stall", Severity.CRITICAL, T0)
+    d = dispatcher(store, ManualClock(T0 + 1), Exploding("bad"))
+    with caplog.at_level(logging.INFO, logger="guardian"):
+        for _ in range(3):
+            d.pass_once()
+    (bug,) = lines(caplog, "notify_sweep_bug")
+    assert bug.levelno == logging.ERROR and bug.exc_info is not None
+    assert field(bug, "at").startswith("guardian/notify/dispatcher.py:") and "sink.wants(" in source_line(
+        field(bug, "at")
+    )
+    assert not lines(caplog, "notify_sweep_failed")

@@ -92,6 +92,23 @@ def test_grafana_down_is_retried_and_never_raises(store: Store, fake_grafana: Fa
     assert len(fake_grafana.annotations) == 1
 
 
+def test_grafana_refusing_an_annotation_is_not_retried(
+    store: Store, fake_grafana: FakeGrafana, caplog: pytest.LogCaptureFixture
+) -> None:
+    clock = ManualClock(T0 + 1)
+    dispatcher = Dispatcher(store, RUN, [annotator(fake_grafana)], DispatchPolicy(), clock)
+    store.open_incident(RUN, Finding("stall", Severity.CRITICAL, 9, "no step for 30 min"), T0)
+    fake_grafana.fail_next(1, status=400)
+    with caplog.at_level(logging.ERROR, logger="guardian"):
+        for _ in range(3):
+            dispatcher.pass_once()
+            clock.now += 120
+    (row,) = store.deliveries(RUN, "grafana").values()
+    assert (row.status, row.attempts) == ("dropped", 1) and "400" in (row.last_error or "")
+    assert len(fake_grafana.calls("POST", "/api/annotations")) == 1 and not fake_grafana.annotations
+    assert "event=delivery_bug" in caplog.text and "type=GrafanaError" in caplog.text
+
+
 def test_dashboards_push_is_idempotent_and_keeps_the_token_out_of_output(
     tmp_path: Path, fake_grafana: FakeGrafana, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -1,7 +1,8 @@
 """A loopback webhook receiver (a Slack-compatible endpoint stand-in) for the notifier tests.
 
 Paths choose the answer: /ok... 200, /fail... 500 echoing its path, /slow... waits for ``release``,
-/moved... 302. Every request is recorded (method, path, content type, raw body).
+/moved... 302; ``answers`` are statuses answered first, one per request, whatever the path (a receiver
+that is busy or refuses a while). Every request is recorded (method, path, content type, raw body).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ class Receiver:
     port: int
     requests: list[dict[str, object]] = field(default_factory=list)
     release: threading.Event = field(default_factory=threading.Event)
+    answers: list[int] = field(default_factory=list)
 
     def url(self, path: str) -> str:
         return f"http://127.0.0.1:{self.port}{path}"
@@ -34,9 +36,9 @@ def receiver() -> Iterator[Receiver]:
 
 
 @contextmanager
-def receiving() -> Iterator[Receiver]:
-    """The ``receiver`` fixture's server, for any scope."""
-    state = Receiver(port=0)
+def receiving(port: int = 0) -> Iterator[Receiver]:
+    """The ``receiver`` fixture's server, for any scope; on ``port`` (0: any free one)."""
+    state = Receiver(port=port)
 
     class Handler(http.server.BaseHTTPRequestHandler):
         def do_POST(self) -> None:
@@ -47,9 +49,11 @@ def receiving() -> Iterator[Receiver]:
             if self.path.startswith("/slow"):
                 state.release.wait(10)
             status, reply = 200, b"ok"
-            if self.path.startswith("/fail"):
+            if state.answers:
+                status, reply = state.answers.pop(0), b"answered as told"
+            elif self.path.startswith("/fail"):
                 status, reply = 500, f"no such hook: {self.path}".encode()
-            if self.path.startswith("/moved"):
+            elif self.path.startswith("/moved"):
                 self.send_response(302)
                 self.send_header("Location", f"http://127.0.0.1:{state.port}/ok{self.path}")
                 self.send_header("Content-Length", "0")
@@ -67,7 +71,7 @@ def receiving() -> Iterator[Receiver]:
         def handle_error(self, request: object, client_address: object) -> None:
             return None  # a client that gave up (the timeout test) is not an error here
 
-    server = Server(("127.0.0.1", 0), Handler)
+    server = Server(("127.0.0.1", port), Handler)
     state.port = server.server_address[1]
     thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
     thread.start()

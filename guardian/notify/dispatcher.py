@@ -3,7 +3,13 @@
 The guard loop commits; the dispatcher reads (``events.load_events``) and delivers, so nothing a sink
 does (a slow webhook, an unreachable Grafana, a wandb hiccup) can delay a stop or a rollback. Per
 sink and event the store keeps one ``deliveries`` row: sent, suppressed, failing (retried with
-backoff) or dropped (retries used up, logged as an error and counted by the exporter).
+backoff) or dropped (logged as an error and counted by the exporter).
+
+A failed delivery is judged by ``guardian.faults``: an outage (a receiver down or busy, a timeout, a 5xx)
+is retried with backoff until ``DispatchPolicy.retries`` are used up (``event=alert_dropped``); a bug (the
+alert could not be composed, the sink refuses the payload for good: a 4xx, a bad token) fails the same way
+every time, so it is dropped at once, its row saying why, and logged once with its type, place and
+traceback (``event=delivery_bug``). Either way the other events still go out.
 
 Rules, in ``decide`` (pure):
 
@@ -24,6 +30,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Protocol
 
+from guardian.faults import fault_fields, is_outage
 from guardian.logs import event, get_logger
 from guardian.notify.compose import Alert
 from guardian.notify.events import EventKind, GuardianEvent, is_incident_alert, load_events, opening_keys
@@ -36,8 +43,9 @@ MAX_BACKOFF_S = 60.0
 
 
 class Sink(Protocol):
-    """Where events go. ``deliver`` raises on failure (any exception; the message must hold no
-    secret) and returns an id the sink may need later (a Grafana annotation id), or None."""
+    """Where events go. ``deliver`` raises on failure (any exception; the message must hold no secret:
+    an outage is retried, anything else dropped, see ``guardian.faults``) and returns an id the sink may
+    need later (a Grafana annotation id), or None."""
 
     @property
     def name(self) -> str: ...
@@ -129,6 +137,7 @@ class Dispatcher:
         # sent, but the store refused the bookkeeping (busy): recorded before anything else is sent,
         # so a busy store never makes an event go out twice
         self._unrecorded: dict[tuple[str, str], tuple[GuardianEvent, float, str | None]] = {}
+        self._bugs_told: set[tuple[str, str | None, str, str]] = set()  # see ``_trouble``
 
     def announce(self, alert: Alert) -> None:
         """Send ``alert`` at once, straight to every notifier that takes its level, bypassing the store: for
@@ -141,22 +150,36 @@ class Dispatcher:
             try:
                 announce(alert)
             except Exception as exc:  # the log line below is the last resort: it names what failed
-                log.error(event("announce_failed", {"run": self.run_id, "sink": sink.name, "error": str(exc)}))
+                said, trace = _told(exc)
+                log.error(event("announce_failed", {"run": self.run_id, "sink": sink.name, **said}), exc_info=trace)
 
     def pass_once(self) -> int:
         """Deliver every due event; returns how many delivery attempts were made. Never raises."""
         try:
             events = load_events(self.store, self.run_id)
-        except Exception as exc:  # the store is busy or gone: try again next sweep
-            log.warning(event("notify_read_failed", {"run": self.run_id, "detail": str(exc)}))
+        except Exception as exc:  # the store is busy: try again next sweep
+            self._trouble(exc, "notify_read_failed", "notify_read_bug", None)
             return 0
         attempts = 0
         for sink in self.sinks:
             try:
                 attempts += self._sweep(sink, events)
             except Exception as exc:  # a bookkeeping failure must not stop the other sinks
-                log.warning(event("notify_sweep_failed", {"run": self.run_id, "sink": sink.name, "detail": str(exc)}))
+                self._trouble(exc, "notify_sweep_failed", "notify_sweep_bug", sink.name)
         return attempts
+
+    def _trouble(self, exc: Exception, outage: str, bug: str, sink: str | None) -> None:
+        """A sweep, or its read of the store, failed. An outage (the store busy) passes: a warning each time,
+        the next sweep tries again. A bug fails every sweep alike (once a second): an error with its
+        traceback, once per place."""
+        said, trace = _told(exc)
+        if trace is None:
+            log.warning(event(outage, {"run": self.run_id, "sink": sink, **said}))
+            return
+        told = (bug, sink, said["type"], said["at"])
+        if told not in self._bugs_told:
+            self._bugs_told.add(told)
+            log.error(event(bug, {"run": self.run_id, "sink": sink, **said}), exc_info=trace)
 
     def _sweep(self, sink: Sink, events: Sequence[GuardianEvent]) -> int:
         for (name, key), (ev, sent_at, external_id) in list(self._unrecorded.items()):
@@ -185,23 +208,35 @@ class Dispatcher:
         try:
             external_id = sink.deliver(ev, earlier)
         except Exception as exc:
-            past = earlier.get(ev.key)
-            tries = (past.attempts if past is not None else 0) + 1
-            # a refusal that a retry cannot change (bad token, no permission, bad request) is final
-            final = tries > self.policy.retries or getattr(exc, "retryable", True) is False
-            status = DROPPED if final else FAILING
-            self._record(sink, ev, status, now, error=f"{type(exc).__name__}: {exc}")
-            fields = {"run": self.run_id, "sink": sink.name, "event": ev.key, "attempt": tries, "detail": str(exc)}
-            if status == DROPPED:
-                log.error(event("alert_dropped", fields))
-            else:
-                log.warning(event("alert_failed", {**fields, "retry_in_s": backoff_s(tries)}))
+            self._failed(sink, ev, earlier, now, exc)
             return
         try:
             self._record(sink, ev, SENT, now, external_id=external_id)
         except Exception:
             self._unrecorded[sink.name, ev.key] = (ev, now, external_id)
             raise
+
+    def _failed(
+        self, sink: Sink, ev: GuardianEvent, earlier: Mapping[str, DeliveryView], now: float, exc: Exception
+    ) -> None:
+        """Book a failed delivery: an outage is retried (``FAILING``) until the retries are used up; a bug is
+        ``DROPPED`` at once, since every retry would fail alike (the module docstring)."""
+        past = earlier.get(ev.key)
+        tries = (past.attempts if past is not None else 0) + 1
+        said, trace = _told(exc)
+        fields = {"run": self.run_id, "sink": sink.name, "event": ev.key, "attempt": tries, **said}
+        if trace is not None:
+            # logged before the bookkeeping: should the store refuse it, the traceback is not lost
+            log.error(event("delivery_bug", fields), exc_info=trace)
+            why = f"not retried (a bug, or a refusal no retry can change): {said['type']} at {said['at']}: {exc}"
+            self._record(sink, ev, DROPPED, now, error=why)
+            return
+        status = DROPPED if tries > self.policy.retries else FAILING
+        self._record(sink, ev, status, now, error=f"{type(exc).__name__}: {exc}")
+        if status == DROPPED:
+            log.error(event("alert_dropped", fields))
+        else:
+            log.warning(event("alert_failed", {**fields, "retry_in_s": backoff_s(tries)}))
 
     def _record(
         self,
@@ -249,7 +284,16 @@ class Dispatcher:
             try:
                 sink.close()
             except Exception as exc:
-                log.warning(event("notify_close_failed", {"sink": sink.name, "detail": str(exc)}))
+                said, trace = _told(exc)
+                log.warning(event("notify_close_failed", {"sink": sink.name, **said}), exc_info=trace)
+
+
+def _told(exc: Exception) -> tuple[dict[str, str], Exception | None]:
+    """What a log line says of a failure, and the traceback it carries: an outage its message only (it
+    passes); a bug its type, place and traceback (``fault_fields``: a developer has to find it)."""
+    if is_outage(exc):
+        return {"detail": str(exc)}, None
+    return fault_fields(exc), exc
 
 
 @contextmanager

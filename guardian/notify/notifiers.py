@@ -29,6 +29,7 @@ from urllib.parse import urlsplit
 
 import orjson
 
+from guardian.faults import is_outage, transient_status
 from guardian.logs import event, get_logger
 from guardian.notify.compose import Alert, truncate
 from guardian.notify.events import Level
@@ -47,8 +48,9 @@ _BODY_SHOWN: Final = 100  # characters of an error response shown in NotifyError
 
 
 class NotifyError(RuntimeError):
-    """A notifier could not deliver an alert (the message never holds a secret). ``retryable`` is False
-    when trying again cannot help (the receiver refused the request itself: 4xx, a redirect)."""
+    """A notifier could not deliver an alert (the message never holds a secret). ``retryable`` says whether
+    trying again can help: the rule of ``guardian.faults``, applied by the notifier to the error it wraps
+    (a webhook's is not chained, ``from None``: its text could hold the URL's token)."""
 
     def __init__(self, message: str, *, retryable: bool = True) -> None:
         super().__init__(message)
@@ -180,18 +182,22 @@ class WebhookNotifier:
             detail = f": {body}" if body else ""
             raise NotifyError(
                 f"{where} answered HTTP {exc.code} {self._scrub(str(exc.reason))}{detail}",
-                retryable=exc.code >= 500 or exc.code in (408, 429),
+                retryable=transient_status(exc.code),
             ) from None
         except urllib.error.URLError as exc:
             if isinstance(exc.reason, TimeoutError):
                 raise NotifyError(f"{where}: no answer within {self.timeout_s:g}s") from None
-            raise NotifyError(f"{where}: cannot deliver: {self._scrub(str(exc.reason))}") from None
+            raise NotifyError(
+                f"{where}: cannot deliver: {self._scrub(str(exc.reason))}", retryable=is_outage(exc)
+            ) from None
         except TimeoutError:
             raise NotifyError(f"{where}: no answer within {self.timeout_s:g}s") from None
         except (OSError, http.client.HTTPException) as exc:
-            raise NotifyError(f"{where}: cannot deliver: {type(exc).__name__}: {self._scrub(str(exc))}") from None
+            raise NotifyError(
+                f"{where}: cannot deliver: {type(exc).__name__}: {self._scrub(str(exc))}", retryable=is_outage(exc)
+            ) from None
         if not 200 <= status < 300:  # a redirect (not followed) or another non-success answer
-            raise NotifyError(f"{where} answered HTTP {status}", retryable=status >= 500)
+            raise NotifyError(f"{where} answered HTTP {status}", retryable=transient_status(status))
 
     def close(self) -> None:
         return None

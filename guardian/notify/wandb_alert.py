@@ -10,6 +10,7 @@ import threading
 from pathlib import Path
 from typing import Any, Final
 
+from guardian.faults import is_outage
 from guardian.notify.compose import Alert, truncate
 from guardian.notify.events import Level
 from guardian.notify.notifiers import NotifyError
@@ -65,7 +66,9 @@ class WandbNotifier:
                     wait_duration=self.wait_duration_s,
                 )
             except Exception as exc:  # a third-party library: whatever it raises is a failed delivery
-                raise NotifyError(f"wandb {self.name}: alert failed: {type(exc).__name__}: {exc}") from exc
+                raise NotifyError(
+                    f"wandb {self.name}: alert failed: {type(exc).__name__}: {exc}", retryable=_retryable(exc)
+                ) from exc
 
     def close(self) -> None:
         with self._lock:
@@ -84,7 +87,8 @@ class WandbNotifier:
             import wandb
         except ImportError:
             raise NotifyError(
-                "wandb notifier: the wandb package is not installed; pip install 'verl-guardian[wandb]'"
+                "wandb notifier: the wandb package is not installed; pip install 'verl-guardian[wandb]'",
+                retryable=False,
             ) from None
         if self.directory is not None:
             self.directory.mkdir(parents=True, exist_ok=True)
@@ -102,5 +106,15 @@ class WandbNotifier:
                 ),
             )
         except Exception as exc:
-            raise NotifyError(f"wandb {self.name}: wandb.init failed: {type(exc).__name__}: {exc}") from exc
+            raise NotifyError(
+                f"wandb {self.name}: wandb.init failed: {type(exc).__name__}: {exc}", retryable=_retryable(exc)
+            ) from exc
         return self._run
+
+
+def _retryable(exc: Exception) -> bool:
+    """Whether a failed ``wandb.init`` or ``run.alert`` may pass: W&B says it could not reach its server with
+    a ``CommError`` (its ``AuthenticationError``, a bad key, is one too, and will not pass); else ``is_outage``."""
+    from wandb.errors import AuthenticationError, CommError  # wandb is imported: it raised ``exc``
+
+    return (isinstance(exc, CommError) and not isinstance(exc, AuthenticationError)) or is_outage(exc)

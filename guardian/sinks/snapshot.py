@@ -17,10 +17,10 @@ from typing import TYPE_CHECKING, Final, Protocol
 from sqlalchemy.exc import DBAPIError
 
 from guardian import keys
+from guardian.faults import unavailable
 from guardian.findings import Severity
 from guardian.keys import Signal
 from guardian.store.deliveries import DROPPED, SENT, SUPPRESSED
-from guardian.store.writebehind import unavailable
 
 if TYPE_CHECKING:
     from guardian.daemon import Guardian

@@ -20,7 +20,7 @@ from guardian.store.views import as_utc, at_utc
 SENT: Final = "sent"
 SUPPRESSED: Final = "suppressed"  # cooldown, or older than the sink's horizon when first seen
 FAILING: Final = "failing"  # will be retried
-DROPPED: Final = "dropped"  # retries used up
+DROPPED: Final = "dropped"  # retries used up, or not retried: a bug or a refusal no retry can change (guardian.faults)
 DELIVERY_STATUSES: Final = (SENT, SUPPRESSED, FAILING, DROPPED)
 _ERROR_CHARS: Final = 500
 

@@ -28,9 +28,8 @@ from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import Final
 
-from sqlalchemy.exc import DataError, DBAPIError, IntegrityError, NotSupportedError, ProgrammingError
-
 from guardian.config import MAX_PENDING_WRITES
+from guardian.faults import unavailable as unavailable  # re-exported: guardian.supervisor imports it from here
 from guardian.logs import event, get_logger
 from guardian.outage import failure_text
 from guardian.store.repository import Store
@@ -43,13 +42,6 @@ RETRY_MAX_S: Final = 60.0
 Unit = Callable[[Store], object]
 Committed = Callable[[], None]
 Refused = Callable[[BaseException], None]
-
-
-def unavailable(exc: BaseException) -> bool:
-    """Whether ``exc`` says the database cannot take work now (locked, full, I/O error, damaged,
-    unreachable) rather than that the call itself is wrong."""
-    wrong_call = (IntegrityError, ProgrammingError, DataError, NotSupportedError)
-    return isinstance(exc, DBAPIError) and not isinstance(exc, wrong_call)
 
 
 def outage_fix(error: str, url: str) -> str:

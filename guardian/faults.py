@@ -1,0 +1,151 @@
+"""Outage or bug: whether trying again can help with an exception, and how to name one in a log line. Pure.
+
+An *outage* passes on its own: the network or a receiver is down or busy, a timeout, a resource that is
+exhausted for now, a 5xx, 429 or 408 answer, a store that cannot take work (``unavailable``). It is
+retried. Everything else is a *bug*: a TypeError or KeyError in our own code, a ValueError from a payload
+we built, a 4xx that will be refused again, a bad certificate. Retrying one repeats it, and a bug retried
+as an outage hides for an hour behind "failing" what a traceback would name at once; so a bug is tried
+once and logged with its type and place (``fault_fields``) and its traceback.
+
+The rules, first match wins (``is_outage``):
+
+1. an error that says so itself: a bool ``retryable`` attribute (``NotifyError``, ``GrafanaError``: their
+   raisers know the transport);
+2. a database error: ``unavailable``;
+3. an error that carries an HTTP answer: its status (``transient_status``);
+4. ``ConnectionError``, ``TimeoutError``, ``socket.gaierror`` (a resolver down: a misspelt host name is
+   retried too, within the retry budget), another ``OSError`` with an errno by that errno
+   (``TRANSIENT_ERRNOS``: the system's own word);
+5. a type that names a programming error (``TypeError``, ``ValueError``, ``LookupError`` ...): a bug,
+   whatever it was raised from;
+6. any other exception is judged by the one it was raised from or while handling: an HTTP library wraps
+   the socket's error (``httpx.ConnectError`` over ``ConnectionRefusedError``, niquests' ``ReadTimeout``
+   over ``TimeoutError``, urllib's ``URLError``), also where it hid the chain from tracebacks with
+   ``from None`` (httpcore re-raises so: hidden from display, still the cause); with none beneath, a bug.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import socket
+import urllib.error
+from typing import Final
+
+from sqlalchemy.exc import DataError, DBAPIError, IntegrityError, NotSupportedError, ProgrammingError
+
+from guardian.outage import failure_text
+
+# errnos of a resource that is exhausted or unreachable for now (the ConnectionError and TimeoutError
+# errnos - refused, reset, aborted, broken pipe, timed out - come as those subclasses already)
+TRANSIENT_ERRNOS: Final = frozenset(
+    {
+        errno.EAGAIN,
+        errno.EWOULDBLOCK,
+        errno.EINTR,
+        errno.EBUSY,
+        errno.ENOBUFS,
+        errno.ENOMEM,
+        errno.EMFILE,
+        errno.ENFILE,
+        errno.ENOSPC,
+        errno.EDQUOT,
+        errno.ESTALE,
+        errno.ENETDOWN,
+        errno.ENETUNREACH,
+        errno.ENETRESET,
+        errno.EHOSTDOWN,
+        errno.EHOSTUNREACH,
+        errno.EADDRNOTAVAIL,
+    }
+)
+# exception types that name a mistake in the code that raised them, not in the world around it
+BUG_TYPES: Final = (
+    TypeError,
+    ValueError,
+    LookupError,
+    AttributeError,
+    NameError,
+    AssertionError,
+    ArithmeticError,
+    NotImplementedError,
+    RecursionError,
+    ImportError,
+)
+_PACKAGE: Final = os.path.dirname(__file__)  # frames of guardian code have file names under it
+
+
+def unavailable(exc: BaseException) -> bool:
+    """Whether ``exc`` says the database cannot take work now (locked, full, I/O error, damaged,
+    unreachable) rather than that the call itself is wrong."""
+    wrong_call = (IntegrityError, ProgrammingError, DataError, NotSupportedError)
+    return isinstance(exc, DBAPIError) and not isinstance(exc, wrong_call)
+
+
+def transient_status(status: int) -> bool:
+    """Whether an HTTP answer may change on a later try: a server error, too many requests, a request timeout."""
+    return status >= 500 or status in (408, 429)
+
+
+def is_outage(exc: BaseException) -> bool:
+    """Whether ``exc`` is an outage, retried, rather than a bug, not (the rules: the module docstring)."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        verdict = _verdict(current)
+        if verdict is not None:
+            return verdict
+        current = current.__cause__ or current.__context__
+    return False
+
+
+def place(exc: BaseException) -> str | None:
+    """``guardian/notify/compose.py:87``: where in guardian code ``exc`` was raised, the innermost frame of its
+    traceback that is ours (a library's frames below it name no line a guardian developer can fix); None when
+    no frame of its traceback is guardian code."""
+    found = None
+    tb = exc.__traceback__
+    while tb is not None:
+        filename = tb.tb_frame.f_code.co_filename
+        if filename.startswith(_PACKAGE + os.sep):
+            found = f"guardian/{os.path.relpath(filename, _PACKAGE).replace(os.sep, '/')}:{tb.tb_lineno}"
+        tb = tb.tb_next
+    return found
+
+
+def fault_fields(exc: BaseException) -> dict[str, str]:
+    """The log fields that name a failure: its ``type``, its place (``at``, see ``place``) and ``detail`` (the
+    type and the message's first line, scrubbed as the store's errors are)."""
+    return {"type": type(exc).__name__, "at": place(exc) or "outside guardian code", "detail": failure_text(exc)}
+
+
+def _verdict(exc: BaseException) -> bool | None:
+    """Rules 1-5 of the module docstring for ``exc`` alone; None when it is to be judged by what lies beneath."""
+    retryable = getattr(exc, "retryable", None)
+    if isinstance(retryable, bool):
+        return retryable
+    if isinstance(exc, DBAPIError):
+        return unavailable(exc)
+    status = _http_status(exc)
+    if status is not None:
+        return transient_status(status)
+    if isinstance(exc, ConnectionError | TimeoutError | socket.gaierror):
+        return True
+    if isinstance(exc, OSError) and exc.errno is not None:
+        return exc.errno in TRANSIENT_ERRNOS
+    if isinstance(exc, BUG_TYPES):
+        return False
+    return None
+
+
+def _http_status(exc: BaseException) -> int | None:
+    """The HTTP status an error carries: urllib's ``HTTPError.code``, ``status_code`` on the error
+    (grafana-client) or on its ``response`` (httpx, requests, niquests); None without one."""
+    if isinstance(exc, urllib.error.HTTPError):
+        return exc.code
+    for holder in (exc, getattr(exc, "response", None)):
+        status = getattr(holder, "status_code", None)
+        if isinstance(status, int) and 100 <= status <= 599:
+            return status
+    return None
