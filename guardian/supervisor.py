@@ -32,6 +32,7 @@ from guardian.checks.stall import typical_step_seconds
 from guardian.config import GuardianConfig
 from guardian.daemon import Clock, Guardian
 from guardian.exits import EXIT_ERROR
+from guardian.faults import fault_fields, unavailable
 from guardian.findings import Severity
 from guardian.launcher import RunFolder
 from guardian.logs import event, get_logger
@@ -45,7 +46,7 @@ from guardian.sources.jsonl import MetricsFile
 from guardian.sources.rollouts import RolloutDir
 from guardian.states import Kind, Mode, State
 from guardian.store import IncidentView, InterventionView, Store
-from guardian.store.writebehind import outage_fix, unavailable
+from guardian.store.writebehind import outage_fix
 
 log = get_logger("supervisor")
 
@@ -249,6 +250,7 @@ class Supervisor:
                 self.trainer.halt(reason="the guardian cannot continue")
             except Exception as exc:  # the line below still goes out, with what happened
                 trainer = f"still running, UNGUARDED: stopping it failed ({exc})"
+                log.error(event("trainer_stop_failed", {"run": self.run_id, **fault_fields(exc)}), exc_info=True)
         log.critical(
             event("guardian_cannot_continue", {"run": self.run_id, "cause": cause, "trainer": trainer, "fix": fix})
         )

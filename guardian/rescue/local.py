@@ -19,6 +19,7 @@ from guardian.actions.ladder import Rung
 from guardian.actions.patch import PatchPlan, RunFiles, crash_restart_plan, first_effective_rung, plan_patch
 from guardian.actions.process import ExitStatus, StopPolicy, TrainerControl, TrainerHandle
 from guardian.config import GuardianConfig
+from guardian.faults import fault_fields
 from guardian.launcher import RunFolder, attach_attempt, launch_attempt
 from guardian.logs import event, get_logger
 from guardian.states import Kind, Mode
@@ -198,7 +199,7 @@ class LocalCheckpoints:
         try:
             moved = quarantine_dumps_after(path, after_step, incident_id)
         except (CheckpointError, OSError) as exc:
-            log.error(event("dumps_not_kept", {"run": self.run_id, "dir": path, "error": exc}))
+            log.error(event("dumps_not_kept", {"run": self.run_id, "dir": path, **fault_fields(exc)}))
             return {"dumps_kept": False}
         return {"dumps_quarantined": list(moved)} if moved else {}
 

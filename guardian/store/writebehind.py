@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Final
 
 from guardian.config import MAX_PENDING_WRITES
-from guardian.faults import unavailable as unavailable  # re-exported: guardian.supervisor imports it from here
+from guardian.faults import unavailable
 from guardian.logs import event, get_logger
 from guardian.outage import failure_text
 from guardian.store.repository import Store
