@@ -15,11 +15,11 @@ sees a step after verl writes it, and how much memory a replay takes.
 3. Ingest with the store: a ``Guardian`` with a SQLite store in a temp dir tails the file from the
    start, ``tick()`` until every step is in.
 4. Tail latency: a writer thread appends steps at ``--rate`` steps/s for ``--seconds`` while a
-   ``Guardian`` with the default config (poll interval ``sources.poll_interval_s``) runs ``run_forever``
-   in another thread. Per step: append -> read (the poll returned it), append -> judged and stored (the
-   end of the tick that read it; checks run on a step in the tick that reads it), and, for the steps
-   where the writer logged ``actor/grad_norm`` as null (two in a row every ``--nan-every`` steps),
-   append -> the ``non_finite`` finding (an ``on_transition`` callback).
+   ``Guardian`` with the default config (poll interval ``sources.poll_interval_s``) runs in ``guardian
+   watch``'s loop (``WatchLoop``) in another thread. Per step: append -> read (the poll returned it),
+   append -> judged and stored (the end of the tick that read it; checks run on a step in the tick that
+   reads it), and, for the steps where the writer logged ``actor/grad_norm`` as null (two in a row every
+   ``--nan-every`` steps), append -> the ``non_finite`` finding (an ``on_transition`` callback).
 
 ``--profile`` also times one in-process replay phase by phase (parsing, history, each check) and runs it
 under cProfile, printing the top functions.
@@ -54,9 +54,13 @@ from guardian.config import GuardianConfig
 from guardian.daemon import Guardian, TickResult
 from guardian.history import RunHistory, StepRecord
 from guardian.replay import replay_file
+from guardian.sinks.snapshot import RunSnapshot
 from guardian.sources.jsonl import MetricsBatch, MetricsFile, iter_records
 from guardian.store import Store
 from guardian.tracker import Change, StatusTracker, Transition
+from guardian.watch.end import FileState
+from guardian.watch.loop import FollowedFile, WatchLoop
+from guardian.watch.trainer import TrainerLiveness
 
 # Targets printed next to the figures (not asserted).
 TARGET_REPLAY_S = 5.0
@@ -508,7 +512,7 @@ def nan_steps_for(count: int, every: int) -> set[int]:
 
 
 def tail_latency(home: Path, keys: int, rate: float, seconds: float, nan_every: int) -> TailFigures:
-    """A writer thread appends steps at ``rate``/s while a Guardian runs ``run_forever`` in another."""
+    """A writer thread appends steps at ``rate``/s while a Guardian runs in guardian watch's loop in another."""
     count = max(1, round(rate * seconds))
     run = SyntheticRun(count, keys, seed=SEED + 7)
     nan_steps = nan_steps_for(count, nan_every)
@@ -523,18 +527,25 @@ def tail_latency(home: Path, keys: int, rate: float, seconds: float, nan_every: 
     findings: dict[int, float] = {}
     others: list[str] = []
     source = _TimedSource(MetricsFile(path))
+    followed = FollowedFile(source)
     with _open_store(home, run_id, path) as store:
-        guardian = Guardian(config=config, store=store, run_id=run_id, metrics=source, clock=time.time)
+        guardian = Guardian(config=config, store=store, run_id=run_id, metrics=followed, clock=time.time)
         seen = 0
 
-        def on_tick(_result: TickResult) -> None:
-            # runs in the guardian's thread right after the tick that read, judged and stored the steps
-            nonlocal seen
-            now = time.monotonic()
-            steps = guardian.history.steps
-            for step in steps[seen:]:
-                judged.setdefault(step, now)
-            seen = len(steps)
+        class Judged:
+            """The watch's display: runs in the guardian's thread right after the tick that read, judged and stored
+            the steps."""
+
+            def show(self, result: TickResult, file: FileState, snapshot: RunSnapshot) -> None:
+                nonlocal seen
+                now = time.monotonic()
+                steps = guardian.history.steps
+                for step in steps[seen:]:
+                    judged.setdefault(step, now)
+                seen = len(steps)
+
+            def finish(self, snapshot: RunSnapshot) -> None:
+                return None
 
         def on_transition(_run_id: str, t: Transition) -> None:
             now = time.monotonic()
@@ -559,7 +570,10 @@ def tail_latency(home: Path, keys: int, rate: float, seconds: float, nan_every: 
                     appended[i + 1] = time.monotonic()
 
         stop = threading.Event()
-        watcher = threading.Thread(target=guardian.run_forever, args=(stop, on_tick), name="guardian")
+        loop = WatchLoop(
+            guardian, followed, TrainerLiveness(None), Judged(), follow=True, total_steps=None, wait=stop.wait
+        )
+        watcher = threading.Thread(target=loop.run, name="guardian")
         writer = threading.Thread(target=write, name="writer")
         watcher.start()
         writer.start()

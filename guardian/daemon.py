@@ -1,7 +1,7 @@
 """The guard loop's wiring: poll sources -> store -> checks -> findings and incidents -> alerts.
 
-``Guardian.tick()`` is one pass and does all the work; ``run_forever`` only repeats it until told to
-stop. The clock is injected, so tests drive ticks against files they write.
+``Guardian.tick()`` is one pass and does all the work; the guard loop (``guardian.guard_loop``) repeats it.
+The clock is injected, so tests drive ticks against files they write.
 
 Judging happens in memory; the store gets a tick's writes through ``store.writebehind.WriteBehind``: the
 steps of the tick and the findings and incidents they produced commit in one transaction (a guardian
@@ -16,7 +16,6 @@ RAISED transition opens is opened then instead of never.
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import partial
@@ -191,13 +190,6 @@ class Guardian:
         if not self._reported_signals and self.history.steps:
             self._report_signals()
         return result
-
-    def run_forever(self, stop: threading.Event, on_tick: Callable[[TickResult], None] | None = None) -> None:
-        while not stop.is_set():
-            result = self.tick()
-            if on_tick is not None:
-                on_tick(result)
-            stop.wait(self.config.sources.poll_interval_s)
 
     # -- stages -------------------------------------------------------------------------------
     def _begin_attempt(self, segment: int, now: float, batch: MetricsBatch, index: int) -> None:

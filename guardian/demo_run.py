@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import statistics
 import sys
 import threading
@@ -28,12 +27,11 @@ from guardian.findings import Severity
 from guardian.keys import Signal
 from guardian.logs import logging_to_file
 from guardian.notify.compose import at_step, format_setting, format_value
-from guardian.notify.setup import notifying, sink_names
+from guardian.outlets import outlets
 from guardian.policy import CRASH_OUTPUT_EVIDENCE
 from guardian.run import guard_loop, local_supervisor, register_run
-from guardian.sinks.export import exporting
+from guardian.sinks.snapshot import RunSnapshot
 from guardian.store import InterventionView, StateDetail, Store, config_changes
-from guardian.supervisor import Supervisor
 
 # seconds per step added to the trainer, so the story unfolds at a readable pace
 FINAL_STEPS = 10  # the closing line's reward: means of the first and the last this-many steps
@@ -67,7 +65,8 @@ def demo_config(config: GuardianConfig) -> GuardianConfig:
 
 @dataclass
 class Narrator:
-    """Prints what happened since the last call, from the store and the guard loop's history."""
+    """Prints what happened since the last call: the run's status from the tick's published snapshot, the story
+    (incidents and their evidence, each intervention's events) from the store."""
 
     console: Console
     store: Store
@@ -76,16 +75,15 @@ class Narrator:
     told_incidents: set[int] = field(default_factory=set)
     last_status: int = -STATUS_EVERY
 
-    def __call__(self, supervisor: Supervisor) -> None:
-        history = supervisor.guardian.history
-        step = history.last_step
+    def __call__(self, snapshot: RunSnapshot) -> None:
+        step = snapshot.step
         if step is not None and step >= self.last_status + STATUS_EVERY:
             self.last_status = step
-            worst = supervisor.guardian.tracker.worst()
+            worst = max((f.severity for f in snapshot.findings.values()), default=Severity.UNKNOWN)
             label = {Severity.CRITICAL: "[bold red]critical[/]", Severity.WARN: "[yellow]warning[/]"}.get(
                 worst, "[green]healthy[/]"
             )
-            self.console.print(f"  step {step:>4}  {_values(supervisor)}  {label}")
+            self.console.print(f"  step {step:>4}  {_values(snapshot)}  {label}")
         for incident in reversed(self.store.list_incidents(self.run_id)):
             if incident.id in self.told_incidents or incident.status == "dismissed":
                 continue
@@ -141,12 +139,12 @@ class Narrator:
             say(f"[{style}]intervention {iv.number} {state}[/] {escape(str(detail.get('why', '')))}")
 
 
-def _values(supervisor: Supervisor) -> str:
+def _values(snapshot: RunSnapshot) -> str:
     parts = []
     for signal in (Signal.REWARD, Signal.ENTROPY, Signal.EGR):
-        series = supervisor.guardian.history.signal(signal)
-        if len(series) and math.isfinite(series.values[-1]):
-            parts.append(f"{signal.value} {series.values[-1]:.3f}")
+        value = snapshot.signals.get(signal)
+        if value is not None and math.isfinite(value):
+            parts.append(f"{signal.value} {value:.3f}")
     return "  ".join(parts)
 
 
@@ -175,18 +173,17 @@ def run_demo(config: GuardianConfig, *, scenario: str, json_output: bool) -> int
         register_run(store, supervisor, name=f"demo {scenario}")
         narrate = Narrator(console, store, run_id)
         stop = threading.Event()
-        with (
-            notifying(config, store, run_id, time.time, os.environ) as dispatcher,
-            exporting(supervisor.guardian, store, config.exporter, time.time, stop, sink_names(config)) as polled,
-        ):
-            supervisor.announce = dispatcher.announce
+        with outlets(config, store, supervisor.guardian, time.time, stop) as out:
+            supervisor.announce = out.announce
             supervisor.start()
-
-            def after_tick(ok: bool) -> None:  # the exporter's poll status, then the narration of the tick
-                polled(ok)
-                narrate(supervisor)
-
-            code = guard_loop(supervisor, stop, config.sources.poll_interval_s, live=False, after_tick=after_tick)
+            code = guard_loop(
+                supervisor,
+                stop,
+                config.sources.poll_interval_s,
+                live=False,
+                after_tick=lambda ok: narrate(out.snapshots.latest),  # the tick's snapshot is published by then
+                snapshots=out.snapshots,
+            )
         incidents = store.list_incidents(run_id)
         if json_output:
             document = {

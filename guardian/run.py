@@ -12,29 +12,28 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
-from contextlib import ExitStack, nullcontext
+from contextlib import ExitStack
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 import orjson
 from rich.console import Group
 from rich.live import Live
-from rich.text import Text
-from sqlalchemy.exc import DBAPIError
 
 from guardian.actions.dirlock import DirLockedError, holding
 from guardian.actions.process import LocalProcessControl
 from guardian.config import GuardianConfig
 from guardian.exits import EXIT_INTERRUPTED
+from guardian.guard_loop import guard
 from guardian.ids import MAX_RUN_ID, checked_run_id
 from guardian.logs import event, get_logger, logging_to_file
-from guardian.notify.setup import check_sinks, notifying, sink_names
-from guardian.outage import TickFailures
-from guardian.sinks.export import exporting
+from guardian.notify.setup import check_sinks
+from guardian.outlets import outlets
+from guardian.pace import PollPace
+from guardian.sinks.snapshot import GuardianSource
 from guardian.store import Store
 from guardian.supervisor import Supervisor
-from guardian.ticks import GuardedTick, PollPace
-from guardian.view import render
+from guardian.view import run_view
 
 log = get_logger("run")
 # Test hook for the chaos tests: the guardian SIGKILLs itself right after committing this state.
@@ -105,40 +104,44 @@ def guard_loop(
     *,
     live: bool,
     after_tick: Callable[[bool], None] = lambda ok: None,
+    snapshots: GuardianSource | None = None,
 ) -> int | None:
-    """Tick until the run is over (its exit code) or the guardian is told to stop (None). A tick that raises
-    is logged once with its traceback and the loop goes on; ``tick_failure_limit`` failed ticks in a row end it
-    through ``Supervisor.cannot_continue``. ``after_tick(ok)`` follows every tick (the exporter's poll status);
-    the live view is drawn after it and can never fail a tick."""
-    view = Live(_render(supervisor), refresh_per_second=4) if live else None
-    guarded = GuardedTick(supervisor.run_id, TickFailures(limit=supervisor.config.tick_failure_limit), after_tick)
-    pace = PollPace(poll_s, supervisor.config.sources.idle_poll_max_s)
-    with view or nullcontext():
-        while not stop.is_set():
-            ok, code = guarded(supervisor.tick)
-            if guarded.exhausted:
-                code = supervisor.cannot_continue(
-                    cause=guarded.cause(),
-                    fix="the traceback of event=tick_failed names the fault; fix it, then guardian run --attach "
-                    + supervisor.run_id,
-                )
-            if view is not None:
-                guarded.aside("live view", lambda: view.update(_render(supervisor)))
-            if code is not None:
-                return code
-            stop.wait(pace.next_wait(busy=not ok or supervisor.busy))
-    return None
+    """``guardian run``'s loop (``guardian.guard_loop.guard`` over the supervisor): tick until the run is over (its
+    exit code) or the guardian is told to stop (None); ``tick_failure_limit`` failed ticks in a row end it through
+    ``Supervisor.cannot_continue``. After every tick ``snapshots`` (the run's outlets) publish its snapshot, then
+    ``after_tick(ok)`` follows (the demo's narration); ``live`` draws the run's view from that snapshot."""
+    if stop.is_set():  # told to stop before the first tick: nothing is ticked
+        return None
+
+    def record_poll(ok: bool) -> None:
+        if snapshots is not None:
+            snapshots(ok)
+        after_tick(ok)
+
+    with ExitStack() as held:
+        return guard(
+            supervisor,
+            pace=PollPace(poll_s, supervisor.config.sources.idle_poll_max_s),
+            wait=stop.wait,
+            failure_limit=supervisor.config.tick_failure_limit,
+            resume=f"guardian run --attach {supervisor.run_id}",
+            record_poll=record_poll,
+            show=_live_view(held, supervisor, snapshots) if live else lambda ok: None,
+        )
+
+
+def _live_view(held: ExitStack, supervisor: Supervisor, snapshots: GuardianSource | None) -> Callable[[bool], None]:
+    """Start the run's live view, open while ``held`` is; returns what redraws it from each tick's snapshot."""
+    if snapshots is None:
+        raise ValueError("the live view draws the run's published snapshots: pass snapshots")
+    view = held.enter_context(Live(_render(supervisor), refresh_per_second=4))
+    return lambda ok: view.update(run_view(snapshots.latest))
 
 
 def _render(supervisor: Supervisor) -> Group:
-    guardian = supervisor.guardian
-    try:
-        active = supervisor.store.active_intervention(supervisor.run_id)
-    except DBAPIError:  # the store cannot be read: the view says so, the guarding goes on from memory
-        line = "intervention: unknown (the store cannot be read)"
-    else:
-        line = f"{active.name}: {active.state}" if active else "no intervention in progress"
-    return Group(render(supervisor.run_id, guardian.history, guardian.tracker, time.time()), Text(line))
+    """The live view's first frame: the run as ``start`` left it (a re-attach rebuilt its history), before the first
+    tick publishes its snapshot."""
+    return run_view(GuardianSource(supervisor.guardian, supervisor.store, time.time).latest)
 
 
 def run_guarded(config: GuardianConfig, request: RunRequest, *, stop: threading.Event | None = None) -> int:
@@ -198,17 +201,12 @@ def run_guarded(config: GuardianConfig, request: RunRequest, *, stop: threading.
             )
             previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
             try:
-                # sinks and the exporter first: a bad webhook setting or a busy port fails before the trainer starts
-                with (
-                    notifying(config, store, request.run_id, time.time, os.environ) as dispatcher,
-                    exporting(
-                        supervisor.guardian, store, config.exporter, time.time, stop, sink_names(config)
-                    ) as polled,
-                ):
-                    supervisor.announce = dispatcher.announce
+                # the outlets first: a bad webhook setting or a busy port fails before the trainer starts
+                with outlets(config, store, supervisor.guardian, time.time, stop, views_read_store=request.live) as out:
+                    supervisor.announce = out.announce
                     supervisor.start()
                     code = guard_loop(
-                        supervisor, stop, config.sources.poll_interval_s, live=request.live, after_tick=polled
+                        supervisor, stop, config.sources.poll_interval_s, live=request.live, snapshots=out.snapshots
                     )
                 if code is not None:
                     return code

@@ -1,19 +1,20 @@
 """What ``guardian watch`` and ``guardian run`` show: the live terminal view (per-check status, latest values,
-step rate) and, when stdout is not a terminal, plain progress lines. Formatting only; ``guardian.watch.display``
-and the run's loop decide when."""
+step rate) and, when stdout is not a terminal, plain progress lines. Formatting only, of the tick's published
+``RunSnapshot`` (what the exporter serves too); ``guardian.watch.display`` and the run's loop decide when."""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 
 from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from guardian.findings import Severity
-from guardian.history import RunHistory
+from guardian.findings import Finding, Severity
 from guardian.keys import Signal
-from guardian.tracker import StatusTracker, Transition
+from guardian.sinks.snapshot import RunSnapshot
+from guardian.tracker import Transition
 
 STYLE = {
     Severity.UNKNOWN: "dim",
@@ -36,21 +37,13 @@ SHOWN_SIGNALS = (
 PROGRESS_SIGNALS = (Signal.REWARD, Signal.ENTROPY, Signal.KL, Signal.EGR)
 
 
-def steps_per_minute(history: RunHistory, window: int = 20) -> float | None:
-    arrived = [history.arrivals[s] for s in history.steps[-window:] if s in history.arrivals]
-    if len(arrived) < 2 or arrived[-1] <= arrived[0]:
-        return None
-    return 60.0 * (len(arrived) - 1) / (arrived[-1] - arrived[0])
-
-
-def render(run_id: str, history: RunHistory, tracker: StatusTracker, now: float, note: str = "") -> Group:
+def render(snapshot: RunSnapshot, note: str = "") -> Group:
     """The live view; ``note`` is a line under the header (waiting for the file)."""
-    rate = steps_per_minute(history)
-    age = now - history.arrivals[history.last_step] if history.last_step in history.arrivals else None
+    rate, age = snapshot.steps_per_minute, snapshot.last_step_age_seconds
     header = Text.assemble(
         ("guardian watch ", "bold"),
-        (run_id, "cyan"),
-        f"  step {history.last_step if history.last_step is not None else '-'}",
+        (snapshot.run_id, "cyan"),
+        f"  step {snapshot.step if snapshot.step is not None else '-'}",
         f"  {rate:.1f} steps/min" if rate else "  - steps/min",
         f"  last step {age:.0f}s ago" if age is not None else "",
         ("\n" + note, "yellow") if note else "",
@@ -58,7 +51,7 @@ def render(run_id: str, history: RunHistory, tracker: StatusTracker, now: float,
     checks = Table(title="checks", expand=True)
     for column in ("check", "status", "step", "onset", "finding"):
         checks.add_column(column)
-    for name, finding in sorted(tracker.latest.items()):
+    for name, finding in sorted(snapshot.findings.items()):
         checks.add_row(
             name,
             Text(finding.severity.label, style=STYLE[finding.severity]),
@@ -71,37 +64,46 @@ def render(run_id: str, history: RunHistory, tracker: StatusTracker, now: float,
     values.add_column("value", justify="right")
     values.add_column("at step", justify="right")
     for signal in SHOWN_SIGNALS:
-        series = history.signal(signal)
-        if not len(series):
+        if signal not in snapshot.signals:
             values.add_row(signal.value, Text("not logged", style="dim"), "")
             continue
-        value = series.values[-1]
-        values.add_row(signal.value, f"{value:.4g}" if math.isfinite(value) else "non-finite", str(series.steps[-1]))
+        value = snapshot.signals[signal]
+        values.add_row(
+            signal.value, f"{value:.4g}" if math.isfinite(value) else "non-finite", str(snapshot.signal_steps[signal])
+        )
     return Group(header, checks, values)
+
+
+def run_view(snapshot: RunSnapshot) -> Group:
+    """``guardian run --live``: the live view and, under it, the intervention in progress."""
+    if not snapshot.store_read:  # the guarding goes on from memory; the view says what it cannot know
+        line = "intervention: unknown (the store cannot be read)"
+    else:
+        line = snapshot.intervention or "no intervention in progress"
+    return Group(render(snapshot), Text(line))
 
 
 def _number(value: float) -> str:
     return f"{value:.3g}" if math.isfinite(value) else "non-finite"
 
 
-def checks_state(tracker: StatusTracker) -> str:
+def checks_state(findings: Mapping[str, Finding]) -> str:
     """``ok``, or the checks in trouble by severity: ``warn truncation; critical entropy_collapse``."""
     troubled = {
-        severity: sorted(name for name, f in tracker.latest.items() if f.severity == severity)
+        severity: sorted(name for name, f in findings.items() if f.severity == severity)
         for severity in (Severity.WARN, Severity.CRITICAL)
     }
     parts = [f"{severity.label} {','.join(names)}" for severity, names in troubled.items() if names]
     return "; ".join(parts) or "ok"
 
 
-def progress_line(history: RunHistory, tracker: StatusTracker) -> str:
+def progress_line(snapshot: RunSnapshot) -> str:
     """``step 120  reward 0.41  entropy 0.62  egr 0.71  ok``: the latest value of each logged signal."""
-    parts = [f"step {history.last_step if history.last_step is not None else '-'}"]
+    parts = [f"step {snapshot.step if snapshot.step is not None else '-'}"]
     for signal in PROGRESS_SIGNALS:
-        series = history.signal(signal)
-        if len(series):
-            parts.append(f"{signal.value} {_number(series.values[-1])}")
-    parts.append(checks_state(tracker))
+        if signal in snapshot.signals:
+            parts.append(f"{signal.value} {_number(snapshot.signals[signal])}")
+    parts.append(checks_state(snapshot.findings))
     return "  ".join(parts)
 
 

@@ -169,8 +169,7 @@ def _watch(
     stop: threading.Event,
 ) -> WatchSummary:
     from guardian.daemon import Guardian
-    from guardian.notify.setup import notifying, sink_names
-    from guardian.sinks.export import exporting
+    from guardian.outlets import outlets
     from guardian.sources.console import ConsoleFile
     from guardian.sources.jsonl import MetricsFile
     from guardian.sources.rollouts import RolloutDir
@@ -208,11 +207,10 @@ def _watch(
     fields = {"run": run_id, "metrics": path, "db": store.url, "follow": not args.no_follow}
     log.info(event("watch", {**fields, "pid": args.pid, "total_steps": total_steps}))
     live = sys.stdout.isatty() and not args.no_live
-    display: Display = LiveView(guardian, time.time) if live else PlainProgress(guardian, _print, time.time)
-    with (
-        notifying(config, store, run_id, time.time, os.environ) as dispatcher,
-        exporting(guardian, store, config.exporter, time.time, stop, sink_names(config)) as polled,
-    ):
+    with outlets(config, store, guardian, time.time, stop) as out:
+        display: Display = (
+            LiveView(guardian, out.snapshots.latest) if live else PlainProgress(guardian, _print, time.time)
+        )
         loop = WatchLoop(
             guardian,
             followed,
@@ -222,8 +220,8 @@ def _watch(
             total_steps=total_steps,
             wait=stop.wait,
             max_ticks=args.max_ticks,
-            after_tick=polled,
-            announce=dispatcher.announce,
+            snapshots=out.snapshots,
+            announce=out.announce,
         )
         view: AbstractContextManager[object] = display if isinstance(display, LiveView) else nullcontext()
         with view:

@@ -1,9 +1,10 @@
-"""Serve the Prometheus exporter for the duration of a guard loop (``exporter`` in guardian.yaml)."""
+"""Publish a run's snapshot after every tick of a guard loop, and serve it as the Prometheus exporter while the
+loop runs (``exporter`` in guardian.yaml)."""
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
 from guardian.config import ExporterConfig
@@ -24,9 +25,13 @@ def exporting(
     clock: Clock,
     stop: threading.Event | None = None,
     sinks: Sequence[str] = (),
-) -> Iterator[Callable[[bool], None]]:
-    """Serve ``/metrics`` while the block runs; yields the callback to call after every tick with whether it
-    succeeded (``guardian_last_poll_success``). Disabled: serves nothing and yields a no-op.
+    *,
+    views_read_store: bool = False,
+) -> Iterator[GuardianSource]:
+    """Serve ``/metrics`` while the block runs; yields the run's snapshots, to call after every tick with whether
+    it succeeded (``guardian_last_poll_success``): that publishes the tick's snapshot, which the terminal views
+    draw too (``latest``). Disabled: serves nothing, and the snapshots read the store only when
+    ``views_read_store`` (a view shows what it holds); else they are the guardian's memory alone.
 
     When the block ends the exporter says ``guardian_up 0`` and keeps serving for ``cfg.linger_s``, so
     the last state (a gave-up, the final counters) is scraped and a stop reads differently from a
@@ -34,15 +39,15 @@ def exporting(
     Ctrl-C or SIGTERM); a second one, setting ``stop`` again, ends the linger. An exception (Ctrl-C as
     KeyboardInterrupt in ``guardian demo``) ends it at once.
     """
+    source = GuardianSource(guardian, store, clock, sinks=sinks, reads_store=cfg.enabled or views_read_store)
     if not cfg.enabled:
-        yield lambda ok: None
+        yield source
         return
-    source = GuardianSource(guardian, store, clock, sinks=sinks)
     server, thread = serve(source, cfg.host, cfg.port, allow_public=cfg.allow_public)
     log.info(event("exporter", {"url": f"http://{cfg.host}:{server.server_port}/metrics", "run": guardian.run_id}))
     ended = False
     try:
-        yield source.record_poll
+        yield source
         ended = True
     finally:
         source.stopped()

@@ -1,10 +1,12 @@
-"""What the exporter shows about a run: ``RunSnapshot`` and its sources.
+"""What is shown about a run - by the exporter and by the terminal views: ``RunSnapshot`` and its sources.
 
-``snapshot_from`` copies the guard loop's memory (step, latest signals, per-check verdicts) and reads
+``snapshot_from`` copies the guard loop's memory (step, latest signals, per-check findings) and reads
 the store (attempt, incidents, interventions, deliveries) for one run; ``GuardianSource`` is the
 ``ExportSource`` a guard loop hands the collector (guardian/sinks/prometheus.py). It builds one
 immutable snapshot per tick, on the guard loop's thread, and scrapes serve the latest one: a scrape
-reads no store and takes no lock, so twenty scrapers cost the loop nothing and wait for nothing.
+reads no store and takes no lock, so twenty scrapers cost the loop nothing and wait for nothing. The
+terminal views (guardian/view.py) draw that same snapshot, so what a person reads and what Prometheus
+scrapes are one moment of the run, and no view reads the guardian's memory or the store itself.
 """
 
 from __future__ import annotations
@@ -12,33 +14,38 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Final, Protocol
+from typing import TYPE_CHECKING, Final, Protocol, TypeVar
 
 from sqlalchemy.exc import DBAPIError
 
 from guardian import keys
 from guardian.faults import unavailable
-from guardian.findings import Severity
+from guardian.findings import Finding, Severity
 from guardian.keys import Signal
 from guardian.store.deliveries import DROPPED, SENT, SUPPRESSED
 
 if TYPE_CHECKING:
     from guardian.daemon import Guardian
-    from guardian.store import RunView, Store
+    from guardian.history import RunHistory
+    from guardian.store import InterventionView, RunView, Store
 
 FINAL_RESULTS: Final = (SENT, SUPPRESSED, DROPPED)
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
 class RunSnapshot:
-    """Everything the exporter shows about one run at one moment.
+    """Everything the exporter and the terminal views show about one run at one moment.
 
-    ``signals`` holds the latest value of each signal (NaN allowed: it is left out of the scrape).
-    ``checks`` is each configured check's latest verdict. ``incidents_opened`` counts incidents by
+    ``signals`` holds the latest value of each signal (NaN allowed: it is left out of the scrape), logged
+    at ``signal_steps``. ``checks`` is each configured check's latest verdict; ``findings`` the latest
+    finding of each check that has judged (the views' table). ``incidents_opened`` counts incidents by
     check; ``interventions_finished`` counts finished interventions by final state, as label values
-    (``resolved``, ``relapsed``, ``gave_up``). ``last_poll_success_at`` is the Unix time
-    of the last successful poll; None (with ``last_poll_success``) when not known, and then the
-    series are left out.
+    (``resolved``, ``relapsed``, ``gave_up``); ``intervention`` names the one under way and its state.
+    ``last_poll_success_at`` is the Unix time of the last successful poll; None (with
+    ``last_poll_success``) when not known, and then the series are left out. ``store_read`` is False when
+    what the store holds (attempt, incidents, interventions, deliveries) was not read for this snapshot -
+    the store could not be read, or nothing shown needs it - and is the last read's, or empty.
     """
 
     run_id: str
@@ -47,13 +54,17 @@ class RunSnapshot:
     mode: str = ""
     step: int | None = None
     last_step_age_seconds: float | None = None
+    steps_per_minute: float | None = None
     signals: Mapping[Signal, float] = field(default_factory=dict)
+    signal_steps: Mapping[Signal, int] = field(default_factory=dict)
     checks: Mapping[str, Severity] = field(default_factory=dict)
+    findings: Mapping[str, Finding] = field(default_factory=dict)
     reward_components: Mapping[str, float] = field(default_factory=dict)
     incidents_opened: Mapping[str, int] = field(default_factory=dict)
     open_incidents: Mapping[str, Severity] = field(default_factory=dict)
     interventions_finished: Mapping[str, int] = field(default_factory=dict)
     intervention_in_progress: bool = False
+    intervention: str = ""  # "intervention 2 of incident #5: STOPPING", or empty
     notifications: Mapping[tuple[str, str], int] = field(default_factory=dict)
     up: bool = True
     last_poll_success: bool | None = None
@@ -61,6 +72,7 @@ class RunSnapshot:
     store_degraded: bool = False
     store_pending_writes: int = 0
     store_dropped_writes: int = 0
+    store_read: bool = True
 
     @property
     def step_time_seconds(self) -> float | None:
@@ -129,6 +141,7 @@ def snapshot_from(
         open_incidents=open_worst,
         interventions_finished=dict(Counter(i.state.lower() for i in interventions if i.finished)),
         intervention_in_progress=any(not i.finished for i in interventions),
+        intervention=_under_way(interventions),
         notifications=_final_deliveries(store.delivery_counts(run_id), sinks),
     )
     return from_memory(recorded, guardian, now, up, last_poll_success, last_poll_success_at)
@@ -142,25 +155,30 @@ def from_memory(
     last_poll_success: bool | None = None,
     last_poll_success_at: float | None = None,
 ) -> RunSnapshot:
-    """``recorded`` (what the store said) with what the guardian's memory says now: step, step age, latest
-    signals, per-check verdicts and the store's own health. Needs no store: while the store cannot be read,
-    the exporter keeps the run's live state fresh over the last record it read."""
+    """``recorded`` (what the store said) with what the guardian's memory says now: step, step age and rate,
+    latest signals, per-check verdicts and findings, and the store's own health. Needs no store: while the
+    store cannot be read, the exporter keeps the run's live state fresh over the last record it read."""
     history = guardian.history
     step = history.last_step
     arrived = history.arrivals.get(step) if step is not None else None
     signals: dict[Signal, float] = {}
+    signal_steps: dict[Signal, int] = {}
     for signal, series in history.series.items():
-        value = _last(series.values)
-        if value is not None:
-            signals[signal] = value
+        value, at = _last(series.values), _last(series.steps)
+        if value is not None and at is not None:
+            signals[signal], signal_steps[signal] = value, at
+    findings = dict(guardian.tracker.latest)
     checks = {check.name: Severity.UNKNOWN for check in guardian.checks}
-    checks.update({name: finding.severity for name, finding in dict(guardian.tracker.latest).items()})
+    checks.update({name: finding.severity for name, finding in findings.items()})
     return replace(
         recorded,
         step=step,
         last_step_age_seconds=max(0.0, now - arrived) if arrived is not None else None,
+        steps_per_minute=steps_per_minute(history),
         signals=signals,
+        signal_steps=signal_steps,
         checks=checks,
+        findings=findings,
         up=up,
         last_poll_success=last_poll_success,
         last_poll_success_at=last_poll_success_at,
@@ -168,6 +186,21 @@ def from_memory(
         store_pending_writes=guardian.store_pending_writes,
         store_dropped_writes=guardian.store_dropped_writes,
     )
+
+
+def steps_per_minute(history: RunHistory, window: int = 20) -> float | None:
+    """The step rate over the last ``window`` steps' arrivals; None until two arrived apart."""
+    arrived = [at for s in history.steps[-window:] if (at := history.arrivals.get(s)) is not None]
+    if len(arrived) < 2 or arrived[-1] <= arrived[0]:
+        return None
+    return 60.0 * (len(arrived) - 1) / (arrived[-1] - arrived[0])
+
+
+def _under_way(interventions: Sequence[InterventionView]) -> str:
+    """The unfinished intervention (at most one runs at a time; the newest, should the store hold more) and its
+    state, as people read it; empty when none."""
+    active = max((i for i in interventions if not i.finished), key=lambda i: i.number, default=None)
+    return f"{active.name}: {active.state}" if active is not None else ""
 
 
 def _final_deliveries(counts: Mapping[tuple[str, str], int], sinks: Sequence[str]) -> dict[tuple[str, str], int]:
@@ -178,7 +211,7 @@ def _final_deliveries(counts: Mapping[tuple[str, str], int], sinks: Sequence[str
     return {(sink, result): counts.get((sink, result), 0) for sink in names for result in FINAL_RESULTS}
 
 
-def _last(values: list[float]) -> float | None:
+def _last(values: list[T]) -> T | None:
     """The last element, or None; tolerant of the guard loop truncating the list meanwhile."""
     try:
         return values[-1]
@@ -196,16 +229,17 @@ def _experiment_of(run: RunView | None, run_id: str) -> str:
 
 @dataclass
 class GuardianSource:
-    """An ``ExportSource`` over one ``Guardian``: the glue a guard loop needs.
+    """An ``ExportSource`` over one ``Guardian``: the run's published snapshots, the glue a guard loop needs.
 
-    Call ``record_poll`` after each tick (``ok=False`` when it raised), on the guard loop's thread: it
-    builds the run's snapshot there, between ticks, so the guardian's memory and the store are read
-    while nothing changes them. ``snapshot`` (the HTTP threads) hands out that same sequence until the
-    next publish, so its exposition is rendered once (guardian/sinks/exposition.py); publishing is one
-    reference assignment, so a scrape sees a whole snapshot, old or new, never half of each. The step
-    age is therefore as of the last tick (one poll interval of resolution). Call ``stopped`` once the
-    guardian stops guarding the run while the exporter keeps serving. The first snapshot is built when
-    the source is made.
+    Call it after each tick (``ok=False`` when the tick raised; ``record_poll`` is the same with the poll's
+    time), on the guard loop's thread: it builds the run's snapshot there, between ticks, so the guardian's
+    memory and the store are read while nothing changes them. ``latest`` is that snapshot, for the terminal
+    views; ``snapshot`` (the HTTP threads) hands out the same one until the next publish, so its exposition
+    is rendered once (guardian/sinks/exposition.py); publishing is one reference assignment, so a scrape sees
+    a whole snapshot, old or new, never half of each. The step age is therefore as of the last tick (one poll
+    interval of resolution). Call ``stopped`` once the guardian stops guarding the run while the exporter
+    keeps serving. The first snapshot is built when the source is made. With ``reads_store`` False (nothing
+    served or shown needs what the store holds) a snapshot is the guardian's memory only: no store read.
     """
 
     guardian: Guardian
@@ -214,12 +248,17 @@ class GuardianSource:
     experiment: str | None = None
     up: bool = True
     sinks: Sequence[str] = ()  # the configured notifier / Grafana sinks (their counters start at 0)
+    reads_store: bool = True
     _poll_ok: bool | None = field(default=None, init=False)
     _poll_ok_at: float | None = field(default=None, init=False)
     _latest: tuple[RunSnapshot, ...] = field(default=(), init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.publish()
+
+    def __call__(self, ok: bool) -> None:
+        """After a tick of the guard loop: note whether it succeeded and publish the run's snapshot as of now."""
+        self.record_poll(ok)
 
     def record_poll(self, ok: bool, at: float | None = None) -> None:
         """Note the outcome of one poll (a guard-loop tick) at ``at`` (default: now) and publish the
@@ -231,10 +270,15 @@ class GuardianSource:
         self.publish()
 
     def publish(self) -> None:
-        """Build the snapshot that scrapes serve until the next ``publish``. While the store cannot be read
-        (locked, damaged, gone), the run's live state is refreshed over the last record read from it."""
+        """Build the snapshot that scrapes serve and views draw until the next ``publish``. While the store cannot
+        be read (locked, damaged, gone), the run's live state is refreshed over the last record read from it."""
         now = self.clock()
         poll = (self.up, self._poll_ok, self._poll_ok_at)
+        run_id = self.guardian.run_id
+        last = self._latest[0] if self._latest else RunSnapshot(run_id, self.experiment or run_id, store_read=False)
+        if not self.reads_store:
+            self._latest = (from_memory(last, self.guardian, now, *poll),)
+            return
         try:
             latest = snapshot_from(
                 self.guardian,
@@ -249,9 +293,7 @@ class GuardianSource:
         except DBAPIError as exc:
             if not unavailable(exc):
                 raise
-            run_id = self.guardian.run_id
-            recorded = self._latest[0] if self._latest else RunSnapshot(run_id, self.experiment or run_id)
-            latest = from_memory(recorded, self.guardian, now, *poll)
+            latest = from_memory(replace(last, store_read=False), self.guardian, now, *poll)
         self._latest = (latest,)
 
     def stopped(self) -> None:
@@ -259,6 +301,11 @@ class GuardianSource:
         (no store read: it may be what stopped the guardian)."""
         self.up = False
         self._latest = (replace(self._latest[0], up=False),)
+
+    @property
+    def latest(self) -> RunSnapshot:
+        """The run as of the last publish."""
+        return self._latest[0]
 
     def snapshot(self) -> tuple[RunSnapshot, ...]:
         """The run as of the last publish (read-only: the HTTP threads never replace it)."""

@@ -1,8 +1,9 @@
 """How ``guardian watch`` shows the run while it reads: the live table on a terminal, else plain lines.
 
-The loop calls ``show`` after every tick that worked and ``finish`` once at the end (a failure of either is
-logged, never fatal); what the lines and the table
-hold is formatted by ``guardian.view``.
+The loop calls ``show`` after every tick that worked, with the tick's result (its transitions and new steps) and
+the snapshot it published (what the exporter serves too), and ``finish`` once at the end with the last one
+published (a failure of either is logged, never fatal); what the lines and the table hold is formatted by
+``guardian.view``.
 """
 
 from __future__ import annotations
@@ -11,10 +12,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from rich.console import Group
 from rich.live import Live
 
 from guardian.daemon import Clock, Guardian, TickResult
+from guardian.sinks.snapshot import RunSnapshot
 from guardian.view import finding_line, progress_line, render
 from guardian.watch.end import FileState
 
@@ -26,9 +27,9 @@ PROGRESS_EVERY_SECONDS = 30.0
 class Display(Protocol):
     """Shows the watch: after every tick, with the file's state, and once at the end."""
 
-    def show(self, result: TickResult, file: FileState) -> None: ...
+    def show(self, result: TickResult, file: FileState, snapshot: RunSnapshot) -> None: ...
 
-    def finish(self) -> None: ...
+    def finish(self, snapshot: RunSnapshot) -> None: ...
 
 
 @dataclass
@@ -46,7 +47,7 @@ class PlainProgress:
     _unshown_steps: int = 0
     _shown_at: float | None = None
 
-    def show(self, result: TickResult, file: FileState) -> None:
+    def show(self, result: TickResult, file: FileState, snapshot: RunSnapshot) -> None:
         if file is FileState.MISSING and not self._waited:
             self.out(f"waiting for {self.guardian.metrics.path}")
             self._waited = True
@@ -58,25 +59,25 @@ class PlainProgress:
             self._shown_at = now
         late = now - self._shown_at >= self.every_seconds
         if self._unshown_steps >= self.every_steps or (self._unshown_steps and late):
-            self._progress(now)
+            self._progress(now, snapshot)
 
-    def finish(self) -> None:
+    def finish(self, snapshot: RunSnapshot) -> None:
         if self._unshown_steps:
-            self._progress(self.clock())
+            self._progress(self.clock(), snapshot)
 
-    def _progress(self, now: float) -> None:
-        self.out(progress_line(self.guardian.history, self.guardian.tracker))
+    def _progress(self, now: float, snapshot: RunSnapshot) -> None:
+        self.out(progress_line(snapshot))
         self._unshown_steps = 0
         self._shown_at = now
 
 
 class LiveView:
-    """The live terminal table (rich), redrawn after every tick."""
+    """The live terminal table (rich), drawn from ``first`` (the snapshot published before the first tick), then
+    redrawn after every tick."""
 
-    def __init__(self, guardian: Guardian, clock: Clock) -> None:
+    def __init__(self, guardian: Guardian, first: RunSnapshot) -> None:
         self.guardian = guardian
-        self.clock = clock
-        self._live = Live(self._render(""), refresh_per_second=4)
+        self._live = Live(render(first), refresh_per_second=4)
 
     def __enter__(self) -> LiveView:
         self._live.start()
@@ -85,14 +86,9 @@ class LiveView:
     def __exit__(self, *_: object) -> None:
         self._live.stop()
 
-    def show(self, result: TickResult, file: FileState) -> None:
-        self._live.update(
-            self._render(f"waiting for {self.guardian.metrics.path}" if file is FileState.MISSING else "")
-        )
+    def show(self, result: TickResult, file: FileState, snapshot: RunSnapshot) -> None:
+        note = f"waiting for {self.guardian.metrics.path}" if file is FileState.MISSING else ""
+        self._live.update(render(snapshot, note))
 
-    def finish(self) -> None:
-        self._live.refresh()
-
-    def _render(self, note: str) -> Group:
-        g = self.guardian
-        return render(g.run_id, g.history, g.tracker, self.clock(), note)
+    def finish(self, snapshot: RunSnapshot) -> None:
+        self._live.refresh()  # the last tick drew its snapshot already

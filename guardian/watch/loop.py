@@ -1,8 +1,9 @@
-"""The loop of ``guardian watch``: tick the guardian, show what happened, end when ``end_reason`` says so.
+"""What ``guardian watch`` ticks in the one guard loop (``guardian.guard_loop``), and when the watch ends.
 
-Each pass samples the trainer's liveness first, then reads: a trainer seen gone before a read has
-written all it will, so once that read reaches the end of the file nothing is lost. The clock and the
-wait are injected, so tests drive the loop through time without sleeping.
+Each tick samples the trainer's liveness first, then reads: a trainer seen gone before a read has
+written all it will, so once that read reaches the end of the file nothing is lost. ``end_reason`` says after
+each tick whether the watch ends. The wait is injected, so tests drive the loop through time without sleeping;
+a file with bytes left is read on at once (``pace.DrainPace``).
 
 A tick that raises is handled as ``guardian run`` handles it (``guardian.outage.TickFailures``): the first
 of a streak is logged with its traceback and the loop goes on; ``config.tick_failure_limit`` failures in
@@ -14,21 +15,24 @@ no trainer to stop: the line says the run is unguarded from then on. An unreadab
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 
-from guardian.daemon import Guardian, MetricsSource
+from guardian.daemon import Guardian, MetricsSource, TickResult
+from guardian.guard_loop import guard
 from guardian.logs import event, get_logger
 from guardian.notify.compose import Alert, cannot_continue_alert
-from guardian.outage import TickFailures
+from guardian.pace import DrainPace
+from guardian.sinks.snapshot import GuardianSource
 from guardian.sources.jsonl import MetricsBatch
-from guardian.ticks import GuardedTick
+from guardian.ticks import aside
 from guardian.watch.display import Display
 from guardian.watch.end import EndReason, FileState, WatchState, end_reason
 from guardian.watch.trainer import TrainerLiveness
 
 log = get_logger("watch")
+RESUME = "run the same guardian watch command again (it reads the file from its start; what is stored stays)"
 
 
 class WatchError(Exception):
@@ -63,6 +67,8 @@ class FollowedFile:
 
 @dataclass
 class WatchLoop:
+    """A watch: ``run`` hands the guard loop this object to tick (``guard_loop.Ticking``) and says why it ended."""
+
     guardian: Guardian
     file: FollowedFile  # the guardian's metrics source
     trainer: TrainerLiveness  # the guardian's trainer_alive
@@ -71,53 +77,73 @@ class WatchLoop:
     total_steps: int | None
     wait: Callable[[float], bool]  # sleep up to the given seconds; True when asked to stop
     max_ticks: int | None = None
-    after_tick: Callable[[bool], None] = lambda ok: None
+    # the run's published snapshots (``guardian.outlets``); without them the watch publishes its own, from memory
+    snapshots: GuardianSource | None = None
     announce: Callable[[Alert], None] = lambda alert: None  # straight to the notifiers (Dispatcher.announce)
+    _ticks: int = field(default=0, init=False)
+    _result: TickResult = field(default_factory=TickResult, init=False)
+
+    @property
+    def run_id(self) -> str:
+        return self.guardian.run_id
+
+    @property
+    def busy(self) -> bool:
+        """Bytes are left to read: the next tick comes at once."""
+        return self.file.state is FileState.UNREAD
 
     def run(self) -> EndReason:
-        guarded = GuardedTick(
-            self.guardian.run_id, TickFailures(limit=self.guardian.config.tick_failure_limit), self.after_tick
+        g = self.guardian
+        snapshots = self.snapshots or GuardianSource(g, g.store, g.clock, reads_store=False)
+        try:
+            reason = guard(
+                self,
+                pace=DrainPace(g.config.sources.poll_interval_s),
+                wait=self._wait,
+                failure_limit=g.config.tick_failure_limit,
+                resume=RESUME,
+                record_poll=snapshots,
+                show=partial(self._show, snapshots),
+                passthrough=(WatchError,),
+            )
+        except WatchError as exc:
+            log.error(event("watch_error", {"run": self.run_id, "message": str(exc)}))
+            reason = EndReason.UNREADABLE
+        if reason is None and self._at_tick_limit:
+            reason = EndReason.TICK_LIMIT
+        elif reason is None:
+            log.info(event("watch_interrupted", {"run": self.run_id}))
+            reason = EndReason.INTERRUPTED
+        aside(self.run_id, "display", lambda: self.display.finish(snapshots.latest))
+        return reason
+
+    def tick(self) -> EndReason | None:
+        """One read of the file; why the watch ends after it, or None."""
+        self._ticks += 1
+        alive = self.trainer.sample()
+        self.file.final = not self.follow or alive is False  # the writer is done: take a last partial line
+        self._result = self.guardian.tick()
+        return end_reason(
+            WatchState(self.follow, self.file.state, self.guardian.history.last_step, self.total_steps, alive)
         )
-        ticks = 0
-        while True:
-            alive = self.trainer.sample()
-            self.file.final = not self.follow or alive is False  # the writer is done: take a last partial line
-            try:
-                ok, result = guarded(self.guardian.tick, passthrough=(WatchError,))
-            except WatchError as exc:
-                log.error(event("watch_error", {"run": self.guardian.run_id, "message": str(exc)}))
-                guarded.aside("display", self.display.finish)
-                return EndReason.UNREADABLE
-            ticks += 1
-            if result is None:
-                reason = EndReason.TICK_FAILURES if guarded.exhausted else None
-            else:
-                guarded.aside("display", partial(self.display.show, result, self.file.state))
-                reason = end_reason(self._state(alive))
-            if reason is None and self.max_ticks is not None and ticks >= self.max_ticks:
-                reason = EndReason.TICK_LIMIT
-            if reason is EndReason.TICK_FAILURES:
-                self._give_up(guarded.cause())
-            if reason is not None:
-                guarded.aside("display", self.display.finish)
-                return reason
-            more = ok and self.file.state is FileState.UNREAD
-            if self.wait(0.0 if more else self.guardian.config.sources.poll_interval_s):
-                log.info(event("watch_interrupted", {"run": self.guardian.run_id}))
-                guarded.aside("display", self.display.finish)
-                return EndReason.INTERRUPTED
 
-    def _state(self, alive: bool | None) -> WatchState:
-        last = self.guardian.history.last_step
-        return WatchState(self.follow, self.file.state, last, self.total_steps, alive)
-
-    def _give_up(self, cause: str) -> None:
+    def cannot_continue(self, *, cause: str, fix: str) -> EndReason:
         """One line (and an alert straight to the notifiers): the watch ends, the run goes on unguarded."""
         trainer = "left running, UNGUARDED from now on (a watch never stops it)"
-        fix = (
-            "the traceback of event=tick_failed names the fault; fix it, then run the same guardian watch command "
-            "again (it reads the file from its start; what is stored stays)"
-        )
-        fields = {"run": self.guardian.run_id, "cause": cause, "trainer": trainer, "fix": fix}
+        fields = {"run": self.run_id, "cause": cause, "trainer": trainer, "fix": fix}
         log.critical(event("guardian_cannot_continue", fields))
-        self.announce(cannot_continue_alert(self.guardian.run_id, cause=cause, trainer=trainer, fix=fix))
+        self.announce(cannot_continue_alert(self.run_id, cause=cause, trainer=trainer, fix=fix))
+        return EndReason.TICK_FAILURES
+
+    def _show(self, snapshots: GuardianSource, ok: bool) -> None:
+        """After a tick that worked: its result and the snapshot it published, with the file's state."""
+        if ok:
+            self.display.show(self._result, self.file.state, snapshots.latest)
+
+    @property
+    def _at_tick_limit(self) -> bool:
+        return self.max_ticks is not None and self._ticks >= self.max_ticks
+
+    def _wait(self, seconds: float) -> bool:
+        """The loop's wait: ``--max-ticks`` ends the watch as a stop would (ticked that many times), without waiting."""
+        return self._at_tick_limit or self.wait(seconds)

@@ -1,0 +1,53 @@
+"""Where a guarded run goes out besides the store, set up in one place for ``guardian run``, ``watch`` and
+``demo``: the notifiers (``notify.setup.notifying``: the run's events, delivered in the background) and the
+run's published snapshots (``sinks.export.exporting``: one per tick, served on ``/metrics`` when the exporter is
+on, drawn by the terminal views). Entered before the trainer starts, so a bad webhook setting or a busy port
+fails first; left after the loop, so the last events are flushed and the exporter lingers on the final state.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+from guardian.config import GuardianConfig
+from guardian.daemon import Clock, Guardian
+from guardian.notify.compose import Alert
+from guardian.notify.setup import notifying, sink_names
+from guardian.sinks.export import exporting
+from guardian.sinks.snapshot import GuardianSource
+from guardian.store import Store
+
+
+@dataclass(frozen=True, slots=True)
+class Outlets:
+    """What a guard loop needs of them: ``announce`` sends an alert with no stored event straight to the
+    notifiers (``Dispatcher.announce``); ``snapshots`` is called after every tick and holds its snapshot."""
+
+    announce: Callable[[Alert], None]
+    snapshots: GuardianSource
+
+
+@contextmanager
+def outlets(
+    config: GuardianConfig,
+    store: Store,
+    guardian: Guardian,
+    clock: Clock,
+    stop: threading.Event,
+    *,
+    views_read_store: bool = False,
+) -> Iterator[Outlets]:
+    """The run's notifiers and snapshots while the block runs; ``stop`` (Ctrl-C, SIGTERM) also ends the exporter's
+    linger. ``views_read_store``: a view shows what the store holds, so the snapshots read it even when the
+    exporter is off."""
+    with (
+        notifying(config, store, guardian.run_id, clock, os.environ) as dispatcher,
+        exporting(
+            guardian, store, config.exporter, clock, stop, sink_names(config), views_read_store=views_read_store
+        ) as snapshots,
+    ):
+        yield Outlets(dispatcher.announce, snapshots)

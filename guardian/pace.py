@@ -1,0 +1,45 @@
+"""How long the guard loop waits before its next tick. Pure: each pace is told whether the tick worked (``ok``)
+and whether it saw something move (``busy``), and says the wait in seconds.
+
+``guardian run`` polls a trainer it owns: ``PollPace`` backs off while the run is quiet. ``guardian watch`` reads a
+file it may be far behind: ``DrainPace`` reads on at once while bytes are left, else every interval.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+
+class Pace(Protocol):
+    def next_wait(self, *, ok: bool, busy: bool) -> float: ...
+
+
+@dataclass
+class PollPace:
+    """The wait before the next tick: ``base_s`` while anything moves (a new line, an intervention state it acts in, a
+    failed tick), doubling on each quiet tick up to ``idle_max_s``. A run that logs a step every few seconds is
+    then polled a few times per step instead of every ``base_s``, and a new step is still seen within
+    ``idle_max_s``."""
+
+    base_s: float
+    idle_max_s: float
+    _wait_s: float = 0.0
+
+    def next_wait(self, *, ok: bool, busy: bool) -> float:
+        if busy or not ok or self._wait_s == 0.0:
+            self._wait_s = self.base_s
+        else:
+            self._wait_s = min(self._wait_s * 2, max(self.idle_max_s, self.base_s))
+        return self._wait_s
+
+
+@dataclass(frozen=True, slots=True)
+class DrainPace:
+    """No wait after a tick that worked and left bytes to read (``busy``): a file far ahead is read through at
+    once; otherwise - at its end, or after a failed tick - ``interval_s``."""
+
+    interval_s: float
+
+    def next_wait(self, *, ok: bool, busy: bool) -> float:
+        return 0.0 if ok and busy else self.interval_s
