@@ -1,6 +1,7 @@
 """One tick of the guard loop (``guardian.guard_loop``), guarded.
 
-A tick that raises is logged once per streak with its traceback (``event=tick_failed``) and the loop goes on;
+A tick that raises is logged once per streak with its traceback, its type and place and whether it is an outage
+or a bug (``event=tick_failed kind=... type=... at=...``, ``guardian.faults``) and the loop goes on;
 the first tick that works again says so (``event=tick_recovered``); ``outage.TickFailures`` tells when a streak
 is long enough to give up. Whatever follows a tick - the exporter's poll status, a terminal view - is a side
 show (``aside``): its failure is logged, never counted as a failed tick, and never loses the tick's result.
@@ -12,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
+from guardian.faults import fault_fields, is_outage
 from guardian.logs import event, get_logger
 from guardian.outage import TickFailures, failure_text
 
@@ -37,7 +39,8 @@ class GuardedTick:
         except Exception as exc:
             self.last_error = failure_text(exc)
             if self.failures.failed():
-                fields = {"run": self.run_id, "error": self.last_error, "next": "retrying every tick"}
+                kind = "outage" if is_outage(exc) else "bug"
+                fields = {"run": self.run_id, "kind": kind, **fault_fields(exc), "next": "retrying every tick"}
                 log.error(event("tick_failed", fields), exc_info=True)
             return False, None
         if self.failures.count:
@@ -58,4 +61,4 @@ def aside(run_id: str, what: str, action: Callable[[], object]) -> None:
     try:
         action()
     except Exception as exc:
-        log.warning(event("tick_aside_failed", {"run": run_id, "what": what, "error": failure_text(exc)}))
+        log.warning(event("tick_aside_failed", {"run": run_id, "what": what, **fault_fields(exc)}))

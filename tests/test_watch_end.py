@@ -320,7 +320,8 @@ def test_ticks_failing_in_a_row_give_up_in_one_line_saying_the_run_is_unguarded(
     limit = GuardianConfig().tick_failure_limit
     assert harness.source.polls == limit
     (failed,) = events(logs, "tick_failed")
-    assert 'error="RuntimeError: poll exploded"' in failed
+    assert 'kind=bug type=RuntimeError at=guardian/watch/loop.py:' in failed  # the innermost frame of ours
+    assert 'detail="RuntimeError: poll exploded"' in failed
     assert [r.getMessage() for r in logs.records if r.exc_info] == [failed], "the traceback once"
     (line,) = events(logs, "guardian_cannot_continue")
     assert f'cause="{limit} ticks in a row failed: RuntimeError: poll exploded"' in line
