@@ -92,9 +92,6 @@ class Guardian:
     rollouts: RolloutDir | None = None
     checkpoints_dir: Path | None = None
     on_transition: list[Callable[[str, Transition], None]] = field(default_factory=list)
-    # `guardian run` names each attempt itself (one metrics file per launch); `watch` infers attempts
-    # from file segments (verl truncates its log on every start)
-    attempt_id: int | None = None
     # observe mode closes an incident when its check clears; under `guardian run --mode enforce` the
     # intervention owns the incident's end (a rollback clears checks without anything being fixed)
     close_on_clear: bool = True
@@ -110,7 +107,10 @@ class Guardian:
         )
         self.checks = build_checks(self.config.checks)
         self.started_at = self.clock()
-        self._attempt_id: int | None = self.attempt_id
+        # the attempt the steps read now belong to; `guardian run` names each one itself (switch_attempt: one
+        # metrics file per launch), `watch` infers them from file segments (verl truncates its log on every start)
+        self.attempt_id: int | None = None
+        self._follows_launches = False
         # steps judged before a restart of the guardian: their findings are already stored
         self._judged_through: int | None = None
 
@@ -154,13 +154,13 @@ class Guardian:
         for index, item in enumerate(batch.items):
             if isinstance(item, NewSegment):
                 self._flush(pending, work, now)
-                if self.attempt_id is None:
+                if not self._follows_launches:
                     work = self._commit_work(work)
                     self._begin_attempt(item.segment, now, batch, index)
                 elif item.segment > 0:
                     log.warning(event("metrics_file_restarted", {"run": self.run_id, "path": self.metrics.path}))
                 continue
-            if self._attempt_id is None:
+            if self.attempt_id is None:
                 self._begin_attempt(0, now, batch, index)
             before = self.history.branch
             arrival = self.history.add(item, arrived_at=now)
@@ -177,9 +177,9 @@ class Guardian:
             for step, group_stats in stats.stats:
                 values = group_stats.as_metrics()
                 self.history.merge(step, values)
-                if self._attempt_id is not None:
+                if self.attempt_id is not None:
                     work.parts.append(
-                        partial(_merge_values, self.run_id, self._attempt_id, self.history.branch, step, values, now)
+                        partial(_merge_values, self.run_id, self.attempt_id, self.history.branch, step, values, now)
                     )
             for problem in stats.bad:
                 log.warning(event("bad_rollout_line", {"run": self.run_id, "detail": problem}))
@@ -205,16 +205,16 @@ class Guardian:
         latest = self.store.latest_attempt(self.run_id)
         if segment == 0 and latest is not None and latest.ended_at is None:
             # a restarted guardian re-reads the file from the start: same attempt, steps already stored
-            self._attempt_id = latest.id
+            self.attempt_id = latest.id
             stored = self.store.latest_step(self.run_id)
             self._judged_through = stored[0] if stored else None
         else:
             if latest is not None and latest.ended_at is None:
                 self.store.end_attempt(latest.id, exit_code=None, now=now)
             attempt = self.store.start_attempt(self.run_id, metrics_path=str(self.metrics.path), now=now)
-            self._attempt_id = attempt.id
+            self.attempt_id = attempt.id
             self._judged_through = None
-        log.info(event("attempt", {"run": self.run_id, "attempt_id": self._attempt_id, "segment": segment}))
+        log.info(event("attempt", {"run": self.run_id, "attempt_id": self.attempt_id, "segment": segment}))
 
     def switch_attempt(
         self,
@@ -226,7 +226,7 @@ class Guardian:
     ) -> None:
         """Follow a new trainer launch: its own metrics file and rollout dumps (a dump dir the attempts share
         keeps its reader, which knows the dumps already merged), the same run timeline."""
-        self.attempt_id = self._attempt_id = attempt_id
+        self.attempt_id, self._follows_launches = attempt_id, True
         self.metrics = metrics
         if rollouts is not None and (self.rollouts is None or self.rollouts.path != rollouts.path):
             self.rollouts = rollouts
@@ -261,9 +261,9 @@ class Guardian:
         )
 
     def _flush(self, pending: list[StepRecord], work: TickWrites, now: float, branch: int | None = None) -> None:
-        if pending and self._attempt_id is not None:
+        if pending and self.attempt_id is not None:
             line = self.history.branch if branch is None else branch
-            work.parts.append(partial(_write_steps, self.run_id, self._attempt_id, line, list(pending), now))
+            work.parts.append(partial(_write_steps, self.run_id, self.attempt_id, line, list(pending), now))
         pending.clear()
 
     def _commit_work(self, work: TickWrites) -> TickWrites:
@@ -296,7 +296,7 @@ class Guardian:
         fresh = [t for t in transitions if not self._already_stored(t)]
         for transition in fresh:
             _log_finding(self.run_id, transition)
-            work.parts.append(partial(self._record, transition=transition, now=now, attempt_id=self._attempt_id))
+            work.parts.append(partial(self._record, transition=transition, now=now, attempt_id=self.attempt_id))
             work.checks.add(transition.finding.check)
             for sink in self.on_transition:
                 sink(self.run_id, transition)
