@@ -2,7 +2,7 @@
 
     python bench/detection.py [--traces DIR] [--json]
 
-For each trace in ``labels.json`` the metrics file is replayed step by step (``guardian.replay``), once
+For each trace in ``labels.json`` the metrics file is replayed step by step (``guardian.incidents.replay``), once
 with the calibrated ``default`` rules and once with the tutorial's naive ``seed`` rules, and fed to a peer,
 rlwatch 0.5.1 (``pip install rlwatch==0.5.1``, the ``bench`` extra; its column is left out, with a note,
 when it is not installed). The table shows, per rule set, the first CRITICAL finding (step and check) and
@@ -20,7 +20,7 @@ log, so fed that way it would see entropy only. A "critical" alert of any rlwatc
 
 Loading is kept apart from scoring: ``score(rows)`` takes ``(name, label, onset, result)`` rows, so
 other sources of labelled runs (the demo trainer's scenarios) can be scored by replaying them with
-``guardian.replay.replay_records`` and passing the rows in.
+``guardian.incidents.replay.replay_records`` and passing the rows in.
 """
 
 from __future__ import annotations
@@ -35,13 +35,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import NamedTuple
 
+from guardian.checks.findings import Finding, Severity
 from guardian.config import ChecksConfig, GuardianConfig
-from guardian.findings import Finding, Severity
-from guardian.history import RunHistory
+from guardian.history.timeline import RunHistory
+from guardian.incidents.replay import ReplayResult, replay_file
+from guardian.incidents.tracker import Change, Transition
 from guardian.keys import Signal
-from guardian.replay import ReplayResult, replay_file
 from guardian.sources.jsonl import read_all
-from guardian.tracker import Change, Transition
 
 RULE_SETS: tuple[str, ...] = ("default", "seed")
 PEER = "rlwatch"

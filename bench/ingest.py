@@ -9,7 +9,7 @@ sees a step after verl writes it, and how much memory a replay takes.
    logs (names copied from tests/fixtures/verl-0.9.1-run), ``actor/kl_loss``, and realistic filler keys
    (``val-aux/...``, ``timing_s/...``, ``perf/...``) up to ``--keys``. Values are a healthy run: smooth
    trends plus noise, entropy slowly falling, reward slowly rising.
-2. Full replay: ``guardian.replay.replay_file`` with the default checks (parse + every check after
+2. Full replay: ``guardian.incidents.replay.replay_file`` with the default checks (parse + every check after
    every step), in a fresh subprocess so that its peak RSS is the replay's alone; next to it the time to
    merely parse the file line by line with orjson, and the RSS of a subprocess that only imports guardian.
 3. Ingest with the store: a ``Guardian`` with a SQLite store in a temp dir tails the file from the
@@ -50,17 +50,17 @@ import orjson
 from common import json_safe
 
 from guardian.checks import CheckContext, build_checks
+from guardian.commands.watch.end import FileState
+from guardian.commands.watch.loop import FollowedFile, WatchLoop
+from guardian.commands.watch.trainer import TrainerLiveness
 from guardian.config import GuardianConfig
-from guardian.daemon import Guardian, TickResult
-from guardian.history import RunHistory, StepRecord
-from guardian.replay import replay_file
+from guardian.history.timeline import RunHistory, StepRecord
+from guardian.incidents.guardian import Guardian, TickResult
+from guardian.incidents.replay import replay_file
+from guardian.incidents.tracker import Change, StatusTracker, Transition
 from guardian.sinks.snapshot import RunSnapshot
 from guardian.sources.jsonl import MetricsBatch, MetricsFile, iter_records
 from guardian.store import Store
-from guardian.tracker import Change, StatusTracker, Transition
-from guardian.watch.end import FileState
-from guardian.watch.loop import FollowedFile, WatchLoop
-from guardian.watch.trainer import TrainerLiveness
 
 # Targets printed next to the figures (not asserted).
 TARGET_REPLAY_S = 5.0
@@ -320,7 +320,7 @@ from pathlib import Path
 from typing import Any
 from guardian.checks import CheckContext, build_checks
 from guardian.config import GuardianConfig
-from guardian.replay import replay_file
+from guardian.incidents.replay import replay_file
 checks = GuardianConfig().checks
 
 
@@ -400,7 +400,7 @@ def profile_replay(path: Path, top: int = 20) -> str:
 
 
 def replay_breakdown(path: Path) -> dict[str, float]:
-    """Seconds per phase of a replay: the loop of ``guardian.replay.replay_records``, timed piece by piece."""
+    """Seconds per phase of a replay: the loop of ``guardian.incidents.replay.replay_records``, timed piece by piece."""
     config = GuardianConfig().checks
     checks = build_checks(config)
     history = RunHistory()

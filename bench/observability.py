@@ -33,10 +33,10 @@ from pathlib import Path
 from common import json_safe
 from prometheus_client import generate_latest
 
+from guardian.checks.findings import Finding, Severity
 from guardian.config import GuardianConfig
-from guardian.daemon import Guardian
-from guardian.findings import Finding, Severity
-from guardian.history import StepRecord
+from guardian.history.timeline import StepRecord
+from guardian.incidents.guardian import Guardian
 from guardian.notify.dispatcher import Dispatcher, DispatchPolicy
 from guardian.notify.events import GuardianEvent, Level, load_events
 from guardian.sinks.prometheus import build_registry

@@ -64,16 +64,16 @@ from pathlib import Path
 
 from common import json_safe
 
+from guardian.commands.demo import FINAL_STEPS, demo_config
+from guardian.commands.run import local_supervisor, register_run
 from guardian.config import GuardianConfig
 from guardian.demo.scenarios import SCENARIOS, RunFiles, Scenario
-from guardian.demo_run import FINAL_STEPS, demo_config
 from guardian.exits import EXIT_GAVE_UP, EXIT_OK
 from guardian.keys import VERL_ALIASES, Signal
-from guardian.run import local_supervisor, register_run
+from guardian.rescue.supervisor import Supervisor
 from guardian.sources.jsonl import read_all
 from guardian.store import Store
 from guardian.store.interventions import InterventionEventView
-from guardian.supervisor import Supervisor
 
 DEFAULT_SEEDS = (1, 2, 3)
 DEFAULT_SCENARIOS = ("entropy_collapse", "seed_settings", "healthy", "crash", "nan", "kl_blowup")

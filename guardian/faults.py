@@ -34,7 +34,7 @@ from typing import Final
 
 from sqlalchemy.exc import DataError, DBAPIError, IntegrityError, NotSupportedError, ProgrammingError
 
-from guardian.outage import failure_text
+from guardian.store.engine import reason
 
 # errnos of a resource that is exhausted or unreachable for now (the ConnectionError and TimeoutError
 # errnos - refused, reset, aborted, broken pipe, timed out - come as those subclasses already)
@@ -149,3 +149,9 @@ def _http_status(exc: BaseException) -> int | None:
         if isinstance(status, int) and 100 <= status <= 599:
             return status
     return None
+
+
+def failure_text(exc: BaseException) -> str:
+    """``TypeName: first line of the message`` (just the type when there is no message): a failed tick in one
+    log line, scrubbed as the store's errors are (no SQL text or parameters, no password of a URL)."""
+    return reason(exc.orig if isinstance(exc, DBAPIError) and exc.orig is not None else exc)

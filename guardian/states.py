@@ -2,7 +2,7 @@
 
 The enums are ``StrEnum``: the store keeps their values as text and hands them back as members, and a member
 compares equal to its value, so a reader may match either. What the values *mean* - which transitions an
-intervention may take - is ``guardian.policy``'s.
+intervention may take - is ``guardian.rescue.policy``'s.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Final
 
 
 class State(StrEnum):
-    """Where an intervention stands (``guardian.policy`` has the allowed transitions)."""
+    """Where an intervention stands (``guardian.rescue.policy`` has the allowed transitions)."""
 
     DETECTED = "DETECTED"
     STOPPING = "STOPPING"

@@ -19,7 +19,7 @@ import pytest
 
 from guardian.checks import CheckContext
 from guardian.config import BaselineConfig
-from guardian.history import RunHistory, StepRecord
+from guardian.history.timeline import RunHistory, StepRecord
 
 # loopback stand-ins shared by several test modules (fixtures: receiver, fake_grafana)
 pytest_plugins = ("webhook_receiver", "fake_grafana")

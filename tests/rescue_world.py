@@ -12,13 +12,13 @@ from conftest import ManualClock
 
 from guardian.actions.checkpoints import CheckpointError
 from guardian.actions.ladder import Rung
+from guardian.actions.launcher import RunFolder
 from guardian.actions.process import ExitStatus
 from guardian.actions.verl_keys import PatchError
+from guardian.checks.findings import Finding, Severity
 from guardian.config import GuardianConfig
-from guardian.findings import Finding, Severity
-from guardian.launcher import RunFolder
-from guardian.outcome import Comparison, Outcome
 from guardian.rescue.executor import Executor
+from guardian.rescue.outcome import Comparison, Outcome
 from guardian.rescue.snapshot import RescueSnapshot, StandingFinding, TrainerFacts
 from guardian.states import Kind, Mode, State
 from guardian.store import AttemptView, ConfigChange, IncidentView, InterventionView, StateDetail, Store, StoredPlan

@@ -16,7 +16,7 @@ from guardian.actions import strays
 from guardian.actions.checkpoints import quarantine_after
 from guardian.actions.dirlock import LOCK_NAME, DirLockedError, holding
 from guardian.cli import main
-from guardian.run import RunRequest, run_guarded
+from guardian.commands.run import RunRequest, run_guarded
 from guardian.sources.checkpoints import TRACKER_FILE
 from guardian.store import Store
 

@@ -9,13 +9,13 @@ from pathlib import Path
 import pytest
 from webhook_receiver import Receiver
 
+from guardian.commands.run import local_supervisor
 from guardian.config import GuardianConfig
 from guardian.notify.compose import Alert
 from guardian.notify.dispatcher import Dispatcher, DispatchPolicy
 from guardian.notify.events import Level
 from guardian.notify.notifiers import WebhookNotifier
 from guardian.notify.setup import NotifierSink
-from guardian.run import local_supervisor
 from guardian.store import Store
 
 ALERT = Alert(

@@ -10,7 +10,7 @@ import pytest
 from sqlalchemy.exc import OperationalError
 
 from guardian.config import GuardianConfig
-from guardian.daemon import Guardian
+from guardian.incidents.guardian import Guardian
 from guardian.sources.jsonl import MetricsFile
 from guardian.store import Store
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from guardian.config import GuardianConfig
-from guardian.daemon import NON_FINITE_NOTE, Guardian
+from guardian.incidents.guardian import NON_FINITE_NOTE, Guardian
 from guardian.sources.jsonl import MetricsFile
 from guardian.store import Store
 

@@ -17,6 +17,7 @@ import yaml
 from conftest import required_tool
 
 from guardian import keys
+from guardian.checks.findings import Severity
 from guardian.cli import EXIT_ERROR, EXIT_OK, EXIT_USAGE, main
 from guardian.dashboards import (
     ANNOTATION_TAG,
@@ -30,7 +31,6 @@ from guardian.dashboards import (
 )
 from guardian.dashboards import export as export_module  # the module (the function is export_all)
 from guardian.dashboards.dashboard import RUN_TAG
-from guardian.findings import Severity
 
 REPO = Path(__file__).resolve().parents[1]
 COMMITTED = REPO / "dashboards"

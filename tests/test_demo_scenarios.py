@@ -14,11 +14,11 @@ from typing import Any
 
 import pytest
 
+from guardian.checks.findings import Severity
 from guardian.config import ChecksConfig
 from guardian.demo import scenarios, trainer
 from guardian.demo.scenarios import RunFiles, Scenario
-from guardian.findings import Severity
-from guardian.replay import ReplayResult, replay_file
+from guardian.incidents.replay import ReplayResult, replay_file
 from guardian.sources.rollouts import GroupStats, RolloutDir
 
 

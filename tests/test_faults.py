@@ -22,9 +22,9 @@ from conftest import free_port
 from grafana_client.client import GrafanaClientError, GrafanaException, GrafanaServerError
 from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError, ProgrammingError
 
-from guardian import grafana
+from guardian.dashboards import grafana
+from guardian.dashboards.grafana import GrafanaError
 from guardian.faults import fault_fields, is_outage, place, transient_status
-from guardian.grafana import GrafanaError
 from guardian.notify.notifiers import NotifyError
 
 
@@ -202,7 +202,7 @@ def test_the_place_is_the_innermost_frame_of_guardian_code() -> None:
     at = place(exc)
     assert at is not None
     path, line = at.rsplit(":", 1)
-    assert path == "guardian/grafana.py"
+    assert path == "guardian/dashboards/grafana.py"
     assert "urlsplit(url)" in Path(grafana.__file__).read_text().splitlines()[int(line) - 1]
     assert fault_fields(exc) == {
         "type": "AttributeError",

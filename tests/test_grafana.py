@@ -1,4 +1,4 @@
-"""guardian.grafana through the real grafana-client (niquests) against the loopback fake Grafana."""
+"""guardian.dashboards.grafana through the real grafana-client (niquests) against the loopback fake Grafana."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from conftest import free_port
 from fake_grafana import TOKEN, VIEWER_TOKEN, FakeGrafana
 from grafana_client.api import GrafanaApi
 
-from guardian import grafana as g
+from guardian.dashboards import grafana as g
 
 FOLDER = "RL Guardian"
 T0 = 1_767_225_600_000  # 2026-01-01T00:00:00Z in ms

@@ -21,11 +21,11 @@ from conftest import fixture_path
 from gpu import verdict
 from gpu.scenarios import scenarios
 from guardian.actions.checkpoints import choose_rollback_target
+from guardian.checks.findings import Severity
 from guardian.config import ChecksConfig, RemediationConfig
-from guardian.findings import Severity
-from guardian.history import RunHistory
-from guardian.outcome import measure_outcome
-from guardian.replay import ReplayResult, replay_file
+from guardian.history.timeline import RunHistory
+from guardian.incidents.replay import ReplayResult, replay_file
+from guardian.rescue.outcome import measure_outcome
 from guardian.sources.jsonl import read_all
 
 HARNESS = fixture_path("verl-0.9.1-run", "harness")

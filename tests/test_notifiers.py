@@ -15,7 +15,7 @@ import pytest
 from conftest import free_port
 from webhook_receiver import Receiver
 
-from guardian.findings import EvidenceValue, Severity
+from guardian.checks.findings import EvidenceValue, Severity
 from guardian.notify.compose import TITLE_MAX, Alert, compose, format_evidence, format_value
 from guardian.notify.events import EventKind, GuardianEvent, Level, run_events
 from guardian.notify.notifiers import (
@@ -26,7 +26,7 @@ from guardian.notify.notifiers import (
     redact_url,
 )
 from guardian.notify.wandb_alert import WandbNotifier
-from guardian.policy import State
+from guardian.rescue.policy import State
 from guardian.store.interventions import InterventionEventView, InterventionView
 from guardian.store.views import IncidentView
 

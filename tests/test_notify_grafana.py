@@ -13,11 +13,10 @@ import pytest
 from conftest import ManualClock
 from fake_grafana import TOKEN, FakeGrafana
 
-from guardian import grafana
+from guardian.checks.findings import Finding, Severity
 from guardian.cli import main
 from guardian.config import ConfigError, GrafanaConfig, GuardianConfig, NotifyConfig, WebhookConfig
-from guardian.dashboards import ANNOTATION_TAG, dashboards
-from guardian.findings import Finding, Severity
+from guardian.dashboards import ANNOTATION_TAG, dashboards, grafana
 from guardian.notify.annotations import GrafanaAnnotations
 from guardian.notify.dispatcher import Dispatcher, DispatchPolicy
 from guardian.notify.setup import build_sinks

@@ -1,4 +1,4 @@
-"""What a rescue achieved: the figures probation judges (guardian/outcome.py)."""
+"""What a rescue achieved: the figures probation judges (guardian/rescue/outcome.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 from conftest import history_of
 
 from guardian.config import ChecksConfig
-from guardian.outcome import measure_outcome
+from guardian.rescue.outcome import measure_outcome
 
 VAL, ENTROPY = "val-core/x/acc/mean@1", "actor/entropy"
 

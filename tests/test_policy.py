@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from guardian.outcome import Comparison, Outcome
-from guardian.policy import (
+from guardian.rescue.outcome import Comparison, Outcome
+from guardian.rescue.policy import (
     Ending,
     Kind,
     PastIntervention,

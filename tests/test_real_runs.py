@@ -18,12 +18,12 @@ from pathlib import Path
 import pytest
 from conftest import ManualClock, fixture_path
 
+from guardian.checks.findings import Severity
 from guardian.config import ChecksConfig, GuardianConfig
-from guardian.daemon import Guardian
-from guardian.findings import Severity
-from guardian.history import RunHistory
-from guardian.outcome import measure_outcome
-from guardian.replay import replay_file
+from guardian.history.timeline import RunHistory
+from guardian.incidents.guardian import Guardian
+from guardian.incidents.replay import replay_file
+from guardian.rescue.outcome import measure_outcome
 from guardian.sources.jsonl import MetricsFile, read_all
 from guardian.sources.rollouts import RolloutDir
 from guardian.store import Store

@@ -17,7 +17,7 @@ from conftest import fixture_path
 from gpu import verdict
 from gpu.scenarios import RECIPE_CONFIG, scenarios
 from guardian.config import ChecksConfig
-from guardian.replay import replay_file
+from guardian.incidents.replay import replay_file
 from recipe.agent.protocol import OBSERVATION_OPEN
 from recipe.prompt import SEARCH_CLOSE
 from recipe.reward import compute_score

@@ -12,8 +12,8 @@ from conftest import fixture_path
 
 from guardian.cli import EXIT_ERROR, EXIT_OK, EXIT_UNHEALTHY, EXIT_USAGE, main
 from guardian.config import ChecksConfig, SourcesConfig
-from guardian.history import RunHistory
-from guardian.replay import replay_file, replay_trace
+from guardian.history.timeline import RunHistory
+from guardian.incidents.replay import replay_file, replay_trace
 from guardian.sources.sniff import SAMPLE_BYTES, TraceKind, read_sample, sniff
 
 RUN = ("verl-0.9.1-run",)

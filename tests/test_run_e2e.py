@@ -18,9 +18,9 @@ from pathlib import Path
 import orjson
 import pytest
 
+from guardian.commands.run import RunRequest, run_guarded
 from guardian.config import GuardianConfig
-from guardian.policy import State
-from guardian.run import RunRequest, run_guarded
+from guardian.rescue.policy import State
 from guardian.sources.checkpoints import scan_checkpoints
 from guardian.store import Store
 

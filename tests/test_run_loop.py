@@ -11,8 +11,8 @@ from pathlib import Path
 
 from rich.console import Console
 
+from guardian.commands.run import _render, guard_loop, local_supervisor, register_run
 from guardian.config import GuardianConfig
-from guardian.run import _render, guard_loop, local_supervisor, register_run
 from guardian.store import Store
 
 

@@ -17,8 +17,8 @@ from alembic.runtime.migration import MigrationContext
 from sqlalchemy import create_engine, inspect
 from sqlalchemy.exc import OperationalError
 
-from guardian.findings import Finding, Severity
-from guardian.history import StepRecord
+from guardian.checks.findings import Finding, Severity
+from guardian.history.timeline import StepRecord
 from guardian.states import RunStatus, State
 from guardian.store import (
     NotFoundError,

@@ -20,11 +20,12 @@ from conftest import ManualClock, corrupt_table
 from sqlalchemy import Engine, event
 
 from guardian.actions.process import LocalProcessControl
+from guardian.checks.findings import Severity
+from guardian.commands.run import guard_loop, register_run
 from guardian.config import GuardianConfig
-from guardian.daemon import Guardian
-from guardian.findings import Severity
-from guardian.history import StepRecord
-from guardian.outage import (
+from guardian.history.timeline import StepRecord
+from guardian.incidents.guardian import Guardian
+from guardian.loop.outage import (
     STORE_WAIT_S,
     TICK_FAILURE_LIMIT,
     StoreWait,
@@ -32,11 +33,10 @@ from guardian.outage import (
     stop_while_store_down,
     trainer_fate,
 )
-from guardian.run import guard_loop, register_run
+from guardian.rescue.supervisor import Supervisor
 from guardian.sources.jsonl import MetricsBatch, MetricsFile
 from guardian.store import Store
 from guardian.store.writebehind import RETRY_MAX_S, WriteBehind
-from guardian.supervisor import Supervisor
 
 SCRIPTED = Path(__file__).with_name("scripted_trainer.py")
 TOTAL_STEPS = 200

@@ -25,10 +25,10 @@ from rescue_world import RUN as RESCUE_RUN
 from rescue_world import World
 from sqlalchemy.exc import IntegrityError, OperationalError
 
+from guardian.checks.findings import Finding, Severity
 from guardian.config import GuardianConfig
-from guardian.daemon import Guardian
-from guardian.findings import Finding, Severity
-from guardian.outage import failure_text
+from guardian.faults import failure_text
+from guardian.incidents.guardian import Guardian
 from guardian.sources.jsonl import MetricsFile
 from guardian.states import Kind, State
 from guardian.store import InterventionView, Store, StoredPlan

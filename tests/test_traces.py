@@ -12,8 +12,8 @@ import pytest
 from conftest import FIXTURES, fixture_path
 
 from guardian.config import ChecksConfig
+from guardian.incidents.replay import replay_file
 from guardian.keys import Signal
-from guardian.replay import replay_file
 
 LONG = 20
 
@@ -64,7 +64,7 @@ def test_real_verl_091_run_with_rollouts_reports_egr() -> None:
 
 def test_resume_trace_is_a_new_branch_not_an_error() -> None:
     run = fixture_path("verl-0.9.1-run")
-    from guardian.history import RunHistory
+    from guardian.history.timeline import RunHistory
 
     history = RunHistory()
     replay_file(run / "metrics-30-steps.jsonl", ChecksConfig(), history=history)

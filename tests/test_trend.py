@@ -7,7 +7,7 @@ import pytest
 
 from guardian.checks.trend import Trend, plateau_start, reward_trend_at
 from guardian.config import BaselineConfig, RewardCollapseConfig
-from guardian.history import RunHistory, StepRecord
+from guardian.history.timeline import RunHistory, StepRecord
 
 R = "critic/score/mean"
 CFG, BASE = RewardCollapseConfig(), BaselineConfig()

@@ -16,18 +16,18 @@ import pytest
 from conftest import ManualClock, fixture_path, missing
 
 from guardian.actions.liveness import pid_alive
+from guardian.checks.findings import Severity
 from guardian.cli import main
+from guardian.commands.watch.display import PlainProgress
+from guardian.commands.watch.end import EndReason, FileState, WatchState, end_reason
+from guardian.commands.watch.loop import FollowedFile, WatchLoop
+from guardian.commands.watch.summary import VerdictTracker
+from guardian.commands.watch.trainer import TrainerLiveness
 from guardian.config import ConfigError, GuardianConfig
-from guardian.daemon import Guardian
-from guardian.findings import Severity
+from guardian.incidents.guardian import Guardian
 from guardian.sources.hydra_config import MAX_RUN_CONFIG_BYTES, config_beside, total_training_steps
 from guardian.sources.jsonl import MetricsBatch, MetricsFile
 from guardian.store import Store
-from guardian.watch.display import PlainProgress
-from guardian.watch.end import EndReason, FileState, WatchState, end_reason
-from guardian.watch.loop import FollowedFile, WatchLoop
-from guardian.watch.summary import VerdictTracker
-from guardian.watch.trainer import TrainerLiveness
 
 RUN_30 = fixture_path("verl-0.9.1-run", "metrics-30-steps.jsonl")  # steps 0-30, entropy collapses from ~16
 RUN_10 = fixture_path("verl-0.9.1-run", "metrics-10-steps.jsonl")  # steps 1-10, healthy (truncation warns)
@@ -320,7 +320,7 @@ def test_ticks_failing_in_a_row_give_up_in_one_line_saying_the_run_is_unguarded(
     limit = GuardianConfig().tick_failure_limit
     assert harness.source.polls == limit
     (failed,) = events(logs, "tick_failed")
-    assert 'kind=bug type=RuntimeError at=guardian/watch/loop.py:' in failed  # the innermost frame of ours
+    assert "kind=bug type=RuntimeError at=guardian/commands/watch/loop.py:" in failed  # the innermost frame of ours
     assert 'detail="RuntimeError: poll exploded"' in failed
     assert [r.getMessage() for r in logs.records if r.exc_info] == [failed], "the traceback once"
     (line,) = events(logs, "guardian_cannot_continue")

@@ -13,13 +13,13 @@ from guardian.checks.base import Check, CheckContext
 from guardian.checks.drift import kl_drift, logprob_decline
 from guardian.checks.egr import egr_collapse
 from guardian.checks.entropy import entropy_collapse, entropy_explosion
+from guardian.checks.findings import Finding, Severity
 from guardian.checks.length import length_collapse, length_explosion, truncation
 from guardian.checks.reward import reward_collapse
 from guardian.checks.seed import seed_egr, seed_entropy, seed_kl, seed_lld
 from guardian.checks.spikes import grad_spike, non_finite
 from guardian.checks.stall import stall
 from guardian.config import CheckBase, ChecksConfig
-from guardian.findings import Finding, Severity
 
 CheckFn = Callable[[CheckContext], Finding]
 

@@ -12,9 +12,9 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from guardian.checks.findings import EvidenceValue, Finding, Severity
 from guardian.config import BaselineConfig
-from guardian.findings import EvidenceValue, Finding, Severity
-from guardian.history import RunHistory, Series
+from guardian.history.timeline import RunHistory, Series
 from guardian.keys import Signal
 
 # How far back (in points) an onset estimate may walk; bounds the cost of a long-running condition.

@@ -26,9 +26,9 @@ from guardian.checks.base import (
     signal_ratio,
     waiting,
 )
+from guardian.checks.findings import EvidenceValue, Finding, Severity
 from guardian.checks.trend import reward_trend_at
 from guardian.config import KlDriftConfig, LogprobDeclineConfig, RewardCollapseConfig
-from guardian.findings import EvidenceValue, Finding, Severity
 from guardian.keys import Signal
 
 KL = "kl_drift"

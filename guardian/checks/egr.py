@@ -23,10 +23,10 @@ from guardian.checks.base import (
     need,
     rounded,
 )
+from guardian.checks.findings import EvidenceValue, Finding, Severity
 from guardian.checks.trend import reward_trend_at
 from guardian.config import EgrCollapseConfig, RewardCollapseConfig
-from guardian.findings import EvidenceValue, Finding, Severity
-from guardian.history import RunHistory
+from guardian.history.timeline import RunHistory
 from guardian.keys import Signal
 
 CHECK = "egr_collapse"

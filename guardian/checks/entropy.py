@@ -37,6 +37,7 @@ from guardian.checks.base import (
     signal_baseline,
 )
 from guardian.checks.egr import EgrState, egr_state_at
+from guardian.checks.findings import EvidenceValue, Finding, Severity
 from guardian.checks.trend import Trend, plateau_start, reward_trend_at
 from guardian.config import (
     EgrCollapseConfig,
@@ -44,8 +45,7 @@ from guardian.config import (
     EntropyExplosionConfig,
     RewardCollapseConfig,
 )
-from guardian.findings import EvidenceValue, Finding, Severity
-from guardian.history import Series
+from guardian.history.timeline import Series
 from guardian.keys import Signal
 
 COLLAPSE = "entropy_collapse"

@@ -22,10 +22,10 @@ from guardian.checks.base import (
     signal_ratio,
     waiting,
 )
+from guardian.checks.findings import EvidenceValue, Finding, Severity
 from guardian.checks.trend import reward_trend_at
 from guardian.config import LengthConfig, RewardCollapseConfig
-from guardian.findings import EvidenceValue, Finding, Severity
-from guardian.history import Series
+from guardian.history.timeline import Series
 from guardian.keys import Signal
 
 COLLAPSE = "length_collapse"

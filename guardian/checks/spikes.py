@@ -14,9 +14,9 @@ from __future__ import annotations
 import math
 
 from guardian.checks.base import CheckContext, need, ok, rounded
+from guardian.checks.findings import EvidenceValue, Finding, Severity
 from guardian.config import GradSpikeConfig, NonFiniteConfig
-from guardian.findings import EvidenceValue, Finding, Severity
-from guardian.history import median
+from guardian.history.timeline import median
 from guardian.keys import Signal
 
 GRAD = "grad_spike"

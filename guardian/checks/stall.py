@@ -17,9 +17,9 @@ import math
 from itertools import pairwise
 
 from guardian.checks.base import CheckContext, ok, rounded
+from guardian.checks.findings import EvidenceValue, Finding, Severity
 from guardian.config import StallConfig
-from guardian.findings import EvidenceValue, Finding, Severity
-from guardian.history import RunHistory, median
+from guardian.history.timeline import RunHistory, median
 from guardian.keys import Signal
 
 CHECK = "stall"

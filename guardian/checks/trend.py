@@ -36,7 +36,7 @@ from itertools import pairwise
 
 from guardian.checks.base import ONSET_LOOKBACK, baseline
 from guardian.config import BaselineConfig, RewardCollapseConfig
-from guardian.history import RunHistory, Series
+from guardian.history.timeline import RunHistory, Series
 from guardian.keys import Signal
 
 # robust sigma of one value from the median absolute deviation of first differences: MAD * 1.4826 is the

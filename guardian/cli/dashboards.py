@@ -52,8 +52,7 @@ def cmd_dashboards_export(args: argparse.Namespace) -> int:
 
 
 def cmd_dashboards_push(args: argparse.Namespace) -> int:
-    from guardian import grafana
-    from guardian.dashboards import dashboards
+    from guardian.dashboards import dashboards, grafana
 
     config = resolved_config(args).grafana
     url = args.url or config.url

@@ -14,14 +14,14 @@ from dataclasses import dataclass
 from rich.console import Console
 from rich.markup import escape
 
+from guardian.checks.findings import EvidenceValue
 from guardian.cli.common import SEVERITY_STYLE, AddCommand, log, open_store, print_json, resolved_config, store_int
 from guardian.exits import EXIT_ERROR, EXIT_OK
-from guardian.findings import EvidenceValue
 from guardian.logs import event
 from guardian.notify.compose import at_step, format_setting, format_value
 from guardian.notify.events import incident_key, intervention_key
-from guardian.outcome import outcome_line
-from guardian.policy import CRASH_OUTPUT_EVIDENCE
+from guardian.rescue.outcome import outcome_line
+from guardian.rescue.policy import CRASH_OUTPUT_EVIDENCE
 from guardian.store import IncidentDetail, InterventionEventView, InterventionView, config_changes
 from guardian.store.deliveries import DeliveryView
 

@@ -10,8 +10,8 @@ from rich.markup import escape
 
 from guardian.cli.common import SEVERITY_STYLE, AddCommand, dir_problem, file_problem, log, print_json, resolved_config
 from guardian.exits import EXIT_ERROR, EXIT_OK, EXIT_UNHEALTHY, EXIT_USAGE
+from guardian.incidents.replay import ReplayResult, replay_trace
 from guardian.logs import event
-from guardian.replay import ReplayResult, replay_trace
 from guardian.sources.sniff import TraceKind, TraceShape
 
 SHOWN_PROBLEMS = 20  # bad lines and rollout problems logged one by one; the rest are counted

@@ -43,7 +43,7 @@ def default_run_id(command: Sequence[str], cwd: Path) -> str:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from guardian.run import RunRequest, run_guarded
+    from guardian.commands.run import RunRequest, run_guarded
 
     config = resolved_config(args)
     if args.mode:
@@ -74,6 +74,6 @@ def _run_id(args: argparse.Namespace, command: Sequence[str]) -> str:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from guardian.demo_run import run_demo
+    from guardian.commands.demo import run_demo
 
     return run_demo(resolved_config(args), scenario=args.scenario, json_output=args.json)

@@ -24,7 +24,7 @@ def register(add: AddCommand) -> None:
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
-    from guardian.doctor import diagnose
+    from guardian.commands.doctor import diagnose
 
     report = diagnose(args.config)
     if args.json:

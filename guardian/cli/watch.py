@@ -18,6 +18,9 @@ from typing import TYPE_CHECKING
 from sqlalchemy.exc import DBAPIError
 
 from guardian.cli.common import AddCommand, dir_problem, file_problem, log, open_store, resolved_config
+from guardian.commands.watch.end import EndReason
+from guardian.commands.watch.summary import IncidentLine, Verdict, VerdictTracker, WatchSummary, summary_lines
+from guardian.commands.watch.trainer import TrainerLiveness
 from guardian.config import GuardianConfig
 from guardian.exits import EXIT_ERROR, EXIT_OK, EXIT_UNHEALTHY
 from guardian.ids import MAX_RUN_ID, checked_run_id
@@ -26,12 +29,9 @@ from guardian.logs import event
 from guardian.sources.hydra_config import config_beside, total_training_steps
 from guardian.store import Store
 from guardian.store.engine import reason as store_error_text
-from guardian.watch.end import EndReason
-from guardian.watch.summary import IncidentLine, Verdict, VerdictTracker, WatchSummary, summary_lines
-from guardian.watch.trainer import TrainerLiveness
 
 if TYPE_CHECKING:  # the guard loop's modules load when a watch starts, not with the CLI
-    from guardian.daemon import Guardian
+    from guardian.incidents.guardian import Guardian
 
 EXIT_CODES = {Verdict.HEALTHY: EXIT_OK, Verdict.UNHEALTHY: EXIT_UNHEALTHY, Verdict.NO_STEPS: EXIT_ERROR}
 EPILOG = """\
@@ -168,13 +168,13 @@ def _watch(
     total_steps: int | None,
     stop: threading.Event,
 ) -> WatchSummary:
-    from guardian.daemon import Guardian
-    from guardian.outlets import outlets
+    from guardian.commands.watch.display import Display, LiveView, PlainProgress
+    from guardian.commands.watch.loop import FollowedFile, WatchLoop
+    from guardian.incidents.guardian import Guardian
+    from guardian.loop.outlets import outlets
     from guardian.sources.console import ConsoleFile
     from guardian.sources.jsonl import MetricsFile
     from guardian.sources.rollouts import RolloutDir
-    from guardian.watch.display import Display, LiveView, PlainProgress
-    from guardian.watch.loop import FollowedFile, WatchLoop
 
     limits = config.sources
     source = (

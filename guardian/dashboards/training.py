@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import Final
 
 from guardian import keys
+from guardian.checks.findings import Severity
 from guardian.dashboards.dashboard import ANNOTATION_TAG, dashboard
 from guardian.dashboards.panels import (
     Json,
@@ -26,7 +27,6 @@ from guardian.dashboards.panels import (
     timeseries,
     value_mappings,
 )
-from guardian.findings import Severity
 
 UID: Final = "guardian-training"
 

@@ -14,8 +14,7 @@ from collections.abc import Callable, Mapping
 from datetime import datetime
 from typing import TYPE_CHECKING, Final
 
-from guardian import grafana
-from guardian.dashboards import ANNOTATION_TAG, run_tag
+from guardian.dashboards import ANNOTATION_TAG, grafana, run_tag
 from guardian.notify.compose import compose
 from guardian.notify.events import EventKind, GuardianEvent, opening_keys
 from guardian.states import State

@@ -17,10 +17,10 @@ from dataclasses import dataclass
 from datetime import UTC
 from typing import Final
 
+from guardian.checks.findings import Severity
 from guardian.exits import EXIT_GAVE_UP
-from guardian.findings import Severity
 from guardian.notify.events import EventKind, GuardianEvent, Level
-from guardian.policy import CRASH_OUTPUT_EVIDENCE, RESTART_CHECKS
+from guardian.rescue.policy import CRASH_OUTPUT_EVIDENCE, RESTART_CHECKS
 from guardian.states import State
 
 TITLE_MAX: Final = 63  # W&B: a title must be under 64 characters

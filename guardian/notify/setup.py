@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
-from guardian import grafana
 from guardian.config import ConfigError, GrafanaConfig, GuardianConfig, WebhookConfig
+from guardian.dashboards import grafana
 from guardian.notify.annotations import GrafanaAnnotations
 from guardian.notify.compose import Alert, compose
 from guardian.notify.dispatcher import Dispatcher, DispatchPolicy, Sink, dispatching

@@ -13,15 +13,6 @@ from guardian.actions.checkpoints import choose_rollback_target
 from guardian.actions.ladder import Rung
 from guardian.config import GuardianConfig
 from guardian.exits import EXIT_UNHEALTHY
-from guardian.policy import (
-    RESTART_CHECKS,
-    Ending,
-    PastIntervention,
-    Plan,
-    judge_probation,
-    plan_intervention,
-    resume_deadline,
-)
 from guardian.rescue.effects import (
     Advance,
     Advise,
@@ -39,6 +30,15 @@ from guardian.rescue.effects import (
     StayGivenUp,
     Stop,
     Wait,
+)
+from guardian.rescue.policy import (
+    RESTART_CHECKS,
+    Ending,
+    PastIntervention,
+    Plan,
+    judge_probation,
+    plan_intervention,
+    resume_deadline,
 )
 from guardian.rescue.snapshot import RescueSnapshot
 from guardian.states import Kind, Mode, State

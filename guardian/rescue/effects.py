@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from guardian.actions.process import ExitStatus
-from guardian.policy import Plan
+from guardian.rescue.policy import Plan
 from guardian.states import Kind, State
 from guardian.store import CheckpointView, IncidentView, InterventionView, StateDetail, StoredPlan
 

@@ -13,13 +13,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from guardian.actions.checkpoints import CheckpointError
+from guardian.actions.launcher import RunFolder
 from guardian.actions.verl_keys import PatchError
+from guardian.checks.findings import Finding, Severity
 from guardian.config import GuardianConfig
 from guardian.exits import EXIT_GAVE_UP
-from guardian.findings import Finding, Severity
-from guardian.launcher import RunFolder
 from guardian.logs import event, get_logger
-from guardian.policy import CRASH_OUTPUT_EVIDENCE, check_transition
 from guardian.rescue.decide import CRASH, climbed, decide
 from guardian.rescue.effects import (
     Advance,
@@ -39,6 +38,7 @@ from guardian.rescue.effects import (
     Stop,
     Wait,
 )
+from guardian.rescue.policy import CRASH_OUTPUT_EVIDENCE, check_transition
 from guardian.rescue.ports import CheckpointPort, PlannerPort, TrainerPort
 from guardian.rescue.snapshot import RescueSnapshot
 from guardian.states import IncidentStatus, Kind, RunStatus, State

@@ -16,11 +16,11 @@ from guardian.actions.checkpoints import (
     resume_path_for,
 )
 from guardian.actions.ladder import Rung
+from guardian.actions.launcher import RunFolder, attach_attempt, launch_attempt
 from guardian.actions.patch import PatchPlan, RunFiles, crash_restart_plan, first_effective_rung, plan_patch
 from guardian.actions.process import ExitStatus, StopPolicy, TrainerControl, TrainerHandle
 from guardian.config import GuardianConfig
 from guardian.faults import fault_fields
-from guardian.launcher import RunFolder, attach_attempt, launch_attempt
 from guardian.logs import event, get_logger
 from guardian.states import Kind, Mode
 from guardian.store import AttemptView, ConfigChange, StateDetail, Store, StoredPlan

@@ -1,6 +1,6 @@
 """What the rescue's executor needs from the world, as protocols: the trainer, the checkpoint folders, the planner.
 
-``guardian.supervisor`` provides the local implementations (a process group per attempt, the run's checkpoint
+``guardian.rescue.supervisor`` provides the local implementations (a process group per attempt, the run's checkpoint
 directory, verl's Hydra config); the unit tests provide recording ones, and a Ray Jobs trainer fits the same slot.
 """
 

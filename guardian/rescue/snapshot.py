@@ -11,8 +11,8 @@ import math
 from dataclasses import dataclass
 
 from guardian.actions.process import ExitStatus
-from guardian.findings import Severity
-from guardian.outcome import Outcome
+from guardian.checks.findings import Severity
+from guardian.rescue.outcome import Outcome
 from guardian.states import Mode, State
 from guardian.store import CheckpointView, IncidentView, InterventionView
 

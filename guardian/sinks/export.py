@@ -8,7 +8,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
 from guardian.config import ExporterConfig
-from guardian.daemon import Clock, Guardian
+from guardian.incidents.guardian import Clock, Guardian
 from guardian.logs import event, get_logger
 from guardian.sinks.prometheus import serve, shutdown
 from guardian.sinks.snapshot import GuardianSource

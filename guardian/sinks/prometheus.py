@@ -71,7 +71,7 @@ from prometheus_client.exposition import ThreadingWSGIServer
 from prometheus_client.registry import Collector
 
 from guardian import __version__, keys
-from guardian.findings import Severity
+from guardian.checks.findings import Severity
 from guardian.keys import Signal
 from guardian.logs import event, get_logger
 from guardian.sinks.exposition import ExpositionApp

@@ -5,7 +5,7 @@ the store (attempt, incidents, interventions, deliveries) for one run; ``Guardia
 ``ExportSource`` a guard loop hands the collector (guardian/sinks/prometheus.py). It builds one
 immutable snapshot per tick, on the guard loop's thread, and scrapes serve the latest one: a scrape
 reads no store and takes no lock, so twenty scrapers cost the loop nothing and wait for nothing. The
-terminal views (guardian/view.py) draw that same snapshot, so what a person reads and what Prometheus
+terminal views (guardian/commands/view.py) draw that same snapshot, so what a person reads and what Prometheus
 scrapes are one moment of the run, and no view reads the guardian's memory or the store itself.
 """
 
@@ -19,14 +19,14 @@ from typing import TYPE_CHECKING, Final, Protocol, TypeVar
 from sqlalchemy.exc import DBAPIError
 
 from guardian import keys
+from guardian.checks.findings import Finding, Severity
 from guardian.faults import unavailable
-from guardian.findings import Finding, Severity
 from guardian.keys import Signal
 from guardian.store.deliveries import DROPPED, SENT, SUPPRESSED
 
 if TYPE_CHECKING:
-    from guardian.daemon import Guardian
-    from guardian.history import RunHistory
+    from guardian.history.timeline import RunHistory
+    from guardian.incidents.guardian import Guardian
     from guardian.store import InterventionView, RunView, Store
 
 FINAL_RESULTS: Final = (SENT, SUPPRESSED, DROPPED)

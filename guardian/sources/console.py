@@ -13,7 +13,7 @@ import math
 import re
 from pathlib import Path
 
-from guardian.history import StepRecord
+from guardian.history.timeline import StepRecord
 from guardian.sources.jsonl import BadLine, MetricsFile, Pieces, read_in_pieces
 from guardian.sources.tail import MAX_LINE_BYTES, MAX_POLL_BYTES, OversizedLine
 

@@ -3,7 +3,7 @@
 ``Store`` inherits these methods. ``advance`` commits a new state (and the facts that go with it:
 target checkpoint, patch plan, new attempt) in one transaction *before* the caller performs the side
 effect that state announces, which is what lets a restarted guardian finish an interrupted
-intervention exactly once. ``guardian.policy`` owns which transitions are allowed.
+intervention exactly once. ``guardian.rescue.policy`` owns which transitions are allowed.
 
 One writer (``guardian.rescue.executor``) and several readers (``incidents show``, the notifications, the
 demo's narration) share the records below: ``StoredPlan`` is the relaunch committed in PATCHED, and

@@ -25,9 +25,9 @@ import orjson
 from sqlalchemy import Connection, Engine, func, insert, select, text, update
 from sqlalchemy.orm import Session, sessionmaker
 
+from guardian.checks.findings import Finding
 from guardian.config import BUSY_TIMEOUT_S
-from guardian.findings import Finding
-from guardian.history import StepRecord
+from guardian.history.timeline import StepRecord
 from guardian.states import CLOSED_INCIDENT_STATUSES, IncidentStatus, RunStatus
 from guardian.store.deliveries import DeliveryRecords
 from guardian.store.engine import WRITE_OPTION, current_revision, mask_url, open_engine

@@ -29,9 +29,8 @@ from dataclasses import dataclass, field
 from typing import Final
 
 from guardian.config import MAX_PENDING_WRITES
-from guardian.faults import unavailable
+from guardian.faults import failure_text, unavailable
 from guardian.logs import event, get_logger
-from guardian.outage import failure_text
 from guardian.store.repository import Store
 
 log = get_logger("store")

@@ -66,7 +66,7 @@ def diagnose(config_path: str | None) -> list[Check]:
 
 def _notify_checks(config: GuardianConfig, env: Mapping[str, str]) -> list[Check]:
     """Each configured webhook has its URL (nothing is sent), and Grafana answers with the token."""
-    from guardian import grafana
+    from guardian.dashboards import grafana
     from guardian.notify.setup import webhook_url
 
     checks: list[Check] = []

@@ -13,15 +13,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from guardian.checks import CheckContext, build_checks, evaluate
+from guardian.checks.findings import Finding, Severity
 from guardian.config import ChecksConfig, SourcesConfig
-from guardian.findings import Finding, Severity
-from guardian.history import Arrival, RunHistory, StepRecord
+from guardian.history.timeline import Arrival, RunHistory, StepRecord
+from guardian.incidents.tracker import Change, StatusTracker, Transition
 from guardian.keys import CHECKED_KEYS, signals_present
 from guardian.sources.console import iter_console_records
 from guardian.sources.jsonl import BadLineReport, iter_records
 from guardian.sources.rollouts import read_finished
 from guardian.sources.sniff import TraceKind, TraceShape, read_sample, sniff
-from guardian.tracker import Change, StatusTracker, Transition
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """``guardian watch``: follow a run it did not start, in observe mode, until the run ends.
 
-The data flow: in the guard loop (``guardian.guard_loop``), each tick of ``loop.WatchLoop`` samples the
+The data flow: in the guard loop (``guardian.loop.guard``), each tick of ``loop.WatchLoop`` samples the
 trainer's liveness (``trainer.TrainerLiveness``, from ``--pid``), then ticks the ``daemon.Guardian`` that reads
 the metrics file through ``loop.FollowedFile`` (which notes whether bytes are left, the file is at its end or
 not there yet), judges the new steps and stores them; ``display`` shows the tick from its published snapshot

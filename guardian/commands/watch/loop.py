@@ -1,11 +1,11 @@
-"""What ``guardian watch`` ticks in the one guard loop (``guardian.guard_loop``), and when the watch ends.
+"""What ``guardian watch`` ticks in the one guard loop (``guardian.loop.guard``), and when the watch ends.
 
 Each tick samples the trainer's liveness first, then reads: a trainer seen gone before a read has
 written all it will, so once that read reaches the end of the file nothing is lost. ``end_reason`` says after
 each tick whether the watch ends. The wait is injected, so tests drive the loop through time without sleeping;
 a file with bytes left is read on at once (``pace.DrainPace``).
 
-A tick that raises is handled as ``guardian run`` handles it (``guardian.outage.TickFailures``): the first
+A tick that raises is handled as ``guardian run`` handles it (``guardian.loop.outage.TickFailures``): the first
 of a streak is logged with its traceback and the loop goes on; ``config.tick_failure_limit`` failures in
 a row end the watch with one ``event=guardian_cannot_continue`` line. A watch only observes, so there is
 no trainer to stop: the line says the run is unguarded from then on. An unreadable metrics path
@@ -19,17 +19,17 @@ from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 
-from guardian.daemon import Guardian, MetricsSource, TickResult
-from guardian.guard_loop import guard
+from guardian.commands.watch.display import Display
+from guardian.commands.watch.end import EndReason, FileState, WatchState, end_reason
+from guardian.commands.watch.trainer import TrainerLiveness
+from guardian.incidents.guardian import Guardian, MetricsSource, TickResult
 from guardian.logs import event, get_logger
+from guardian.loop.guard import guard
+from guardian.loop.pace import DrainPace
+from guardian.loop.ticks import aside
 from guardian.notify.compose import Alert, cannot_continue_alert
-from guardian.pace import DrainPace
 from guardian.sinks.snapshot import GuardianSource
 from guardian.sources.jsonl import MetricsBatch
-from guardian.ticks import aside
-from guardian.watch.display import Display
-from guardian.watch.end import EndReason, FileState, WatchState, end_reason
-from guardian.watch.trainer import TrainerLiveness
 
 log = get_logger("watch")
 RESUME = "run the same guardian watch command again (it reads the file from its start; what is stored stays)"
@@ -77,7 +77,7 @@ class WatchLoop:
     total_steps: int | None
     wait: Callable[[float], bool]  # sleep up to the given seconds; True when asked to stop
     max_ticks: int | None = None
-    # the run's published snapshots (``guardian.outlets``); without them the watch publishes its own, from memory
+    # the run's published snapshots (``guardian.loop.outlets``); without them the watch publishes its own, from memory
     snapshots: GuardianSource | None = None
     announce: Callable[[Alert], None] = lambda alert: None  # straight to the notifiers (Dispatcher.announce)
     _ticks: int = field(default=0, init=False)

@@ -1,4 +1,4 @@
-"""One tick of the guard loop (``guardian.guard_loop``), guarded.
+"""One tick of the guard loop (``guardian.loop.guard``), guarded.
 
 A tick that raises is logged once per streak with its traceback, its type and place and whether it is an outage
 or a bug (``event=tick_failed kind=... type=... at=...``, ``guardian.faults``) and the loop goes on;
@@ -13,9 +13,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
-from guardian.faults import fault_fields, is_outage
+from guardian.faults import failure_text, fault_fields, is_outage
 from guardian.logs import event, get_logger
-from guardian.outage import TickFailures, failure_text
+from guardian.loop.outage import TickFailures
 
 log = get_logger("ticks")
 T = TypeVar("T")

@@ -1,6 +1,6 @@
 """Pure decisions for a guardian whose store refuses writes or whose ticks keep failing.
 
-No IO here: the supervisor and the guard loop (``guardian.run``) feed in what they see and carry out
+No IO here: the supervisor and the guard loop (``guardian.commands.run``) feed in what they see and carry out
 what these return.
 
 - While the store is unavailable a trainer is still stopped when it collapses (enforce mode): stopping
@@ -19,10 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sqlalchemy.exc import DBAPIError
-
 from guardian.config import STORE_WAIT_S, TICK_FAILURE_LIMIT
-from guardian.store.engine import reason
 
 
 def stop_while_store_down(*, mode: str, running: bool, collapsing: bool) -> bool:
@@ -77,9 +74,3 @@ class TickFailures:
         """A tick went through: the streak ends; returns how many ticks it had failed."""
         failed, self.count = self.count, 0
         return failed
-
-
-def failure_text(exc: BaseException) -> str:
-    """``TypeName: first line of the message`` (just the type when there is no message): a failed tick in one
-    log line, scrubbed as the store's errors are (no SQL text or parameters, no password of a URL)."""
-    return reason(exc.orig if isinstance(exc, DBAPIError) and exc.orig is not None else exc)

@@ -26,21 +26,21 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from guardian.actions.launcher import RunFolder
 from guardian.actions.patch import RunFiles
 from guardian.actions.process import ExitStatus, TrainerControl
+from guardian.checks.findings import Severity
 from guardian.checks.stall import typical_step_seconds
 from guardian.config import GuardianConfig
-from guardian.daemon import Clock, Guardian
 from guardian.exits import EXIT_ERROR
 from guardian.faults import fault_fields, unavailable
-from guardian.findings import Severity
-from guardian.launcher import RunFolder
+from guardian.incidents.guardian import Clock, Guardian
 from guardian.logs import event, get_logger
+from guardian.loop.outage import StoreWait, stop_while_store_down, trainer_fate
 from guardian.notify.compose import Alert, cannot_continue_alert
-from guardian.outage import StoreWait, stop_while_store_down, trainer_fate
-from guardian.outcome import Outcome, measure_outcome
 from guardian.rescue.executor import Executor
 from guardian.rescue.local import LocalCheckpoints, LocalPlanner, LocalTrainer
+from guardian.rescue.outcome import Outcome, measure_outcome
 from guardian.rescue.snapshot import RescueSnapshot, StandingFinding, TrainerFacts
 from guardian.sources.jsonl import MetricsFile
 from guardian.sources.rollouts import RolloutDir
@@ -241,7 +241,7 @@ class Supervisor:
         )
 
     def cannot_continue(self, *, cause: str, fix: str) -> int:
-        """Give up guarding (see ``guardian.outage``): one line with the cause, the trainer's fate and the fix."""
+        """Give up guarding (see ``guardian.loop.outage``): one line with the cause, the trainer's fate and the fix."""
         running = self.trainer.alive() is True
         fate = trainer_fate(mode=self.config.mode, running=running, collapsing=self._collapsing())
         trainer = {"none": "not running", "leave": "left running, UNGUARDED"}.get(fate, "stopped: it was collapsing")

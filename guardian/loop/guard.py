@@ -15,9 +15,9 @@ from collections.abc import Callable
 from functools import partial
 from typing import Protocol, TypeVar
 
-from guardian.outage import TickFailures
-from guardian.pace import Pace
-from guardian.ticks import GuardedTick, aside
+from guardian.loop.outage import TickFailures
+from guardian.loop.pace import Pace
+from guardian.loop.ticks import GuardedTick, aside
 
 Code = TypeVar("Code", covariant=True)
 # how every give-up line begins: the loop logged the fault (event=tick_failed), the caller says how to resume
@@ -25,7 +25,7 @@ FIX = "the traceback of event=tick_failed names the fault; fix it, then "
 
 
 class Ticking(Protocol[Code]):
-    """What the loop ticks: ``guardian.supervisor.Supervisor`` (exit codes), ``guardian.watch.loop.WatchLoop``
+    """What the loop ticks: ``rescue.supervisor.Supervisor`` (exit codes), ``commands.watch.loop.WatchLoop``
     (end reasons)."""
 
     @property

@@ -1,6 +1,6 @@
 """The guard loop's wiring: poll sources -> store -> checks -> findings and incidents -> alerts.
 
-``Guardian.tick()`` is one pass and does all the work; the guard loop (``guardian.guard_loop``) repeats it.
+``Guardian.tick()`` is one pass and does all the work; the guard loop (``guardian.loop.guard``) repeats it.
 The clock is injected, so tests drive ticks against files they write.
 
 Judging happens in memory; the store gets a tick's writes through ``store.writebehind.WriteBehind``: the
@@ -23,18 +23,18 @@ from pathlib import Path
 from typing import Protocol
 
 from guardian.checks import CheckContext, build_checks, evaluate
+from guardian.checks.findings import Severity
 from guardian.config import GuardianConfig
-from guardian.findings import Severity
-from guardian.history import Arrival, RunHistory, StepRecord
+from guardian.history.timeline import Arrival, RunHistory, StepRecord
+from guardian.incidents.replay import feed_step
+from guardian.incidents.tracker import Change, StatusTracker, Transition
 from guardian.keys import signals_present
 from guardian.logs import event, get_logger
-from guardian.replay import feed_step
 from guardian.sources.checkpoints import scan_checkpoints
 from guardian.sources.jsonl import MetricsBatch, NewSegment
 from guardian.sources.rollouts import RolloutDir, read_finished
 from guardian.store import Store
 from guardian.store.writebehind import WriteBehind
-from guardian.tracker import Change, StatusTracker, Transition
 
 NON_FINITE_NOTE = "saved at a step with non-finite values"
 

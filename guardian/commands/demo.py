@@ -21,15 +21,15 @@ import orjson
 from rich.console import Console
 from rich.markup import escape
 
+from guardian.checks.findings import Severity
+from guardian.commands.run import guard_loop, local_supervisor, register_run
 from guardian.config import GuardianConfig
 from guardian.demo.scenarios import SCENARIOS, RunFiles
-from guardian.findings import Severity
 from guardian.keys import Signal
 from guardian.logs import logging_to_file
+from guardian.loop.outlets import outlets
 from guardian.notify.compose import at_step, format_setting, format_value
-from guardian.outlets import outlets
-from guardian.policy import CRASH_OUTPUT_EVIDENCE
-from guardian.run import guard_loop, local_supervisor, register_run
+from guardian.rescue.policy import CRASH_OUTPUT_EVIDENCE
 from guardian.sinks.snapshot import RunSnapshot
 from guardian.store import InterventionView, StateDetail, Store, config_changes
 

@@ -1,6 +1,6 @@
 """What ``guardian watch`` and ``guardian run`` show: the live terminal view (per-check status, latest values,
 step rate) and, when stdout is not a terminal, plain progress lines. Formatting only, of the tick's published
-``RunSnapshot`` (what the exporter serves too); ``guardian.watch.display`` and the run's loop decide when."""
+``RunSnapshot`` (what the exporter serves too); ``guardian.commands.watch.display`` and the run's loop decide when."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from guardian.findings import Finding, Severity
+from guardian.checks.findings import Finding, Severity
+from guardian.incidents.tracker import Transition
 from guardian.keys import Signal
 from guardian.sinks.snapshot import RunSnapshot
-from guardian.tracker import Transition
 
 STYLE = {
     Severity.UNKNOWN: "dim",

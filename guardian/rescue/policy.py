@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
-from guardian.outcome import Outcome
+from guardian.rescue.outcome import Outcome
 from guardian.states import Kind, State
 
 # incidents of these checks are answered with a restart (Kind.RESTART), every other one with a remedy

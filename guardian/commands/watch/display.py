@@ -3,7 +3,7 @@
 The loop calls ``show`` after every tick that worked, with the tick's result (its transitions and new steps) and
 the snapshot it published (what the exporter serves too), and ``finish`` once at the end with the last one
 published (a failure of either is logged, never fatal); what the lines and the table hold is formatted by
-``guardian.view``.
+``guardian.commands.view``.
 """
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ from typing import Protocol
 
 from rich.live import Live
 
-from guardian.daemon import Clock, Guardian, TickResult
+from guardian.commands.view import finding_line, progress_line, render
+from guardian.commands.watch.end import FileState
+from guardian.incidents.guardian import Clock, Guardian, TickResult
 from guardian.sinks.snapshot import RunSnapshot
-from guardian.view import finding_line, progress_line, render
-from guardian.watch.end import FileState
 
 # plain progress: a line once this many steps arrived since the last one, or this long after it
 PROGRESS_EVERY_STEPS = 10

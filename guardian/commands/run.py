@@ -22,18 +22,18 @@ from rich.live import Live
 
 from guardian.actions.dirlock import DirLockedError, holding
 from guardian.actions.process import LocalProcessControl
+from guardian.commands.view import run_view
 from guardian.config import GuardianConfig
 from guardian.exits import EXIT_INTERRUPTED
-from guardian.guard_loop import guard
 from guardian.ids import MAX_RUN_ID, checked_run_id
 from guardian.logs import event, get_logger, logging_to_file
+from guardian.loop.guard import guard
+from guardian.loop.outlets import outlets
+from guardian.loop.pace import PollPace
 from guardian.notify.setup import check_sinks
-from guardian.outlets import outlets
-from guardian.pace import PollPace
+from guardian.rescue.supervisor import Supervisor
 from guardian.sinks.snapshot import GuardianSource
 from guardian.store import Store
-from guardian.supervisor import Supervisor
-from guardian.view import run_view
 
 log = get_logger("run")
 # Test hook for the chaos tests: the guardian SIGKILLs itself right after committing this state.
@@ -106,7 +106,7 @@ def guard_loop(
     after_tick: Callable[[bool], None] = lambda ok: None,
     snapshots: GuardianSource | None = None,
 ) -> int | None:
-    """``guardian run``'s loop (``guardian.guard_loop.guard`` over the supervisor): tick until the run is over (its
+    """``guardian run``'s loop (``guardian.loop.guard.guard`` over the supervisor): tick until the run is over (its
     exit code) or the guardian is told to stop (None); ``tick_failure_limit`` failed ticks in a row end it through
     ``Supervisor.cannot_continue``. After every tick ``snapshots`` (the run's outlets) publish its snapshot, then
     ``after_tick(ok)`` follows (the demo's narration); ``live`` draws the run's view from that snapshot."""

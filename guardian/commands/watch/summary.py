@@ -12,9 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
-from guardian.findings import Finding, Severity
-from guardian.tracker import Change, StatusTracker, Transition
-from guardian.watch.end import EndReason
+from guardian.checks.findings import Finding, Severity
+from guardian.commands.watch.end import EndReason
+from guardian.incidents.tracker import Change, StatusTracker, Transition
 
 
 @dataclass

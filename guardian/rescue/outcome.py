@@ -13,10 +13,10 @@ from bisect import bisect_right
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from guardian.checks.findings import Finding, Severity
 from guardian.checks.trend import reward_trend_at
 from guardian.config import ChecksConfig
-from guardian.findings import Finding, Severity
-from guardian.history import RunHistory, Series
+from guardian.history.timeline import RunHistory, Series
 from guardian.keys import Signal
 
 
