@@ -219,14 +219,22 @@ def test_an_unproven_fix_is_unresolved_after_twice_the_probation_and_the_run_end
     assert world.calls[-1] == "finish exit code 0"
 
 
-def test_observe_mode_touches_nothing_and_advise_mode_says_once_what_it_would_do(world: World) -> None:
-    world.config = world.config.model_copy(update={"mode": "advise"})
+@pytest.mark.parametrize("mode", ["observe", "advise"])
+def test_observe_and_advise_touch_nothing_advise_says_once_what_it_would_do(
+    world: World, mode: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    world.config = world.config.model_copy(update={"mode": mode})
     world.new_guardian()
     world.save(10, 20, 30)
     world.incident()
     world.tick()
     world.tick()
-    assert world.interventions() == [] and world.calls == [] and world.executor.advised == {1}
+    assert world.interventions() == [] and world.calls == []
+    advice = [r.getMessage() for r in caplog.records if "event=advice" in r.getMessage()]
+    if mode == "advise":
+        assert len(advice) == 1 and "roll back to step 30 and relaunch: train entropy_collapse-rung-1" in advice[0]
+    else:
+        assert advice == []
     world.exit_status = ExitStatus(0, None)
     assert world.tick() == EXIT_UNHEALTHY and world.calls == ["finish exit code 0"]
 

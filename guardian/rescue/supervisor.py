@@ -174,8 +174,12 @@ class Supervisor:
         active = first.active
         # a state the guardian acts in polls at full pace; waiting for the relaunched trainer does not
         self.busy = self.busy or (active is not None and active.state not in (State.RESUMING, State.PROBATION))
-        snapshots = iter([first])
-        return self.executor.run_pass(lambda: next(snapshots, None) or self.snapshot(self.trainer.exit_status()))
+        unused = [first]
+
+        def next_snapshot() -> RescueSnapshot:
+            return unused.pop() if unused else self.snapshot(self.trainer.exit_status())
+
+        return self.executor.run_pass(next_snapshot)
 
     def snapshot(self, exit_status: ExitStatus | None) -> RescueSnapshot:
         """The run now, frozen: the guard loop's memory and the store's incidents, interventions and checkpoints."""
