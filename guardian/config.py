@@ -529,6 +529,21 @@ class ChecklistConfig(_Section):
         "without a recorded result fails; a recorded one without a minimum warns.",
     )
 
+    @model_validator(mode="after")
+    def _warn_before_fail(self) -> ChecklistConfig:
+        """A level warns before it fails: each pair of thresholds in order."""
+        pairs = (
+            ("entropy_fail_ratio", "entropy_warn_ratio"),
+            ("kl_warn", "kl_fail"),
+            ("egr_fail", "egr_warn"),
+            ("length_fail_ratio", "length_warn_ratio"),
+            ("truncation_warn", "truncation_fail"),
+        )
+        for low, high in pairs:
+            if getattr(self, low) > getattr(self, high):
+                raise ValueError(f"{low} ({getattr(self, low)}) exceeds {high} ({getattr(self, high)})")
+        return self
+
 
 class GuardianConfig(_Section):
     home: Path = Field(Path(".guardian"), description="Guardian home: database, run folders.")

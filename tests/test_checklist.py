@@ -12,9 +12,12 @@ import pytest
 from conftest import fixture_path
 
 from guardian.cli import EXIT_ERROR, EXIT_OK, EXIT_UNHEALTHY, EXIT_USAGE, main
+from guardian.review.samples import dump_files
+from guardian.sources.jsonl import read_all
 from guardian.store import Store
 
-COLLAPSE = fixture_path("verl-0.9.1-run", "harness", "collapse", "runs", "gpu-collapse", "attempt-1")
+HARNESS_COLLAPSE = fixture_path("verl-0.9.1-run", "harness", "collapse", "runs", "gpu-collapse")
+COLLAPSE = HARNESS_COLLAPSE / "attempt-1"
 
 
 def _use(home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -215,3 +218,23 @@ def test_an_unknown_run_names_the_known_ones(
         f"no run 'no-such-run' in sqlite:///{home / 'guardian.db'} (newest runs: {_run_id(home)})"
         in capsys.readouterr().err
     )
+
+
+def test_each_step_is_read_from_the_attempt_that_dumped_it_on_the_timeline() -> None:
+    """The harness's real collapse: attempt 1 dumped steps 1-18, its rescue resumed from global_step_12 and attempt 2
+    dumped 13-28. Steps 13-18 of attempt 1's folder are the abandoned branch: never read for review."""
+    first, second = (HARNESS_COLLAPSE / f"attempt-{n}" for n in (1, 2))
+    steps = sorted({r.step for r in read_all(second / "metrics.jsonl")[0]} | set(range(1, 13)))
+    found = dump_files([second / "rollouts", first / "rollouts"], steps, 20)
+    assert sorted(found) == list(range(9, 29))
+    assert {s: p.parent.parent.name for s, p in found.items()} == {
+        **{s: "attempt-1" for s in range(9, 13)},
+        **{s: "attempt-2" for s in range(13, 29)},
+    }
+
+
+def test_thresholds_out_of_order_are_refused_naming_them(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    config = tmp_path / "guardian.yaml"
+    config.write_text("checklist:\n  kl_warn: 2\n")
+    assert main(["checklist", "some-run", "--config", str(config)]) == EXIT_USAGE
+    assert "checklist: Value error, kl_warn (2.0) exceeds kl_fail (1.0)" in capsys.readouterr().err

@@ -31,7 +31,7 @@ from guardian.notify.compose import at_step, format_setting, format_value
 from guardian.notify.events import incident_key, intervention_key
 from guardian.rescue.outcome import outcome_line
 from guardian.rescue.policy import CRASH_OUTPUT_EVIDENCE
-from guardian.review.cost import RunCost, run_cost
+from guardian.review.cost import IncidentCost, RunCost, run_cost
 from guardian.review.incidents import IncidentRow, incident_rows
 from guardian.review.lineage import AttemptLink, lineage
 from guardian.store import IncidentDetail, InterventionEventView, InterventionView, config_changes
@@ -111,11 +111,8 @@ def incident_cost_json(cost: RunCost | None, incident_id: int) -> dict[str, obje
     """The incident's loss with the rate it was priced at (None: the run is not in the store)."""
     if cost is None:
         return None
-    spent = cost.incident(incident_id)
-    return {
-        "rate": cost.rate.to_json(),
-        **(spent.to_json() if spent else {"incident_id": incident_id, "steps_lost": 0, "gpu_hours": 0.0, "usd": 0.0}),
-    }
+    spent = cost.incident(incident_id) or IncidentCost(incident_id, (), 0.0, 0.0)  # no intervention: nothing lost
+    return {"rate": cost.rate.to_json(), **spent.to_json()}
 
 
 # ------------------------------------------------------------------------------------------ the text view (pure)

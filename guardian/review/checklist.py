@@ -324,8 +324,9 @@ def samples_item(facts: RunFacts) -> Item:
         "problems": list(review.problems),
     }
     if not review.samples:
-        where = ", ".join(facts.rollout_folders) or "no folder known"
-        return Item(name, Mark.WARN, f"no scored rollout dumps found ({where}): set trainer.rollout_data_dir", details)
+        where = f"looked in {', '.join(facts.rollout_folders)}" if facts.rollout_folders else "no folder known"
+        fix = "set trainer.rollout_data_dir (guardian watch: --rollouts DIR)"
+        return Item(name, Mark.WARN, f"no scored rollout dumps found ({where}): {fix}", details)
     steps = (
         f"{review.steps_read[0]}-{review.steps_read[-1]}" if len(review.steps_read) > 1 else str(review.steps_read[0])
     )

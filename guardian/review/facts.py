@@ -26,9 +26,11 @@ def rebuilt_history(store: Store, run: RunView, config: GuardianConfig) -> RunHi
 
 
 def rollout_folders(store: Store, run: RunView, config: GuardianConfig) -> list[Path]:
-    """Where the run's dumps may be, newest attempt's folder first, then the folder the run names."""
+    """Where the run's dumps are: its attempts' folders that exist, newest first, then the folder the run names
+    (``guardian run``: the command's ``trainer.rollout_data_dir``; ``guardian watch``: ``--rollouts``)."""
     folder = RunFolder(config.home.resolve() / "runs" / run.id)
     found = [folder.rollouts(a.number) for a in reversed(store.attempts(run.id))]
+    found = [f for f in found if f.is_dir()]
     if run.rollouts_dir:
         found.append(Path(run.rollouts_dir))
     return list(dict.fromkeys(found))
