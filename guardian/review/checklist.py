@@ -146,7 +146,8 @@ def reward_item(h: RunHistory, checks: ChecksConfig) -> tuple[Item, bool]:
     said = trend.describe(key)
     if trend.collapsed or trend.falling:
         how = "collapsed" if trend.collapsed else "falling"
-        reason = f"{how}: {said}; best level {trend.peak:.3g} at step {trend.peak_step}"
+        best = f"; best level {trend.peak:.3g} at step {trend.peak_step}" if trend.peak_step is not None else ""
+        reason = f"{how}: {said}{best}"
         return Item(name, Mark.FAIL, reason, details), False
     if trend.converged or trend.saturated:
         return Item(name, Mark.PASS, f"converged near the best sample's score: {said}", details), True

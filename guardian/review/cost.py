@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from guardian.config import CostConfig
 from guardian.history.timeline import median
 from guardian.keys import ALIASES, Signal
-from guardian.review.steps import discarded_by_intervention
+from guardian.review.steps import Timelines, discarded_by_intervention
 from guardian.store import InterventionView, RunView, Store
 
 GPUS_PER_NODE_KEY = "trainer.n_gpus_per_node"
@@ -216,11 +216,19 @@ def step_times(store: Store, run_id: str) -> list[float | None]:
     return list(by_step.values())
 
 
-def run_cost(store: Store, run: RunView, config: CostConfig) -> RunCost:
-    """Read the run's steps, attempts and interventions and price its incidents."""
-    interventions = store.interventions(run.id)
-    discarded = discarded_by_intervention(
-        interventions, store.run_timelines(run.id), store.step_index(run.id), store.attempts(run.id)
-    )
+def priced(
+    store: Store,
+    run: RunView,
+    interventions: Sequence[InterventionView],
+    timelines: Timelines,
+    config: CostConfig,
+) -> RunCost:
+    """The run's cost from its interventions and their timelines already read (the incident list reads them too)."""
+    discarded = discarded_by_intervention(interventions, timelines, store.step_index(run.id), store.attempts(run.id))
     rate = run_rate(run, typical_step_seconds(step_times(store, run.id)), config)
     return price(run.id, rate, interventions, discarded, config)
+
+
+def run_cost(store: Store, run: RunView, config: CostConfig) -> RunCost:
+    """Read the run's steps, attempts and interventions and price its incidents."""
+    return priced(store, run, store.interventions(run.id), store.run_timelines(run.id), config)

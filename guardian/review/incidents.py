@@ -9,7 +9,7 @@ from datetime import datetime
 
 from guardian.config import CostConfig
 from guardian.rescue.outcome import outcome_line
-from guardian.review.cost import IncidentCost, RunCost, run_cost
+from guardian.review.cost import IncidentCost, RunCost, priced
 from guardian.store import IncidentView, InterventionEventView, InterventionView, Store
 
 
@@ -119,7 +119,8 @@ def incident_rows(
             run = store.get_run(incident.run_id)
             interventions = store.interventions(incident.run_id)
             timelines = store.run_timelines(incident.run_id)
-            per_run[incident.run_id] = (interventions, timelines, run_cost(store, run, config) if run else None)
+            cost = priced(store, run, interventions, timelines, config) if run else None
+            per_run[incident.run_id] = (interventions, timelines, cost)
         interventions, timelines, cost = per_run[incident.run_id]
         if cost is None:  # an incident whose run row is gone: nothing to price
             continue

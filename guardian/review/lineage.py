@@ -16,6 +16,7 @@ from datetime import datetime
 
 from guardian.actions.patch import RESUME_KEYS
 from guardian.notify.compose import format_setting
+from guardian.states import Kind
 from guardian.store import AttemptView, ConfigChange, InterventionView, StepIndex, Store
 
 COMMAND_SUMMARY_MAX = 120  # characters of the program part of a command summary
@@ -28,7 +29,7 @@ class Launcher:
     intervention_id: int
     number: int  # run-wide (``intervention 2 of incident #3``)
     incident_id: int
-    kind: str
+    kind: Kind
     rung: int  # 0-based as stored
     rung_name: str | None
     from_attempt: int | None  # the number of the attempt it stopped
