@@ -18,6 +18,7 @@ import math
 from collections import defaultdict
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from datetime import UTC, datetime
 from types import TracebackType
 from typing import Final, Self, SupportsFloat
 
@@ -32,6 +33,7 @@ from guardian.states import CLOSED_INCIDENT_STATUSES, IncidentStatus, RunStatus
 from guardian.store.deliveries import DeliveryRecords
 from guardian.store.engine import WRITE_OPTION, current_revision, mask_url, open_engine
 from guardian.store.errors import NotFoundError, StoreError
+from guardian.store.evaluations import EvaluationRecords
 from guardian.store.interventions import InterventionRecords
 from guardian.store.models import Attempt, Checkpoint, FindingRow, Incident, Run, Step
 from guardian.store.views import (
@@ -42,6 +44,7 @@ from guardian.store.views import (
     IncidentDetail,
     IncidentView,
     RunView,
+    StepIndex,
     at_utc,
     attempt_view,
     checkpoint_view,
@@ -98,8 +101,9 @@ def _chunks(items: Sequence[int], size: int) -> Iterator[Sequence[int]]:
 # ------------------------------------------------------------------------------------------- store
 
 
-class Store(InterventionRecords, DeliveryRecords):
-    """The guardian's history: runs, attempts, steps, checkpoints, findings, incidents.
+class Store(InterventionRecords, DeliveryRecords, EvaluationRecords):
+    """The guardian's history: runs, attempts, steps, checkpoints, findings, incidents, interventions,
+    deliveries, evaluations.
 
     Build one with ``Store.open(url)``; use it as a context manager or call ``close()``.
     """
@@ -377,6 +381,20 @@ class Store(InterventionRecords, DeliveryRecords):
                         points.append((step, float(value) if value is not None else None))
         return series
 
+    def active_records(self, run_id: str) -> list[StepRecord]:
+        """The active timeline's steps with all their values, ascending (a stored null as NaN): what a
+        ``RunHistory`` rebuilt from the store (the launch checklist) reads."""
+        with self._read() as session:
+            active = self._active_steps(session, run_id)
+            rows = session.execute(
+                select(Step.id, Step.step, Step.metrics).where(Step.run_id == run_id).order_by(Step.step)
+            )
+            return [
+                StepRecord(step, {k: math.nan if v is None else v for k, v in _unpack(blob).items()})
+                for row_id, step, blob in rows
+                if row_id in active
+            ]
+
     def latest_step(self, run_id: str) -> tuple[int, StepValues] | None:
         """The last step of the active timeline with all its values, or None before the first."""
         with self._read() as session:
@@ -401,6 +419,18 @@ class Store(InterventionRecords, DeliveryRecords):
         with self._read() as session:
             rows = session.scalars(select(Attempt).where(Attempt.run_id == run_id).order_by(Attempt.number))
             return [attempt_view(row) for row in rows]
+
+    def step_index(self, run_id: str) -> list[StepIndex]:
+        """Every step stored for the run, abandoned lines too, without values, in line order (attempt number,
+        branch, step): what the review reads to tell which steps a rollback threw away."""
+        with self._read() as session:
+            rows = session.execute(
+                select(Step.attempt_id, Attempt.number, Step.branch, Step.step)
+                .join(Attempt, Step.attempt_id == Attempt.id)
+                .where(Step.run_id == run_id)
+                .order_by(Attempt.number, Step.branch, Step.step)
+            )
+            return [StepIndex(*row) for row in rows]
 
     def count_steps(self, run_id: str) -> int:
         """How many steps the active timeline holds."""
@@ -546,11 +576,16 @@ class Store(InterventionRecords, DeliveryRecords):
                 row.note = note
             return incident_view(row)
 
-    def list_incidents(self, run_id: str | None = None, limit: int | None = None) -> list[IncidentView]:
-        """Incidents, newest first (of one run, or of all); the newest ``limit`` of them, or every one for None."""
+    def list_incidents(
+        self, run_id: str | None = None, limit: int | None = None, since: datetime | None = None
+    ) -> list[IncidentView]:
+        """Incidents, newest first (of one run, or of all; opened at or after ``since``, timezone-aware); the newest
+        ``limit`` of them, or every one for None."""
         query = select(Incident).order_by(Incident.opened_at.desc(), Incident.id.desc()).limit(limit)
         if run_id is not None:
             query = query.where(Incident.run_id == run_id)
+        if since is not None:
+            query = query.where(Incident.opened_at >= since.astimezone(UTC))
         with self._read() as session:
             return [incident_view(row) for row in session.scalars(query)]
 
