@@ -453,6 +453,21 @@ class GrafanaConfig(_Section):
     timeout_s: float = Field(5.0, gt=0, description="HTTP timeout per request.")
 
 
+class CostConfig(_Section):
+    """What compute costs, for the incident history and the report (guardian/review/cost.py): GPU-hours lost
+    to each incident, in money, and what the same incidents would have cost rescued by hand."""
+
+    gpu_hour_usd: float = Field(
+        12.25, ge=0, description="Price of one GPU-hour in USD (seed tutorial: 8×H100 ≈ $98/hour, so 98/8)."
+    )
+    manual_detection_lag_steps: int = Field(
+        700,
+        ge=0,
+        description="Steps a person notices a collapse late without the guardian (the seed's manual rescue: ~700): "
+        "the floor of what each rolled-back incident would have cost by hand.",
+    )
+
+
 class GuardianConfig(_Section):
     home: Path = Field(Path(".guardian"), description="Guardian home: database, run folders.")
     db_url: str | None = Field(
@@ -478,6 +493,7 @@ class GuardianConfig(_Section):
     exporter: ExporterConfig = ExporterConfig()
     notify: NotifyConfig = NotifyConfig()
     grafana: GrafanaConfig = GrafanaConfig()
+    cost: CostConfig = CostConfig()
 
     def database_url(self) -> str:
         return self.db_url or f"sqlite:///{self.home / 'guardian.db'}"

@@ -20,6 +20,7 @@ from guardian.store.views import (
     IncidentDetail,
     IncidentView,
     RunView,
+    StepIndex,
 )
 
 __all__ = [
@@ -36,6 +37,7 @@ __all__ = [
     "NotFoundError",
     "RunView",
     "StateDetail",
+    "StepIndex",
     "Store",
     "StoreError",
     "StoredPlan",

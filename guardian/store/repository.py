@@ -18,6 +18,7 @@ import math
 from collections import defaultdict
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from datetime import UTC, datetime
 from types import TracebackType
 from typing import Final, Self, SupportsFloat
 
@@ -42,6 +43,7 @@ from guardian.store.views import (
     IncidentDetail,
     IncidentView,
     RunView,
+    StepIndex,
     StepLine,
     at_utc,
     attempt_view,
@@ -429,6 +431,18 @@ class Store(InterventionRecords, DeliveryRecords):
             rows = session.scalars(select(Attempt).where(Attempt.run_id == run_id).order_by(Attempt.number))
             return [attempt_view(row) for row in rows]
 
+    def step_index(self, run_id: str) -> list[StepIndex]:
+        """Every step stored for the run, abandoned lines too, without values, in line order (attempt number,
+        branch, step): what the review reads to tell which steps a rollback threw away."""
+        with self._read() as session:
+            rows = session.execute(
+                select(Step.attempt_id, Attempt.number, Step.branch, Step.step)
+                .join(Attempt, Step.attempt_id == Attempt.id)
+                .where(Step.run_id == run_id)
+                .order_by(Attempt.number, Step.branch, Step.step)
+            )
+            return [StepIndex(*row) for row in rows]
+
     def count_steps(self, run_id: str) -> int:
         """How many steps the active timeline holds."""
         with self._read() as session:
@@ -573,11 +587,16 @@ class Store(InterventionRecords, DeliveryRecords):
                 row.note = note
             return incident_view(row)
 
-    def list_incidents(self, run_id: str | None = None, limit: int | None = None) -> list[IncidentView]:
-        """Incidents, newest first (of one run, or of all); the newest ``limit`` of them, or every one for None."""
+    def list_incidents(
+        self, run_id: str | None = None, limit: int | None = None, since: datetime | None = None
+    ) -> list[IncidentView]:
+        """Incidents, newest first (of one run, or of all; opened at or after ``since``, timezone-aware); the newest
+        ``limit`` of them, or every one for None."""
         query = select(Incident).order_by(Incident.opened_at.desc(), Incident.id.desc()).limit(limit)
         if run_id is not None:
             query = query.where(Incident.run_id == run_id)
+        if since is not None:
+            query = query.where(Incident.opened_at >= since.astimezone(UTC))
         with self._read() as session:
             return [incident_view(row) for row in session.scalars(query)]
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Final
+from typing import Final, NamedTuple
 
 import orjson
 
@@ -99,6 +99,15 @@ class AttemptView:
             "pid": self.pid,
             "exit_code": self.exit_code,
         }
+
+
+class StepIndex(NamedTuple):
+    """Where one stored step lies, without its values: the attempt and branch (line) that logged it."""
+
+    attempt_id: int
+    attempt_number: int
+    branch: int
+    step: int
 
 
 @dataclass(frozen=True, slots=True)
