@@ -26,7 +26,7 @@ def incident_report(store: Store, incident_id: int, config: GuardianConfig, now:
     if detail is None or run is None:
         return None
     intervened = [(iv, store.intervention_events(iv.id)) for iv in store.interventions(incident_id=incident_id)]
-    lines = store.step_lines(run.id)
+    lines = store.step_lines(run.id, series.READ_KEYS, series.READ_PREFIXES)
     marked = story.markers([detail], intervened)
     steps = story.incident_steps(detail, marked, config.report.context_steps, series.step_range(lines))
     return _report(store, config, run, detail, [detail], intervened, lines, steps, now)
@@ -40,7 +40,7 @@ def run_report(store: Store, run_id: str, config: GuardianConfig, now: float) ->
     details = [d for i in reversed(store.list_incidents(run_id)) if (d := store.get_incident(i.id)) is not None]
     timelines = store.run_timelines(run_id)
     intervened = [(iv, timelines.get(iv.id, [])) for iv in store.interventions(run_id)]
-    lines = store.step_lines(run_id)
+    lines = store.step_lines(run_id, series.READ_KEYS, series.READ_PREFIXES)
     return _report(store, config, run, None, details, intervened, lines, series.step_range(lines), now)
 
 

@@ -30,6 +30,9 @@ PLOTTED: tuple[tuple[Signal, str], ...] = (
     (Signal.LENGTH_MEAN, "Response length (mean tokens)"),
 )
 VAL_SCORE_KEYS = f"{VAL_CORE_PREFIX}*{VAL_MEAN_MARKER}*"
+# what ``Store.step_lines`` must hand over for them: every alias, and the validation keys by their prefix
+READ_KEYS: frozenset[str] = frozenset(key for signal, _ in PLOTTED for key in ALIASES[signal])
+READ_PREFIXES: tuple[str, ...] = (VAL_CORE_PREFIX,)
 
 
 class MarkerKind(StrEnum):

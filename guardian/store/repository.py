@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from types import TracebackType
@@ -389,10 +389,13 @@ class Store(InterventionRecords, DeliveryRecords):
                         points.append((step, float(value) if value is not None else None))
         return series
 
-    def step_lines(self, run_id: str) -> list[StepLine]:
-        """Every line of the run's steps with all their values, oldest line first, abandoned lines too: what a
+    def step_lines(self, run_id: str, keys: Collection[str], prefixes: Sequence[str] = ()) -> list[StepLine]:
+        """Every line of the run's steps, oldest line first, abandoned lines too, with the values of ``keys`` and
+        of the keys starting with one of ``prefixes`` (a long run's every value would not fit in memory): what a
         report draws to show the branch a rollback abandoned beside the one it kept (``step_series`` holds only
-        the kept one). A stored non-finite value is None."""
+        the kept one). A step is there even when it logs none of them; a stored non-finite value is None."""
+        wanted = frozenset(keys)
+        prefix = tuple(prefixes)
         with self._read() as session:
             rows = session.execute(
                 select(Attempt.number, Step.branch, Step.step, Step.metrics)
@@ -402,7 +405,9 @@ class Store(InterventionRecords, DeliveryRecords):
             )
             lines: dict[tuple[int, int], list[tuple[int, StepValues]]] = defaultdict(list)
             for number, branch, step, blob in rows:
-                lines[(number, branch)].append((step, _unpack(blob)))
+                values = _unpack(blob)
+                kept = {k: v for k, v in values.items() if k in wanted or k.startswith(prefix)}
+                lines[(number, branch)].append((step, kept))
         cutoffs = self._line_cutoffs({line: [step for step, _ in steps] for line, steps in lines.items()})
         return [StepLine(*line, cutoffs[line], tuple(steps)) for line, steps in lines.items()]
 
