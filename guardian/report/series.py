@@ -127,7 +127,7 @@ def plot(signal: Signal, title: str, lines: Sequence[StepLine], steps: StepRange
         if branch:
             start = (last_kept,) if last_kept is not None else ()
             abandoned.append(Trace(_line_name(line), True, (*start, *branch)))
-    traces = (Trace("kept timeline", False, tuple(sorted(kept))), *abandoned)
+    traces = (Trace("kept timeline", False, tuple(sorted(kept, key=lambda point: point[0]))), *abandoned)
     return Plot(signal, title, key, tuple(t for t in traces if t.points))
 
 
