@@ -79,14 +79,14 @@ def _finding(
 
 def test_open_creates_the_schema_at_head_with_wal(db_path: Path, store: Store) -> None:
     assert db_path.exists()
-    assert store.schema_version() == head_revision() == "0003"
+    assert store.schema_version() == head_revision() == "0004"
     engine = create_engine(_url(db_path))
     try:
         tables = set(inspect(engine).get_table_names())
     finally:
         engine.dispose()
     assert {"runs", "attempts", "steps", "checkpoints", "findings", "incidents", "alembic_version"} <= tables
-    assert {"interventions", "intervention_events"} <= tables
+    assert {"interventions", "intervention_events", "deliveries", "evaluations"} <= tables
     with sqlite3.connect(db_path) as raw:
         assert raw.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     raw.close()

@@ -7,6 +7,8 @@ GPU-hours lost = steps discarded × the run's typical step time (median ``timing
 where it sets neither). The manual figure is a floor: a person who notices a collapse
 ``cost.manual_detection_lag_steps`` late loses at least those steps for each incident the guardian rolled back
 (and then rolls back as far). Unknown step time or GPUs give None figures with the reason, never a guess.
+Steps are the stored ones: a line or two the trainer logs while it is being stopped is not read, so the loss is
+a floor too.
 """
 
 from __future__ import annotations
@@ -167,20 +169,19 @@ def typical_step_seconds(values: Sequence[float | None]) -> float | None:
 
 def run_gpus(run: RunView) -> tuple[int | None, str, str | None]:
     """The run's GPUs from its stored command: (count, where it came from, why unknown)."""
-    per_node, nodes = run.override(GPUS_PER_NODE_KEY), run.override(NODES_KEY)
-    source = "command" if per_node is not None or nodes is not None else "verl defaults"
-    try:
-        count = int(per_node or VERL_GPUS_PER_NODE) * int(nodes or VERL_NODES)
-    except ValueError:
-        return None, source, f"{GPUS_PER_NODE_KEY}={per_node} {NODES_KEY}={nodes} in the command are not integers"
+    given = {key: run.override(key) for key in (GPUS_PER_NODE_KEY, NODES_KEY)}
+    source = "command" if any(v is not None for v in given.values()) else "verl defaults"
+    bad = [f"{key}={value}" for key, value in given.items() if value is not None and not value.isdigit()]
+    if bad:
+        return None, source, f"the command's {' '.join(bad)} is not a whole number of GPUs"
+    count = int(given[GPUS_PER_NODE_KEY] or VERL_GPUS_PER_NODE) * int(given[NODES_KEY] or VERL_NODES)
     return (count, source, None) if count > 0 else (None, source, f"the command names {count} GPUs")
 
 
 def run_rate(run: RunView, step_seconds: float | None, config: CostConfig) -> Rate:
     gpus, source, bad_gpus = run_gpus(run)
-    unknown = bad_gpus
-    if step_seconds is None:
-        unknown = f"the run logged no step time ({ALIASES[Signal.STEP_TIME][0]})"
+    no_time = f"the run logged no step time ({ALIASES[Signal.STEP_TIME][0]})" if step_seconds is None else None
+    unknown = "; ".join(why for why in (no_time, bad_gpus) if why) or None
     return Rate(step_seconds, gpus, source, config.gpu_hour_usd, unknown)
 
 

@@ -22,7 +22,12 @@ class IncidentRow:
     interventions: int
     outcome: Mapping[str, object] | None  # Outcome.to_json of the newest ending that recorded figures
     cost: IncidentCost | None  # None: no rollback threw steps away
-    gpu_hours_unknown: str | None  # why GPU-hours are None although steps were lost
+    run_cost: RunCost  # the whole run's, beside the floor of the same incidents rescued by hand
+
+    @property
+    def gpu_hours_unknown(self) -> str | None:
+        """Why GPU-hours are None although steps were lost."""
+        return self.run_cost.rate.unknown if self.cost is not None else None
 
     @property
     def final_state(self) -> str:
@@ -42,17 +47,12 @@ class IncidentRow:
         return self.cost.gpu_hours if self.cost is not None else 0.0
 
     def to_json(self) -> dict[str, object]:
-        i, iv = self.incident, self.action
+        """The stored incident (``IncidentView.to_json``: id, run_id, check, opened_step/at = detected, onset_step,
+        ...) with the action, the outcome and the loss."""
+        iv = self.action
+        usd = self.cost.usd if self.cost is not None else 0.0
         return {
-            "run_id": i.run_id,
-            "incident_id": i.id,
-            "check": i.check,
-            "severity": i.severity.label,
-            "status": i.status,
-            "detected_step": i.opened_step,
-            "detected_at": i.opened_at.isoformat(),
-            "onset_step": i.onset_step,
-            "message": i.message,
+            **self.incident.to_json(),
             "action": None
             if iv is None
             else {
@@ -68,6 +68,7 @@ class IncidentRow:
             "outcome_line": self.outcome_line,
             "steps_lost": self.steps_lost,
             "gpu_hours_lost": None if self.gpu_hours_lost is None else round(self.gpu_hours_lost, 3),
+            "usd_lost": None if usd is None else round(usd, 2),
             "gpu_hours_unknown": self.gpu_hours_unknown,
         }
 
@@ -98,7 +99,7 @@ def incident_row(
         interventions=len(own),
         outcome=last_outcome([timelines.get(iv.id, ()) for iv in own]),
         cost=spent,
-        gpu_hours_unknown=cost.rate.unknown if spent is not None else None,
+        run_cost=cost,
     )
 
 

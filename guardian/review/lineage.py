@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
+from guardian.actions.patch import RESUME_KEYS
 from guardian.notify.compose import format_setting
 from guardian.store import AttemptView, ConfigChange, InterventionView, StepIndex, Store
 
@@ -67,11 +68,16 @@ class AttemptLink:
 
     @property
     def summary(self) -> str:
-        """One line: the command for a person's launch; the patch and resume point for an intervention's."""
+        """One line: the command for a person's launch; the resume point and the patch (its settings, not the
+        resume keys) for an intervention's."""
         if self.launched_by is None:
             return command_summary(self.command)
         where = f"resumed from step {self.resumed_from_step}" if self.resumed_from_step is not None else "from scratch"
-        changes = "; ".join(f"{c.key}: {format_setting(c.before)} -> {format_setting(c.after)}" for c in self.patch)
+        changes = "; ".join(
+            f"{c.key}: {format_setting(c.before)} -> {format_setting(c.after)}"
+            for c in self.patch
+            if c.key not in RESUME_KEYS  # the resume point is said first
+        )
         return f"{where}, " + (f"patch {changes}" if changes else "same config")
 
     def to_json(self) -> dict[str, object]:

@@ -33,6 +33,7 @@ from guardian.states import CLOSED_INCIDENT_STATUSES, IncidentStatus, RunStatus
 from guardian.store.deliveries import DeliveryRecords
 from guardian.store.engine import WRITE_OPTION, current_revision, mask_url, open_engine
 from guardian.store.errors import NotFoundError, StoreError
+from guardian.store.evaluations import EvaluationRecords
 from guardian.store.interventions import InterventionRecords
 from guardian.store.models import Attempt, Checkpoint, FindingRow, Incident, Run, Step
 from guardian.store.views import (
@@ -101,8 +102,9 @@ def _chunks(items: Sequence[int], size: int) -> Iterator[Sequence[int]]:
 # ------------------------------------------------------------------------------------------- store
 
 
-class Store(InterventionRecords, DeliveryRecords):
-    """The guardian's history: runs, attempts, steps, checkpoints, findings, incidents.
+class Store(InterventionRecords, DeliveryRecords, EvaluationRecords):
+    """The guardian's history: runs, attempts, steps, checkpoints, findings, incidents, interventions,
+    deliveries, evaluations.
 
     Build one with ``Store.open(url)``; use it as a context manager or call ``close()``.
     """
@@ -410,6 +412,20 @@ class Store(InterventionRecords, DeliveryRecords):
                 lines[(number, branch)].append((step, kept))
         cutoffs = self._line_cutoffs({line: [step for step, _ in steps] for line, steps in lines.items()})
         return [StepLine(*line, cutoffs[line], tuple(steps)) for line, steps in lines.items()]
+
+    def active_records(self, run_id: str) -> list[StepRecord]:
+        """The active timeline's steps with all their values, ascending (a stored null as NaN): what a
+        ``RunHistory`` rebuilt from the store (the launch checklist) reads."""
+        with self._read() as session:
+            active = self._active_steps(session, run_id)
+            rows = session.execute(
+                select(Step.id, Step.step, Step.metrics).where(Step.run_id == run_id).order_by(Step.step)
+            )
+            return [
+                StepRecord(step, {k: math.nan if v is None else v for k, v in _unpack(blob).items()})
+                for row_id, step, blob in rows
+                if row_id in active
+            ]
 
     def latest_step(self, run_id: str) -> tuple[int, StepValues] | None:
         """The last step of the active timeline with all its values, or None before the first."""
