@@ -443,6 +443,20 @@ class NotifyConfig(_Section):
         return self
 
 
+class ReportConfig(_Section):
+    """guardian report (guardian/report/): how much of a run an incident's report shows."""
+
+    trajectories: int = Field(
+        100,
+        ge=0,
+        description="Highest-reward trajectories from the rollout dumps shown for reward-hacking review (the seed "
+        "tutorial reads 100); 0 leaves the section out.",
+    )
+    context_steps: int = Field(
+        20, ge=0, description="An incident's plots span its marked steps (onset ... resume) and this many either side."
+    )
+
+
 class GrafanaConfig(_Section):
     url: str | None = Field(None, description="Grafana base URL; set it to post incident annotations while guarding.")
     token_file: Path | None = Field(None, description="Service-account token file; default: env GRAFANA_TOKEN.")
@@ -569,6 +583,7 @@ class GuardianConfig(_Section):
     remediation: RemediationConfig = RemediationConfig()
     exporter: ExporterConfig = ExporterConfig()
     notify: NotifyConfig = NotifyConfig()
+    report: ReportConfig = ReportConfig()
     grafana: GrafanaConfig = GrafanaConfig()
     cost: CostConfig = CostConfig()
     checklist: ChecklistConfig = ChecklistConfig()

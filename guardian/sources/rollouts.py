@@ -71,7 +71,7 @@ class GroupStats:
 
 
 def sample_score(row: Mapping[str, object]) -> float | None:
-    """A dump row's finite numeric ``score``, else None."""
+    """A dump row's finite numeric score (None: missing, not a number, a bool, or non-finite)."""
     value = row.get("score")
     if isinstance(value, bool) or not isinstance(value, int | float):
         return None
@@ -276,7 +276,8 @@ def read_finished(path: Path) -> tuple[dict[int, dict[str, float]], list[str]]:
 
 
 def dump_rows(handle: BinaryIO, size: int, path: Path, problems: list[str]) -> Iterator[Mapping[str, object]]:
-    """The JSON objects on the complete lines within the first ``size`` bytes, one at a time."""
+    """The JSON objects on the complete lines within the first ``size`` bytes, one at a time (a dump can be
+    large: its rows are never all held); unreadable lines are added to ``problems``."""
     remaining = size
     for number, line in enumerate(handle, start=1):
         remaining -= len(line)

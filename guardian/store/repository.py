@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from types import TracebackType
@@ -45,6 +45,7 @@ from guardian.store.views import (
     IncidentView,
     RunView,
     StepIndex,
+    StepLine,
     at_utc,
     attempt_view,
     checkpoint_view,
@@ -341,7 +342,19 @@ class Store(InterventionRecords, DeliveryRecords, EvaluationRecords):
                 session.execute(update(Step), updates)
 
     @staticmethod
-    def _active_steps(session: Session, run_id: str) -> dict[int, int]:
+    def _line_cutoffs(lines: Mapping[tuple[int, int], Sequence[int]]) -> dict[tuple[int, int], int | None]:
+        """Each line's (attempt number, branch) first step taken over by a newer line (None for the newest):
+        the module docstring's rule, in one place for the active timeline and for ``step_lines``."""
+        cutoffs: dict[tuple[int, int], int | None] = {}
+        cutoff: int | None = None
+        for line in sorted(lines, reverse=True):
+            cutoffs[line] = cutoff
+            first = min(lines[line])
+            cutoff = first if cutoff is None else min(cutoff, first)
+        return cutoffs
+
+    @classmethod
+    def _active_steps(cls, session: Session, run_id: str) -> dict[int, int]:
         """Row id → step for the run's active timeline (see the module docstring)."""
         rows = session.execute(
             select(Step.id, Step.step, Attempt.number, Step.branch)
@@ -351,16 +364,13 @@ class Store(InterventionRecords, DeliveryRecords, EvaluationRecords):
         lines: dict[tuple[int, int], list[tuple[int, int]]] = defaultdict(list)
         for row_id, step, number, branch in rows:
             lines[(number, branch)].append((row_id, step))
-        active: dict[int, int] = {}
-        cutoff: int | None = None
-        for line in sorted(lines, reverse=True):
-            members = lines[line]
-            for row_id, step in members:
-                if cutoff is None or step < cutoff:
-                    active[row_id] = step
-            first = min(step for _, step in members)
-            cutoff = first if cutoff is None else min(cutoff, first)
-        return active
+        cutoffs = cls._line_cutoffs({line: [step for _, step in members] for line, members in lines.items()})
+        return {
+            row_id: step
+            for line, members in lines.items()
+            for row_id, step in members
+            if (cut := cutoffs[line]) is None or step < cut
+        }
 
     def step_series(self, run_id: str, keys: Sequence[str]) -> dict[str, list[tuple[int, float | None]]]:
         """Each key's (step, value) pairs along the active timeline, steps ascending; steps without
@@ -380,6 +390,28 @@ class Store(InterventionRecords, DeliveryRecords, EvaluationRecords):
                         value = values[key]
                         points.append((step, float(value) if value is not None else None))
         return series
+
+    def step_lines(self, run_id: str, keys: Collection[str], prefixes: Sequence[str] = ()) -> list[StepLine]:
+        """Every line of the run's steps, oldest line first, abandoned lines too, with the values of ``keys`` and
+        of the keys starting with one of ``prefixes`` (a long run's every value would not fit in memory): what a
+        report draws to show the branch a rollback abandoned beside the one it kept (``step_series`` holds only
+        the kept one). A step is there even when it logs none of them; a stored non-finite value is None."""
+        wanted = frozenset(keys)
+        prefix = tuple(prefixes)
+        with self._read() as session:
+            rows = session.execute(
+                select(Attempt.number, Step.branch, Step.step, Step.metrics)
+                .join(Attempt, Step.attempt_id == Attempt.id)
+                .where(Step.run_id == run_id)
+                .order_by(Attempt.number, Step.branch, Step.step)
+            )
+            lines: dict[tuple[int, int], list[tuple[int, StepValues]]] = defaultdict(list)
+            for number, branch, step, blob in rows:
+                values = _unpack(blob)
+                kept = {k: v for k, v in values.items() if k in wanted or k.startswith(prefix)}
+                lines[(number, branch)].append((step, kept))
+        cutoffs = self._line_cutoffs({line: [step for step, _ in steps] for line, steps in lines.items()})
+        return [StepLine(*line, cutoffs[line], tuple(steps)) for line, steps in lines.items()]
 
     def active_records(self, run_id: str) -> list[StepRecord]:
         """The active timeline's steps with all their values, ascending (a stored null as NaN): what a

@@ -219,6 +219,24 @@ class IncidentDetail:
         return {**self.incident.to_json(), "findings": [f.to_json() for f in self.findings]}
 
 
+@dataclass(frozen=True, slots=True)
+class StepLine:
+    """One line (attempt, branch) of a run's steps with all their values, abandoned lines too.
+
+    ``cut_at``: the first step a newer line took over (a resume or rollback abandoned this line's steps from
+    there on); None for the newest line. The steps before it are this line's part of the active timeline.
+    """
+
+    attempt_number: int
+    branch: int
+    cut_at: int | None
+    steps: tuple[tuple[int, Mapping[str, float | None]], ...]  # (step, values), steps ascending
+
+    def kept(self, step: int) -> bool:
+        """Is ``step`` of this line on the active timeline?"""
+        return self.cut_at is None or step < self.cut_at
+
+
 # -------------------------------------------------------------------------------------- conversions
 
 
