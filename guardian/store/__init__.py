@@ -10,6 +10,7 @@ from guardian.store.interventions import (
     StoredPlan,
     config_changes,
 )
+from guardian.store.pins import PinView
 from guardian.store.repository import Store
 from guardian.store.views import (
     MODES,
@@ -34,6 +35,7 @@ __all__ = [
     "InterventionEventView",
     "InterventionView",
     "NotFoundError",
+    "PinView",
     "RunView",
     "StateDetail",
     "Store",

@@ -34,6 +34,7 @@ from guardian.store.engine import WRITE_OPTION, current_revision, mask_url, open
 from guardian.store.errors import NotFoundError, StoreError
 from guardian.store.interventions import InterventionRecords
 from guardian.store.models import Attempt, Checkpoint, FindingRow, Incident, Run, Step
+from guardian.store.pins import PinRecords
 from guardian.store.views import (
     MODES,
     VERDICTS,
@@ -98,8 +99,8 @@ def _chunks(items: Sequence[int], size: int) -> Iterator[Sequence[int]]:
 # ------------------------------------------------------------------------------------------- store
 
 
-class Store(InterventionRecords, DeliveryRecords):
-    """The guardian's history: runs, attempts, steps, checkpoints, findings, incidents.
+class Store(InterventionRecords, DeliveryRecords, PinRecords):
+    """The guardian's history: runs, attempts, steps, checkpoints, pins, findings, incidents.
 
     Build one with ``Store.open(url)``; use it as a context manager or call ``close()``.
     """
