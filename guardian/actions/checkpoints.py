@@ -78,9 +78,12 @@ def choose_rollback_target(
     detected_step: int,
     margin_steps: int,
     exclude_steps: Collection[int],
+    available: Collection[int],
     skip_newest: int = 0,
 ) -> C | None:
-    """The newest "healthy" checkpoint at or before (onset, else detection) − margin, not excluded.
+    """The newest "healthy" checkpoint at or before (onset, else detection) − margin, not excluded, that a rollback
+    can land on: ``available`` holds the steps verl can resume from as they are on disk, and those whose folder
+    verl's retention emptied but the guardian pinned (the rollback restores them first; guardian.actions.pins).
 
     On a relapse the caller excludes the previous target, which moves one further back; ``skip_newest``
     skips that many more qualifying checkpoints (a rung's ``rollback_extra_checkpoints``), as far as there
@@ -90,7 +93,11 @@ def choose_rollback_target(
     """
     limit = (onset_step if onset_step is not None else detected_step) - margin_steps
     qualifying = sorted(
-        (c for c in checkpoints if c.verdict == "healthy" and c.step <= limit and c.step not in exclude_steps),
+        (
+            c
+            for c in checkpoints
+            if c.verdict == "healthy" and c.step <= limit and c.step not in exclude_steps and c.step in available
+        ),
         key=lambda c: c.step,
         reverse=True,
     )

@@ -45,11 +45,13 @@ class Stop:
 @dataclass(frozen=True, slots=True)
 class RollBack:
     """Move the abandoned branch aside - every checkpoint after ``to_step`` (None: all of them, a restart from
-    scratch) and its rollout dumps - dismiss the incidents raised on it, then commit ROLLED_BACK."""
+    scratch), its pins and its rollout dumps - dismiss the incidents raised on it, then commit ROLLED_BACK;
+    ``restore``: first put ``to_step``'s pinned copy back in place (verl's retention emptied its folder)."""
 
     iv: InterventionView
     to_step: int | None
     why: str = ""
+    restore: bool = False
     ends_pass = False
 
 

@@ -146,10 +146,11 @@ class Executor:
             detail = {"target": None, "why": effect.why, "moved": moved}
         else:
             try:
+                restored = self.checkpoints.restore_pinned(step) if effect.restore else {}
                 moved = self.checkpoints.quarantine_after(step, iv.incident_id)
             except CheckpointError as exc:
                 return self._give_up(iv, f"rollback failed: {exc}")
-            detail = {"moved": moved, "tracker": step}
+            detail = {"moved": moved, "tracker": step, **restored}
         self._dismiss_abandoned(iv.incident_id, after_step=step or 0)
         self._commit(iv, State.ROLLED_BACK, {**detail, **self.checkpoints.set_aside_dumps(step or 0, iv.incident_id)})
         return None
