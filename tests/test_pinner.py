@@ -5,7 +5,9 @@ a pinned folder the store missed, releases a row whose folder is gone, and says 
 from __future__ import annotations
 
 import errno
+import json
 import os
+import re
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -16,6 +18,7 @@ from test_actions_pins import retention_deletes, save
 from guardian.actions import pins
 from guardian.actions.pins import PIN_DIR, pinned_path, pinned_steps
 from guardian.checks.findings import Finding, Severity
+from guardian.cli import EXIT_OK, main
 from guardian.config import CheckpointsConfig
 from guardian.incidents.health import StepHealth
 from guardian.rescue.pinner import Pinner
@@ -140,3 +143,36 @@ def test_a_copy_when_links_are_refused_is_recorded_with_the_bytes_it_adds_and_wa
     assert (pin.mode, pin.bytes_added) == (PinMode.COPY, size)
     (line,) = [r for r in caplog.records if "event=checkpoint_pinned" in r.getMessage()]
     assert line.levelname == "WARNING" and "EPERM" in line.getMessage() and "copied" in line.getMessage()
+
+
+def test_guardian_checkpoints_lists_the_pins_with_what_they_add_and_hold(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    home, ckpt = tmp_path / "home", tmp_path / "ckpt"
+    monkeypatch.setenv("GUARDIAN_HOME", str(home))
+    monkeypatch.delenv("GUARDIAN_DB_URL", raising=False)
+    with Store.open(f"sqlite:///{home / 'guardian.db'}") as store:
+        store.ensure_run(
+            RUN, name=RUN, metrics_path="m", rollouts_dir="", checkpoints_dir=str(ckpt), mode="enforce", now=0
+        )
+        saved(store, ckpt, 10, 20)
+        guard = pinner(store, ckpt, keep=2)
+        guard.run(healthy_through(25), 25, branch=0)
+        saved(store, ckpt, 30)
+        guard.run(healthy_through(35), 35, branch=0)
+    retention_deletes(ckpt / "global_step_20")
+    held = sum(
+        p.stat().st_size for p in (pinned_path(ckpt, 20) / "actor").rglob("*") if p.is_file() and not p.is_symlink()
+    )
+    assert main(["checkpoints", RUN, "--json"]) == EXIT_OK
+    listed = json.loads(capsys.readouterr().out)
+    assert [(p["step"], p["mode"], p["bytes_added"], p["holds_bytes"]) for p in listed["pins"]] == [
+        (10, "link", 0, None),  # released: three pins were made, two are kept
+        (20, "link", 0, held),  # its original's actor/ is gone: the pin alone keeps those bytes
+        (30, "link", 0, 0),
+    ]
+    assert main(["checkpoints", RUN]) == EXIT_OK
+    text = capsys.readouterr().out
+    assert "emptied (pinned)" in text and "present (pinned)" in text
+    assert re.search(r"pin  step +20  link  added +0 B  holds +\d+\.\d KiB", text)
+    assert re.search(r"pin  step +10  link  added +0 B  released .*: 2 newer healthy pins: steps 20,30", text)
