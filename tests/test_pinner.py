@@ -79,6 +79,15 @@ def test_the_pass_pins_records_and_releases_what_newer_pins_replace(
     assert (ckpt / "global_step_10" / "data.pt").is_file(), "only the guardian's own pinned folders are removed"
 
 
+def test_the_first_pass_removes_what_a_guardian_killed_while_pinning_left(tmp_path: Path, store: Store) -> None:
+    ckpt = tmp_path / "ckpt"
+    saved(store, ckpt, 10)
+    for name in (".tmp-release-global_step_5-41", ".tmp-restore-global_step_7-41"):
+        (ckpt / PIN_DIR / name / "actor").mkdir(parents=True)
+    pinner(store, ckpt).run(healthy_through(20), 20, branch=0)
+    assert sorted(p.name for p in (ckpt / PIN_DIR).iterdir()) == ["global_step_10"]
+
+
 def test_nothing_is_pinned_while_an_incident_is_open(tmp_path: Path, store: Store) -> None:
     ckpt = tmp_path / "ckpt"
     saved(store, ckpt, 10)

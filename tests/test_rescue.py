@@ -339,3 +339,19 @@ def test_a_guardian_killed_before_the_restore_restores_once_after_its_restart(wo
     world.tick()
     assert world.interventions()[0].state is State.RESUMING
     assert world.calls.count("restore 30 from its pin") == 1
+
+
+def test_advice_to_roll_back_to_an_emptied_checkpoint_says_how_to_restore_its_pin_first(
+    world: World, caplog: pytest.LogCaptureFixture
+) -> None:
+    world.config = world.config.model_copy(update={"mode": "advise"})
+    world.new_guardian()
+    world.save(10, 20, 30)
+    world.retention_deletes(30, pinned=True)
+    world.incident()
+    with caplog.at_level("WARNING", logger="guardian"):
+        world.tick()
+    (advice,) = [r.getMessage() for r in caplog.records if "event=advice" in r.getMessage()]
+    assert "restore its pin first (mv /ckpt/global_step_30 /ckpt/global_step_30.emptied && cp -al " in advice
+    assert "/ckpt/.guardian-pinned/global_step_30 /ckpt/global_step_30), then roll back to step 30" in advice
+    assert world.calls == [], "advise mode restores nothing itself"

@@ -361,6 +361,16 @@ def _make_dir(folder: Path) -> None:
         ) from None
 
 
+def remove_leftovers(ckpt_dir: Path) -> list[str]:
+    """Remove the temporary folders an interrupted pin, release or restore left in ``.guardian-pinned/`` (call it
+    while this guardian holds the checkpoint dir's lock and builds nothing: none of them is in use); their names."""
+    root = pin_root(ckpt_dir)
+    names = sorted(p.name for p in root.glob(f"{TEMP_PREFIX}*")) if root.is_dir() else []
+    for name in names:
+        _remove_temp(root / name)
+    return names
+
+
 def _fresh_temp(root: Path, name: str) -> Path:
     """A temporary folder name for ``name`` in ``root``; what an interrupted earlier attempt left there is removed."""
     for stale in root.glob(f"{TEMP_PREFIX}{name}-*"):

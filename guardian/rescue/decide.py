@@ -62,7 +62,7 @@ def decide(s: RescueSnapshot, config: GuardianConfig) -> Effect:
     incident = s.first_to_act_on()
     if incident is not None and s.mode is Mode.ADVISE and incident.id not in s.advised:
         target = rollback_target(s, config, incident, 0, frozenset())
-        return Advise(incident, kind_for(incident.check), target)
+        return Advise(incident, kind_for(incident.check), target, target is not None and s.restores(target.step))
     if incident is not None and s.mode is Mode.ENFORCE:
         plan = plan_for(s, config, incident)
         return Intervene(incident, kind_for(incident.check), plan, s.trainer.attempt_id)

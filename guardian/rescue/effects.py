@@ -141,11 +141,13 @@ class RecordCrash:
 
 @dataclass(frozen=True, slots=True)
 class Advise:
-    """Advise mode: say once what an intervention would do about ``incident`` (roll back to ``target``)."""
+    """Advise mode: say once what an intervention would do about ``incident`` (roll back to ``target``; ``restore``:
+    after putting its pinned copy back, verl's retention emptied its folder)."""
 
     incident: IncidentView
     kind: Kind
     target: CheckpointView | None
+    restore: bool = False
     ends_pass = False
 
 

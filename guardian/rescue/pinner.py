@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from guardian.actions.pins import GIB, CopyRefused, PinError, pin_checkpoint, release_pin
+from guardian.actions.pins import GIB, CopyRefused, PinError, pin_checkpoint, release_pin, remove_leftovers
 from guardian.config import CheckpointsConfig
 from guardian.incidents.health import StepHealth
 from guardian.logs import event, get_logger
@@ -41,9 +41,14 @@ class Pinner:
     clock: Clock
     refused: dict[int, str] = field(default_factory=dict)  # step -> why its pin or release failed
     _branch: int | None = None
+    _swept: bool = False
 
     def run(self, health: StepHealth, last_step: int | None, branch: int) -> None:
         """One pass (see the module docstring); ``branch`` is the timeline's (a new one retries refused steps)."""
+        if not self._swept:  # what a guardian killed while pinning left behind
+            self._swept = True
+            if removed := remove_leftovers(self.checkpoint_dir):
+                log.info(event("pin_leftovers_removed", {"run": self.run_id, "folders": ",".join(removed)}))
         if branch != self._branch:
             self.refused.clear()
             self._branch = branch
