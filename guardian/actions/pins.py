@@ -188,7 +188,10 @@ def restore_pin(ckpt_dir: Path, step: int, *, min_free_bytes: int) -> RestoreRes
             aside = ckpt_dir / QUARANTINE_DIR / RESTORED_OVER
             _make_dir(aside)
             set_aside = free_name(aside, target.name)
-            move_no_overwrite(target, set_aside)
+            try:
+                move_no_overwrite(target, set_aside)
+            except OSError as exc:
+                raise PinError(f"cannot move {target} aside to {set_aside}: {_reason(exc)}") from None
         _rename_into_place(temp, target)
     except BaseException:
         _remove_temp(temp)
@@ -342,7 +345,12 @@ def _build(source: Path, temp: Path, tree: list[_Entry], put: Callable[[Path, Pa
 
 
 def _check_space(source: Path, root: Path, size: int, min_free_bytes: int, because: str) -> None:
-    free = shutil.disk_usage(root).free
+    try:
+        free = shutil.disk_usage(root).free
+    except OSError as exc:
+        raise PinError(
+            f"not copying {source}: {because}, and the free space of {root} is unknown: {_reason(exc)}"
+        ) from None
     if free - size < min_free_bytes:
         raise CopyRefused(
             f"not copying {source} ({size / GIB:.2f} GiB) into {root}: {because}, and the copy would leave "
