@@ -387,6 +387,10 @@ class CheckpointsConfig(_Section):
         "leave less than this many GiB free on the checkpoint filesystem (event=pin_copy_refused).",
     )
 
+    @property
+    def copy_min_free_bytes(self) -> int:
+        return round(self.copy_min_free_gib * (1 << 30))
+
 
 class ExporterConfig(_Section):
     enabled: bool = Field(False, description="Serve Prometheus metrics at http://host:port/metrics while guarding.")

@@ -87,9 +87,7 @@ class Pinner:
     def _pin(self, step: int) -> bool:
         started = self.clock()
         try:
-            result = pin_checkpoint(
-                self.checkpoint_dir, step, min_free_bytes=round(self.config.copy_min_free_gib * GIB)
-            )
+            result = pin_checkpoint(self.checkpoint_dir, step, min_free_bytes=self.config.copy_min_free_bytes)
         except PinError as exc:
             self.refused[step] = str(exc)
             name = "pin_copy_refused" if isinstance(exc, CopyRefused) else "pin_failed"

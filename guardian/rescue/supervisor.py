@@ -28,7 +28,7 @@ from pathlib import Path
 
 from guardian.actions.launcher import RunFolder
 from guardian.actions.patch import RunFiles
-from guardian.actions.pins import GIB
+from guardian.actions.pins import pinned_steps
 from guardian.actions.process import ExitStatus, TrainerControl
 from guardian.checks.findings import Severity
 from guardian.checks.stall import typical_step_seconds
@@ -109,7 +109,7 @@ class Supervisor:
                 self.run_id,
                 self.checkpoint_dir,
                 lambda: self.guardian.rollouts.path if users_dumps and self.guardian.rollouts else None,
-                copy_min_free_bytes=self._copy_min_free_bytes(),
+                copy_min_free_bytes=self.config.checkpoints.copy_min_free_bytes,
             ),
             planner=LocalPlanner(self.config, self._current_argv, lambda: self._run_files(self._next_attempt_number())),
             after_commit=self.after_commit,
@@ -120,9 +120,6 @@ class Supervisor:
         pins = self.config.checkpoints
         pinning = Mode(self.config.mode) is not Mode.OBSERVE and pins.pin_keep > 0
         self.pinner = Pinner(pins, self.store, self.run_id, self.checkpoint_dir, self.clock) if pinning else None
-
-    def _copy_min_free_bytes(self) -> int:
-        return round(self.config.checkpoints.copy_min_free_gib * GIB)
 
     def _metrics_file(self, path: Path) -> MetricsFile:
         limits = self.config.sources
@@ -232,8 +229,9 @@ class Supervisor:
         return frozenset(c.step for c in scan_checkpoints(self.checkpoint_dir) if resumable(c.path))
 
     def _pinned(self) -> frozenset[int]:
-        """The steps whose pin the store knows and whose pinned folder is in place."""
-        return frozenset(p.step for p in self.store.pins(self.run_id, live=True) if Path(p.pinned_path).is_dir())
+        """The steps with a pinned folder in place - the disk, not the store, which may lag it by one crash (a pin
+        renamed into place and not recorded yet is a pin all the same)."""
+        return frozenset(pinned_steps(self.checkpoint_dir))
 
     def _outcome(self, iv: InterventionView, incidents: tuple[IncidentView, ...]) -> Outcome:
         """The probation's figures: the new branch against the rollback point, and the incident's own check."""

@@ -32,15 +32,10 @@ def scan_checkpoints(root: Path) -> list[CheckpointDir]:
 
 
 def resumable(folder: Path) -> bool:
-    """Whether verl can resume from ``folder``: its ``actor/`` holds something. verl's retention
+    """Whether verl can resume from ``folder``: its ``actor/`` is there. verl's retention
     (``trainer.max_actor_ckpt_to_keep``) deletes ``global_step_N/actor`` and leaves the folder with its
     ``data.pt`` (facts §3.3), so a folder that exists is not enough."""
-    try:
-        return any((folder / "actor").iterdir())
-    except (FileNotFoundError, NotADirectoryError):
-        return False
-    except PermissionError:
-        return True  # there, but not the guardian's to read: the trainer runs as its owner
+    return (folder / "actor").is_dir()
 
 
 def read_tracker(root: Path) -> int | None:
