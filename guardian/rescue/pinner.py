@@ -10,7 +10,9 @@ needs the checkpoint to exist); observe mode changes nothing on disk, so it neve
 
 A pin or release that fails is logged once, in one line naming the path (``event=pin_failed``, or
 ``event=pin_copy_refused`` when a copy would leave too little space), and not tried again for that step until
-the timeline moves to a new branch; nothing is released in a pass whose pins failed.
+the timeline moves to a new branch; nothing is released in a pass whose pins failed. The pass runs on the guard
+loop's thread: hard links take milliseconds, but a copy (hard links refused) holds the next poll for as long as it
+takes, which is why it is a warning and has a free-space floor.
 """
 
 from __future__ import annotations
