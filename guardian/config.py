@@ -363,6 +363,35 @@ class InterventionConfig(_Section):
     stop_sigkill_s: float = Field(10.0, ge=0, description="... then after SIGKILL, before reporting a failed stop.")
 
 
+class CheckpointsConfig(_Section):
+    """Healthy checkpoints the guardian pins (hard links under ``<ckpt>/.guardian-pinned/``) so that verl's
+    retention (``trainer.max_actor_ckpt_to_keep``) cannot delete every rollback target (actions/pins.py)."""
+
+    pin_keep: int = Field(
+        3,
+        ge=0,
+        description="Keep this many of the newest healthy checkpoints pinned; a pin is released once this many newer "
+        "healthy ones are pinned (0: pin nothing). guardian run pins in advise and enforce mode, never in observe.",
+    )
+    healthy_window_steps: int = Field(
+        5,
+        ge=0,
+        description="A checkpoint is pinned once the steps up to this many after it are judged and no warn or "
+        "critical finding stood at any step from this many before it to this many after it (and no incident is "
+        "open); keep it below save_freq x max_actor_ckpt_to_keep, or verl deletes checkpoints before they qualify.",
+    )
+    copy_min_free_gib: float = Field(
+        20.0,
+        ge=0,
+        description="Where hard links are refused (another filesystem, EPERM) a pin is a copy: refused when it would "
+        "leave less than this many GiB free on the checkpoint filesystem (event=pin_copy_refused).",
+    )
+
+    @property
+    def copy_min_free_bytes(self) -> int:
+        return round(self.copy_min_free_gib * (1 << 30))
+
+
 class ExporterConfig(_Section):
     enabled: bool = Field(False, description="Serve Prometheus metrics at http://host:port/metrics while guarding.")
     host: str = Field("127.0.0.1", description="Address to listen on (never all interfaces unless allow_public).")
@@ -581,6 +610,7 @@ class GuardianConfig(_Section):
     checks: ChecksConfig = ChecksConfig()
     intervention: InterventionConfig = InterventionConfig()
     remediation: RemediationConfig = RemediationConfig()
+    checkpoints: CheckpointsConfig = CheckpointsConfig()
     exporter: ExporterConfig = ExporterConfig()
     notify: NotifyConfig = NotifyConfig()
     report: ReportConfig = ReportConfig()

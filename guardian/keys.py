@@ -202,6 +202,8 @@ PROM_NOTIFICATIONS = "guardian_notifications_total"
 PROM_STORE_DEGRADED = "guardian_store_degraded"
 PROM_STORE_PENDING_WRITES = "guardian_store_pending_writes"
 PROM_STORE_DROPPED_WRITES = "guardian_store_dropped_writes_total"
+PROM_PINNED_CHECKPOINTS = "guardian_pinned_checkpoints"
+PROM_PINNED_BYTES = "guardian_pinned_bytes"
 
 # The training signals exported as gauges (latest value of each), one metric per signal.
 PROM_SIGNAL_METRICS: dict[Signal, str] = {
@@ -236,6 +238,8 @@ PROM_METRIC_NAMES: frozenset[str] = frozenset(
         PROM_STORE_DEGRADED,
         PROM_STORE_PENDING_WRITES,
         PROM_STORE_DROPPED_WRITES,
+        PROM_PINNED_CHECKPOINTS,
+        PROM_PINNED_BYTES,
         *PROM_SIGNAL_METRICS.values(),
     }
 )

@@ -1,4 +1,4 @@
-"""Every status a stored row takes: interventions, incidents, runs, checkpoints. One home, no string copies.
+"""Every status a stored row takes: interventions, incidents, runs, checkpoints, pins. One home, no string copies.
 
 The enums are ``StrEnum``: the store keeps their values as text and hands them back as members, and a member
 compares equal to its value, so a reader may match either. What the values *mean* - which transitions an
@@ -61,6 +61,13 @@ class Verdict(StrEnum):
     HEALTHY = "healthy"
     UNHEALTHY = "unhealthy"
     UNKNOWN = "unknown"  # saved before its step's metrics line arrived
+
+
+class PinMode(StrEnum):
+    """How a checkpoint's pinned copy was made (``guardian.actions.pins``)."""
+
+    LINK = "link"  # every file hard-linked: no bytes added while the original exists
+    COPY = "copy"  # hard links were refused (another filesystem, EPERM): the files were copied
 
 
 class Mode(StrEnum):

@@ -63,20 +63,33 @@ class Trainer:
 
 @dataclass
 class Checkpoints:
+    """The checkpoint folders (``world.saved``) and their pins (``world.pinned``), as the rescue sees them."""
+
     world: World
     refuse: str | None = None
+    refuse_restore: str | None = None
+
+    def restore_pinned(self, step: int) -> StateDetail:
+        if self.refuse_restore:
+            raise CheckpointError(self.refuse_restore)
+        assert step in self.world.pinned, f"restore of step {step}, which has no pin"
+        self.world.calls.append(f"restore {step} from its pin")
+        self.world.saved.add(step)
+        return {"restored_from": f"/ckpt/.guardian-pinned/global_step_{step}", "restore_mode": "link"}
 
     def quarantine_after(self, step: int, incident_id: int) -> list[int]:
         if self.refuse:
             raise CheckpointError(self.refuse)
         moved = sorted(s for s in self.world.saved if s > step)
         self.world.saved -= set(moved)
+        self.world.pinned -= {s for s in self.world.pinned if s > step}  # set aside with their branch
         self.world.calls.append(f"quarantine after {step}: {moved}")
         return moved
 
     def quarantine_all(self, incident_id: int) -> list[int]:
         moved = sorted(self.world.saved)
         self.world.saved.clear()
+        self.world.pinned.clear()
         self.world.calls.append(f"quarantine all: {moved}")
         return moved
 
@@ -109,7 +122,8 @@ class World:
     config: GuardianConfig = field(default_factory=GuardianConfig)
     clock: ManualClock = field(default_factory=lambda: ManualClock(1000.0))
     calls: list[str] = field(default_factory=list)  # what the ports were asked to do, in order
-    saved: set[int] = field(default_factory=set)  # checkpoint steps on disk
+    saved: set[int] = field(default_factory=set)  # checkpoint steps verl can resume from as they are on disk
+    pinned: set[int] = field(default_factory=set)  # checkpoint steps with a pinned copy
     # what the guard loop knows
     attempt_id: int | None = None
     launched_at: float | None = None
@@ -164,6 +178,12 @@ class World:
             self.saved.add(step)
             self.store.record_checkpoint(RUN, step=step, path=f"/ckpt/global_step_{step}", verdict=verdict, now=1.0)
 
+    def retention_deletes(self, *steps: int, pinned: bool) -> None:
+        """verl's max_actor_ckpt_to_keep emptied these checkpoints' folders; the guardian had pinned them or not."""
+        self.saved -= set(steps)
+        if pinned:
+            self.pinned |= set(steps)
+
     def incident(self, check: str = "entropy_collapse", *, step: int = 40, onset: int | None = 35) -> IncidentView:
         finding = Finding(check, Severity.CRITICAL, step, f"{check} at step {step}", onset)
         return self.store.open_incident(RUN, finding, self.clock())
@@ -196,6 +216,8 @@ class World:
             incidents=tuple(self.store.list_incidents(RUN)),
             interventions=tuple(self.store.interventions(RUN)),
             checkpoints=tuple(self.store.checkpoints(RUN)),
+            resumable=frozenset(self.saved),
+            pinned=frozenset(self.pinned),
             outcome=self.outcome,
             advised=frozenset(self.executor.advised),
         )

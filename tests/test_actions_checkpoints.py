@@ -37,11 +37,25 @@ def ckpts(*pairs: tuple[int, str]) -> list[Ckpt]:
 SERIES = ckpts((10, "healthy"), (20, "healthy"), (30, "unhealthy"), (40, "healthy"), (50, "unhealthy"))
 
 
+ON_DISK = frozenset(c.step for c in SERIES)
+
+
 def choose(
-    onset: int | None, detected: int = 55, margin: int = 0, exclude: tuple[int, ...] = (), skip: int = 0
+    onset: int | None,
+    detected: int = 55,
+    margin: int = 0,
+    exclude: tuple[int, ...] = (),
+    skip: int = 0,
+    available: frozenset[int] = ON_DISK,
 ) -> int | None:
     got = choose_rollback_target(
-        SERIES, onset_step=onset, detected_step=detected, margin_steps=margin, exclude_steps=exclude, skip_newest=skip
+        SERIES,
+        onset_step=onset,
+        detected_step=detected,
+        margin_steps=margin,
+        exclude_steps=exclude,
+        available=available,
+        skip_newest=skip,
     )
     return None if got is None else got.step
 
@@ -59,15 +73,26 @@ def test_target_skips_unhealthy_and_excluded() -> None:
     assert choose(onset=45, skip=1) == 20  # rung asks for one more checkpoint back
 
 
+def test_target_must_be_on_disk_or_pinned() -> None:
+    """``available``: what verl can resume from, and what was pinned before verl's retention deleted it."""
+    assert choose(onset=45, available=ON_DISK - {40}) == 20, "40 deleted by verl's retention, not pinned"
+    assert choose(onset=45, available=frozenset({10})) == 10
+    assert choose(onset=45, available=frozenset()) is None
+
+
 def test_target_none_when_nothing_qualifies() -> None:
     assert choose(onset=9) is None
     assert choose(onset=45, exclude=(10, 20, 40)) is None
-    assert choose_rollback_target([], onset_step=5, detected_step=5, margin_steps=0, exclude_steps=()) is None
+    none = choose_rollback_target([], onset_step=5, detected_step=5, margin_steps=0, exclude_steps=(), available={5})
+    assert none is None
 
 
 def test_store_checkpoint_view_fits_the_protocol() -> None:
     view = CheckpointView(1, "run", 20, "/c/global_step_20", datetime.now(UTC), "healthy", None)
-    assert choose_rollback_target([view], onset_step=25, detected_step=30, margin_steps=0, exclude_steps=()) is view
+    got = choose_rollback_target(
+        [view], onset_step=25, detected_step=30, margin_steps=0, exclude_steps=(), available={20}
+    )
+    assert got is view
 
 
 def test_resume_path_is_absolute_without_trailing_slash(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -204,7 +229,7 @@ def test_further_back_goes_as_far_as_there_are_healthy_checkpoints() -> None:
 
     only = [C(10, "/c/global_step_10", "healthy")]
     chosen = choose_rollback_target(
-        only, onset_step=20, detected_step=21, margin_steps=0, exclude_steps=(), skip_newest=1
+        only, onset_step=20, detected_step=21, margin_steps=0, exclude_steps=(), available={10}, skip_newest=1
     )
     assert chosen is not None and chosen.step == 10
 

@@ -94,6 +94,7 @@ def test_the_collapse_is_called_within_six_steps_and_the_rollback_keeps_the_prog
         detected_step=first.step,
         margin_steps=RemediationConfig().margin_steps,
         exclude_steps=(),
+        available=saved,
     )
     (intervention,) = incident["interventions"]
     assert target is not None and target.step == intervention["target_step"]

@@ -210,6 +210,16 @@ def test_run_events_end_to_end_one_alert_per_notified_state() -> None:
         assert alert.fields["intervention"] == "2"
 
 
+def test_a_rollback_that_restored_its_target_from_a_pin_says_so() -> None:
+    restored = {"moved": [100], "tracker": 80, "restored_from": "/ckpt/.guardian-pinned/global_step_80"}
+    entries = timeline(("ROLLED_BACK", {**restored, "restore_mode": "link"}))
+    (alert,) = by_state(intervention_events(entries)).values()
+    assert alert.fields["action"].startswith(
+        "restored step 80 from its pin /ckpt/.guardian-pinned/global_step_80 (verl's retention had deleted it); "
+        "quarantined checkpoints after step 80 (moved: [100])"
+    )
+
+
 def test_relapse_gave_up_and_from_scratch() -> None:
     entries = timeline(
         ("ROLLED_BACK", {"target": None, "why": "no healthy checkpoint before the onset: from scratch", "moved": [5]}),

@@ -268,3 +268,98 @@ def test_a_guardian_killed_after_any_commit_finishes_the_intervention_once(world
     assert sum(c.startswith("quarantine") for c in world.calls) == 1, world.calls
     assert len(world.store.attempts(RUN)) == 2
     assert world.states().count(State.RESUMING) == 1
+
+
+# -- pinned checkpoints: verl's retention (trainer.max_actor_ckpt_to_keep) emptied the target's folder ---------------
+def test_a_target_whose_folder_verls_retention_emptied_is_restored_from_its_pin_before_the_rollback(
+    world: World,
+) -> None:
+    world.save(10, 20, 30)
+    world.save(40, verdict="unhealthy")
+    world.retention_deletes(10, 20, 30, pinned=True)
+    world.incident()
+    world.tick()
+    (iv,) = world.interventions()
+    assert (iv.state, iv.target_step) == (State.RESUMING, 30)
+    assert world.calls == [
+        "stop intervention 1 of incident #1",
+        "restore 30 from its pin",
+        "quarantine after 30: [40]",
+        "launch attempt 2: train entropy_collapse-rung-1 resume=/ckpt/global_step_30",
+    ]
+    rolled_back = next(e for e in world.store.intervention_events(iv.id) if e.state is State.ROLLED_BACK)
+    assert rolled_back.detail["restored_from"] == "/ckpt/.guardian-pinned/global_step_30"
+    assert rolled_back.detail["restore_mode"] == "link" and rolled_back.detail["moved"] == [40]
+
+
+def test_an_emptied_checkpoint_without_a_pin_is_no_rollback_target(world: World) -> None:
+    world.save(10, 20, 30)
+    world.retention_deletes(30, pinned=False)
+    world.retention_deletes(10, pinned=True)
+    world.incident()
+    world.tick()
+    assert world.interventions()[0].target_step == 20, "30 is gone and not pinned; 20 is still on disk"
+    assert not any(c.startswith("restore") for c in world.calls), "an intact target needs no restore"
+
+
+def test_with_every_healthy_checkpoint_gone_and_unpinned_it_restarts_from_scratch(world: World) -> None:
+    world.save(10, 20, 30)
+    world.retention_deletes(10, 20, 30, pinned=False)
+    world.incident()
+    world.tick()
+    (iv,) = world.interventions()
+    assert iv.target_step is None and world.calls[1] == "quarantine all: []"
+
+
+def test_a_restore_that_cannot_be_done_gives_up_with_its_reason(world: World) -> None:
+    world.checkpoints.refuse_restore = "disk full under /ckpt/.guardian-pinned while pinning /ckpt/global_step_30"
+    world.save(10, 20, 30)
+    world.retention_deletes(30, pinned=True)
+    world.incident()
+    assert world.tick() == EXIT_GAVE_UP
+    (iv,) = world.interventions()
+    assert iv.state is State.GAVE_UP and "rollback failed: disk full under /ckpt/.guardian-pinned" in (iv.note or "")
+    assert not any(c.startswith(("quarantine", "launch")) for c in world.calls)
+
+
+def test_a_relapse_after_a_restore_rolls_back_to_an_older_pin_and_the_abandoned_pins_go_aside(world: World) -> None:
+    world.save(10, 20, 30)
+    world.retention_deletes(10, 20, 30, pinned=True)
+    world.incident()
+    world.tick()
+    world.clock.now += 10_000  # no new step before the deadline: relapsed
+    world.tick()
+    world.tick()
+    first, second = world.interventions()
+    assert (first.state, first.target_step, second.target_step) == (State.RELAPSED, 30, 20)
+    assert world.calls.count("restore 20 from its pin") == 1 and world.calls.count("restore 30 from its pin") == 1
+    assert world.pinned == {10, 20}, "the pin of 30 went aside with the branch abandoned a second time"
+
+
+def test_a_guardian_killed_before_the_restore_restores_once_after_its_restart(world: World) -> None:
+    world.kill_after = "STOPPED+target"
+    world.save(10, 20, 30)
+    world.retention_deletes(30, pinned=True)
+    world.incident()
+    with pytest.raises(GuardianKilled):
+        world.tick()
+    world.restarted()
+    world.tick()
+    assert world.interventions()[0].state is State.RESUMING
+    assert world.calls.count("restore 30 from its pin") == 1
+
+
+def test_advice_to_roll_back_to_an_emptied_checkpoint_says_how_to_restore_its_pin_first(
+    world: World, caplog: pytest.LogCaptureFixture
+) -> None:
+    world.config = world.config.model_copy(update={"mode": "advise"})
+    world.new_guardian()
+    world.save(10, 20, 30)
+    world.retention_deletes(30, pinned=True)
+    world.incident()
+    with caplog.at_level("WARNING", logger="guardian"):
+        world.tick()
+    (advice,) = [r.getMessage() for r in caplog.records if "event=advice" in r.getMessage()]
+    assert "restore its pin first (mv /ckpt/global_step_30 /ckpt/global_step_30.emptied && cp -al " in advice
+    assert "/ckpt/.guardian-pinned/global_step_30 /ckpt/global_step_30), then roll back to step 30" in advice
+    assert world.calls == [], "advise mode restores nothing itself"

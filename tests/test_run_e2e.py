@@ -18,10 +18,12 @@ from pathlib import Path
 import orjson
 import pytest
 
+from guardian.actions.checkpoints import QUARANTINE_DIR
+from guardian.actions.pins import PIN_DIR, pinned_steps
 from guardian.commands.run import RunRequest, run_guarded
 from guardian.config import GuardianConfig
 from guardian.rescue.policy import State
-from guardian.sources.checkpoints import scan_checkpoints
+from guardian.sources.checkpoints import resumable, scan_checkpoints
 from guardian.store import Store
 
 pytestmark = pytest.mark.slow
@@ -124,6 +126,41 @@ def test_collapse_is_rolled_back_patched_resumed_and_resolved(tmp_path: Path) ->
     assert min(int(p.stem) for p in second.glob("*.jsonl")) == target + 1
 
 
+def test_a_rollback_target_that_verls_retention_deleted_is_restored_from_its_pin(tmp_path: Path) -> None:
+    """``trainer.max_actor_ckpt_to_keep=2`` (verl deletes all but its two newest saves' actor/) and the demo's slow
+    collapse: by the detection every checkpoint before the onset has lost its actor/, so without pins there is
+    nothing healthy to roll back to. The guardian pinned them while they were healthy around their steps; the
+    rollback restores the target from its pin, the abandoned branch's pins go to quarantine, and it resolves."""
+    home, ckpt = tmp_path / "home", tmp_path / "ckpt"
+    config = config_for(home)
+    command = (*collapse_command(ckpt), "trainer.max_actor_ckpt_to_keep=2")
+    assert run_guarded(config, RunRequest(command, tmp_path, "retention")) == 0
+    with Store.open(config.database_url()) as store:
+        (iv,) = store.interventions("retention")
+        assert iv.state == State.RESOLVED and iv.target_step is not None
+        target = iv.target_step
+        rolled_back = next(e for e in store.intervention_events(iv.id) if e.state == State.ROLLED_BACK)
+        pins = store.pins("retention")
+        live = store.pins("retention", live=True)
+    # verl's retention (the demo trainer's, as verl's) deleted the target's actor/ before the rollback
+    removed = (home / "runs/retention/attempt-1/stdout.log").read_text()
+    assert f"remove previous save local path: {ckpt}/global_step_{target}/actor" in removed
+    assert rolled_back.detail["restored_from"] == str(ckpt / PIN_DIR / f"global_step_{target}")
+    assert rolled_back.detail["restore_mode"] == "link"
+    emptied = ckpt / QUARANTINE_DIR / "before-restore" / f"global_step_{target}"
+    assert (emptied / "data.pt").is_file() and not (emptied / "actor").exists(), "what verl left is kept"
+    # resumed from the restored folder: verl's resume_path, the validation line at the target, training after it
+    argv = json.loads((home / "runs/retention/attempt-2/command.json").read_text())["argv"]
+    assert f"trainer.resume_from_path={ckpt}/global_step_{target}" in argv
+    first = orjson.loads((home / "runs/retention/attempt-2/metrics.jsonl").read_bytes().splitlines()[0])
+    assert first["step"] == target and resumable(ckpt / f"global_step_{target}")
+    # pins: hard links (no bytes added), at most pin_keep live at the end, the older ones released
+    assert pins and all(p.mode == "link" and p.bytes_added == 0 for p in pins)
+    assert 0 < len(live) <= config.checkpoints.pin_keep and any(not p.live for p in pins)
+    assert sorted(pinned_steps(ckpt)) == sorted(p.step for p in live)
+    assert saved_steps(home) <= surviving_steps(ckpt)
+
+
 def scripted_command(ckpt: Path, steps: int, *extra: str) -> list[str]:
     """tests/scripted_trainer.py with a wrong-signed entropy bonus: it learns for 15 steps, then collapses."""
     script = Path(__file__).with_name("scripted_trainer.py")
@@ -178,6 +215,7 @@ def test_observe_mode_names_a_detached_child_left_at_the_run_end_and_touches_not
         assert run_guarded(config, RunRequest(tuple(command), tmp_path, "observed")) == 3  # it collapsed
         (child,) = [int(line) for line in pids.read_text().split()]
         assert _alive(child), "observe mode stopped a process"
+        assert not (ckpt / PIN_DIR).exists(), "observe mode pins nothing: it changes nothing on disk"
         log = (home / "runs" / "observed" / "guardian.log").read_text()
         assert f"event=strays_after_exit run=observed attempt=1 pids={child}" in log and "fix=" in log
     finally:

@@ -38,6 +38,7 @@ from guardian.sinks.exposition import ExpositionApp
 from guardian.sinks.prometheus import INTERVENTION_OUTCOMES, build_registry, is_public_host, serve, shutdown
 from guardian.sinks.snapshot import GuardianSource, RunSnapshot, snapshot_from
 from guardian.sources.jsonl import MetricsFile
+from guardian.states import PinMode
 from guardian.store import Store
 
 Series = dict[tuple[str, frozenset[tuple[str, str]]], float]
@@ -82,6 +83,8 @@ RUN_A = RunSnapshot(
     notifications={("webhook", "sent"): 3, ("webhook", "dropped"): 1, ("grafana", "sent"): 4},
     last_poll_success=True,
     last_poll_success_at=1_764_000_000.0,
+    pinned_checkpoints=3,
+    pinned_bytes=5 << 30,  # one copied pin of 5 GiB (hard links add none)
 )
 RUN_B = RunSnapshot(run_id="run-b", experiment="exp b", checks={"stall": Severity.UNKNOWN})
 
@@ -163,6 +166,8 @@ def test_values_and_labels_of_one_run() -> None:
         ("guardian_store_degraded", run): 0.0,
         ("guardian_store_pending_writes", run): 0.0,
         ("guardian_store_dropped_writes_total", run): 0.0,
+        ("guardian_pinned_checkpoints", run): 3.0,
+        ("guardian_pinned_bytes", run): float(5 << 30),
     }
     assert got.keys() == expected.keys()
     for key, value in expected.items():
@@ -228,6 +233,8 @@ def test_unknown_values_are_left_out_and_two_runs_do_not_mix() -> None:
         "guardian_store_degraded": 0.0,
         "guardian_store_pending_writes": 0.0,
         "guardian_store_dropped_writes_total": 0.0,
+        "guardian_pinned_checkpoints": 0.0,
+        "guardian_pinned_bytes": 0.0,
     }
     assert ("guardian_check_status", labels(RUN_B, check="stall")) in got
     assert ("guardian_up", b) in got and ("guardian_step", labels(RUN_A)) in got
@@ -410,6 +417,11 @@ def test_snapshot_from_a_real_guardian(tmp_path: Path) -> None:
         done = store.create_intervention("r1", incident.id, kind="remediate", rung=1, from_attempt_id=None, now=1_001)
         store.advance(done.id, "RESOLVED", now=1_002)
         store.create_intervention("r1", incident.id, kind="remediate", rung=2, from_attempt_id=None, now=1_003)
+        for step, mode, added in ((10, PinMode.COPY, 7 << 30), (20, PinMode.LINK, 0), (30, PinMode.COPY, 1 << 30)):
+            pin = store.record_pin(
+                "r1", step=step, source_path="s", pinned_path="p", mode=mode, bytes_added=added, now=1_003
+            )
+        store.release_pin(pin.id, now=1_004, note="released: no longer counted")
 
         snap = snapshot_from(guardian, store, 1_012.0, last_poll_success=True, last_poll_success_at=1_000.0)
 
@@ -424,6 +436,7 @@ def test_snapshot_from_a_real_guardian(tmp_path: Path) -> None:
         assert set(snap.checks) == {check.name for check in guardian.checks}
         assert snap.incidents_opened == {"non_finite": 1}
         assert snap.interventions_finished == {"resolved": 1} and snap.intervention_in_progress
+        assert (snap.pinned_checkpoints, snap.pinned_bytes) == (2, 7 << 30), "the live pins and what they added"
 
         # the same run through the glue object, scraped over HTTP (the store read from the server thread)
         source = GuardianSource(guardian, store, clock=lambda: clock[0] + 5)

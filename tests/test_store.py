@@ -19,7 +19,7 @@ from sqlalchemy.exc import OperationalError
 
 from guardian.checks.findings import Finding, Severity
 from guardian.history.timeline import StepRecord
-from guardian.states import RunStatus, State
+from guardian.states import PinMode, RunStatus, State
 from guardian.store import (
     NotFoundError,
     Store,
@@ -79,14 +79,14 @@ def _finding(
 
 def test_open_creates_the_schema_at_head_with_wal(db_path: Path, store: Store) -> None:
     assert db_path.exists()
-    assert store.schema_version() == head_revision() == "0004"
+    assert store.schema_version() == head_revision() == "0005"
     engine = create_engine(_url(db_path))
     try:
         tables = set(inspect(engine).get_table_names())
     finally:
         engine.dispose()
     assert {"runs", "attempts", "steps", "checkpoints", "findings", "incidents", "alembic_version"} <= tables
-    assert {"interventions", "intervention_events", "deliveries", "evaluations"} <= tables
+    assert {"interventions", "intervention_events", "deliveries", "evaluations", "pins"} <= tables
     with sqlite3.connect(db_path) as raw:
         assert raw.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     raw.close()
@@ -314,6 +314,39 @@ def test_checkpoints_upsert_on_path(store: Store) -> None:
     listed = store.checkpoints(run_id)
     assert [(c.step, c.verdict, c.note) for c in listed] == [(10, "healthy", None), (20, "unhealthy", "entropy")]
     json.dumps([c.to_json() for c in listed])
+
+
+def test_pins_are_recorded_released_once_and_listed_live(store: Store) -> None:
+    run_id = _run(store)
+    big = 3 << 40  # a copied 3 TiB checkpoint: beyond 32-bit integers
+    kept = store.record_pin(
+        run_id,
+        step=20,
+        source_path="/c/global_step_20",
+        pinned_path="/c/.guardian-pinned/global_step_20",
+        mode=PinMode.COPY,
+        bytes_added=big,
+        now=T0,
+    )
+    gone = store.record_pin(
+        run_id,
+        step=10,
+        source_path="/c/global_step_10",
+        pinned_path="/c/.guardian-pinned/global_step_10",
+        mode=PinMode.LINK,
+        bytes_added=0,
+        now=T0,
+    )
+    released = store.release_pin(gone.id, now=T0 + 9, note="3 newer healthy pins")
+    again = store.release_pin(gone.id, now=T0 + 99, note="later")
+    assert again.released_at == released.released_at == datetime.fromtimestamp(T0 + 9, tz=UTC)
+    assert again.note == "3 newer healthy pins" and not again.live
+    assert [p.step for p in store.pins(run_id)] == [10, 20]
+    (live,) = store.pins(run_id, live=True)
+    assert live == kept and live.mode is PinMode.COPY and live.bytes_added == big
+    json.dumps([p.to_json() for p in store.pins(run_id)])
+    with pytest.raises(NotFoundError):
+        store.release_pin(999, now=T0, note="x")
 
 
 # ---------------------------------------------------------------------------------- incidents

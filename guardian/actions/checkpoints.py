@@ -78,9 +78,12 @@ def choose_rollback_target(
     detected_step: int,
     margin_steps: int,
     exclude_steps: Collection[int],
+    available: Collection[int],
     skip_newest: int = 0,
 ) -> C | None:
-    """The newest "healthy" checkpoint at or before (onset, else detection) − margin, not excluded.
+    """The newest "healthy" checkpoint at or before (onset, else detection) − margin, not excluded, that a rollback
+    can land on: ``available`` holds the steps verl can resume from as they are on disk, and those whose folder
+    verl's retention emptied but the guardian pinned (the rollback restores them first; guardian.actions.pins).
 
     On a relapse the caller excludes the previous target, which moves one further back; ``skip_newest``
     skips that many more qualifying checkpoints (a rung's ``rollback_extra_checkpoints``), as far as there
@@ -90,7 +93,11 @@ def choose_rollback_target(
     """
     limit = (onset_step if onset_step is not None else detected_step) - margin_steps
     qualifying = sorted(
-        (c for c in checkpoints if c.verdict == "healthy" and c.step <= limit and c.step not in exclude_steps),
+        (
+            c
+            for c in checkpoints
+            if c.verdict == "healthy" and c.step <= limit and c.step not in exclude_steps and c.step in available
+        ),
         key=lambda c: c.step,
         reverse=True,
     )
@@ -112,8 +119,8 @@ def write_tracker(ckpt_dir: Path, step: int) -> None:
     write_atomically(ckpt_dir / TRACKER_FILE, str(step).encode())
 
 
-def _move(source: Path, dest: Path) -> None:
-    """os.rename (same filesystem, atomic); never copy+delete, never overwrite."""
+def move_no_overwrite(source: Path, dest: Path) -> None:
+    """os.rename (same filesystem, atomic); never copy+delete, never overwrite: ``CheckpointError`` instead."""
     if dest.exists():
         raise CheckpointError(f"refusing to overwrite {dest} with {source}; move one of them by hand")
     try:
@@ -127,7 +134,8 @@ def _move(source: Path, dest: Path) -> None:
         raise
 
 
-def _free_name(folder: Path, name: str) -> Path:
+def free_name(folder: Path, name: str) -> Path:
+    """``folder/name``, or ``name.dupN`` with the first N that is free: nothing set aside is ever overwritten."""
     dest, n = folder / name, 0
     while dest.exists():
         n += 1
@@ -162,8 +170,8 @@ def quarantine_after(
             continue
         folder.mkdir(parents=True, exist_ok=True)
         source = ckpt_dir / f"global_step_{ckpt.step}"
-        dest = _free_name(folder, source.name)
-        _move(source, dest)
+        dest = free_name(folder, source.name)
+        move_no_overwrite(source, dest)
         moved.append(MovedCheckpoint(ckpt.step, source, dest))
     if moved:
         fsync_dir(folder)
@@ -183,13 +191,13 @@ def quarantine_all(ckpt_dir: Path, incident_id: int) -> QuarantineResult:
     for ckpt in scan_checkpoints(ckpt_dir):
         folder.mkdir(parents=True, exist_ok=True)
         source = ckpt_dir / f"global_step_{ckpt.step}"
-        dest = _free_name(folder, source.name)
-        _move(source, dest)
+        dest = free_name(folder, source.name)
+        move_no_overwrite(source, dest)
         moved.append(MovedCheckpoint(ckpt.step, source, dest))
     tracker = ckpt_dir / TRACKER_FILE
     if tracker.exists():
         folder.mkdir(parents=True, exist_ok=True)
-        _move(tracker, _free_name(folder, TRACKER_FILE))
+        move_no_overwrite(tracker, free_name(folder, TRACKER_FILE))
     if moved or tracker_before is not None:
         fsync_dir(folder)
         fsync_dir(ckpt_dir)
@@ -211,7 +219,7 @@ def quarantine_dumps_after(dump_dir: Path, keep_step: int, incident_id: int) -> 
         if ext != "jsonl" or not stem.isdigit() or int(stem) <= keep_step or not entry.is_file():
             continue
         folder.mkdir(parents=True, exist_ok=True)
-        _move(entry, _free_name(folder, entry.name))
+        move_no_overwrite(entry, free_name(folder, entry.name))
         moved.append(int(stem))
     if moved:
         fsync_dir(folder)
@@ -256,7 +264,7 @@ def restore_quarantine(ckpt_dir: Path, incident_id: int) -> RestoreResult:
     tracker_before = read_tracker(ckpt_dir)
     restored = []
     for source in originals:
-        _move(source, ckpt_dir / source.name)
+        move_no_overwrite(source, ckpt_dir / source.name)
         restored.append(MovedCheckpoint(_sort_key(source)[0], source, ckpt_dir / source.name))
     fsync_dir(ckpt_dir)
     steps = [c.step for c in scan_checkpoints(ckpt_dir)]

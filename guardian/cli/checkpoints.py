@@ -11,10 +11,16 @@ from rich.markup import escape
 from guardian.cli.common import AddCommand, log, open_store, print_json, resolved_config, store_int
 from guardian.exits import EXIT_ERROR, EXIT_OK, EXIT_USAGE
 from guardian.logs import event
+from guardian.sources.checkpoints import resumable
+from guardian.store import PinView
 
 
 def register(add: AddCommand) -> None:
-    p = add("checkpoints", "A run's checkpoints with their health verdicts; 'restore' undoes a quarantine.")
+    p = add(
+        "checkpoints",
+        "A run's checkpoints with their health verdicts and pins (what each adds on disk); 'restore' undoes a "
+        "quarantine.",
+    )
     p.add_argument("target", help="RUN id, or 'restore'")
     p.add_argument("run", nargs="?", help="RUN id (with restore)")
     p.add_argument("--incident", type=store_int, help="the incident whose quarantine to undo (with restore)")
@@ -25,6 +31,7 @@ def register(add: AddCommand) -> None:
 def cmd_checkpoints(args: argparse.Namespace) -> int:
     from guardian.actions.checkpoints import CheckpointError, list_quarantine, restore_quarantine
     from guardian.actions.dirlock import DirLockedError, holding
+    from guardian.actions.pins import held_bytes
 
     config = resolved_config(args)
     restoring = args.target == "restore"
@@ -60,16 +67,53 @@ def cmd_checkpoints(args: argparse.Namespace) -> int:
             )
             return EXIT_OK
         listed = store.checkpoints(run_id)
+        pins = store.pins(run_id)
+        holds = {p.id: held_bytes(Path(p.pinned_path)) for p in pins if p.live}
         quarantined = {str(p): incident for incident, paths in list_quarantine(ckpt_dir).items() for p in paths}
         if args.json:
-            print_json({"checkpoints": [c.to_json() for c in listed], "quarantine": quarantined})
+            print_json(
+                {
+                    "checkpoints": [c.to_json() for c in listed],
+                    "pins": [{**p.to_json(), "holds_bytes": holds.get(p.id)} for p in pins],
+                    "quarantine": quarantined,
+                }
+            )
             return EXIT_OK
-        console = Console()
+        console = Console(soft_wrap=True)  # one line per checkpoint and pin, whatever the width: greppable
+        pinned = {p.step for p in pins if p.live}
         for c in sorted(listed, key=lambda c: c.step):
-            where = "present" if Path(c.path).is_dir() else "moved"
+            where = _where(Path(c.path)) + (" (pinned)" if c.step in pinned else "")
             style = {"healthy": "green", "unhealthy": "red"}.get(c.verdict, "dim")
             note = escape(c.note or "")
-            console.print(f"step {c.step:>6}  [{style}]{c.verdict:9}[/] {where:8} {escape(c.path)}  {note}")
+            console.print(f"step {c.step:>6}  [{style}]{c.verdict:9}[/] {where:17} {escape(c.path)}  {note}")
+        for pin in pins:
+            console.print(escape(_pin_line(pin, holds.get(pin.id))))
         for path, incident in quarantined.items():
             console.print(f"quarantined by incident #{incident}: {escape(path)}")
         return EXIT_OK
+
+
+def _where(path: Path) -> str:
+    """Whether verl can resume from the checkpoint folder as it is."""
+    if resumable(path):
+        return "present"
+    return "emptied" if path.is_dir() else "moved"  # emptied: verl's retention deleted its actor/
+
+
+def _pin_line(pin: PinView, holds: int | None) -> str:
+    """One pin: how it was made, what it added, what it holds now (what releasing it would free)."""
+    head = f"pin  step {pin.step:>6}  {pin.mode.value:4}  added {_size(pin.bytes_added):>9}"
+    if pin.released_at is None:
+        now = f"holds {_size(holds or 0):>9}"
+        return f"{head}  {now}  since {pin.pinned_at:%Y-%m-%d %H:%M:%S}  {pin.pinned_path}"
+    return f"{head}  released {pin.released_at:%Y-%m-%d %H:%M:%S}: {pin.note or ''}"
+
+
+def _size(n: int) -> str:
+    """Bytes as people read them (binary units)."""
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024:
+            return f"{n} B" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{value:.1f} TiB"

@@ -120,6 +120,8 @@ class Narrator:
             say(f"{tag} rollback target {escape(str(detail['target']))}: {escape(str(detail.get('why')))}")
         elif state == "ROLLED_BACK":
             moved = detail.get("moved") or []
+            if detail.get("restored_from"):
+                say(f"{tag} restored from its pin {escape(str(detail['restored_from']))} (verl's retention deleted it)")
             say(f"{tag} newer checkpoints {moved} moved to .guardian-quarantine/ (never deleted); tracker rewritten")
             if detail.get("why"):
                 say(f"{more}{escape(str(detail['why']))}")

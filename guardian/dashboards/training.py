@@ -148,6 +148,26 @@ def _overview() -> list[Json]:
             height=7,
             stepped=True,
         ),
+        stat(
+            "Pinned checkpoints",
+            "Healthy checkpoints the guardian keeps pinned under .guardian-pinned/ (hard links), out of reach of "
+            "verl's retention (trainer.max_actor_ckpt_to_keep): what a rollback can land on once verl deleted the "
+            "originals. 0 in observe mode, or before any checkpoint was healthy around its step.",
+            "none",
+            [target(selector(keys.PROM_PINNED_CHECKPOINTS))],
+            width=6,
+            height=7,
+        ),
+        stat(
+            "Pinned bytes added",
+            "Bytes the pins added on disk when made: 0 for hard links, the checkpoint's size for a copy (hard links "
+            "refused). A hard-linked pin keeps its files once verl deletes the original: `guardian checkpoints RUN` "
+            "shows what each pin holds now.",
+            "bytes",
+            [target(selector(keys.PROM_PINNED_BYTES))],
+            width=6,
+            height=7,
+        ),
     ]
 
 

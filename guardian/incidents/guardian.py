@@ -23,9 +23,10 @@ from pathlib import Path
 from typing import Protocol
 
 from guardian.checks import CheckContext, build_checks, evaluate
-from guardian.checks.findings import Severity
+from guardian.checks.findings import Finding, Severity
 from guardian.config import GuardianConfig
 from guardian.history.timeline import Arrival, RunHistory, StepRecord
+from guardian.incidents.health import StepHealth
 from guardian.incidents.replay import feed_step
 from guardian.incidents.tracker import Change, StatusTracker, Transition
 from guardian.keys import signals_present
@@ -106,6 +107,8 @@ class Guardian:
             train_batch_size=self.config.sources.train_batch_size,
         )
         self.checks = build_checks(self.config.checks)
+        # the worst finding at each step of the active timeline: a checkpoint is pinned only when healthy around it
+        self.health = StepHealth()
         self.started_at = self.clock()
         # the attempt the steps read now belong to; `guardian run` names each one itself (switch_attempt: one
         # metrics file per launch), `watch` infers them from file segments (verl truncates its log on every start)
@@ -244,9 +247,7 @@ class Guardian:
             batch = metrics.poll(final=True)
             for item in batch.items:
                 if isinstance(item, StepRecord):
-                    feed_step(
-                        self.history, self.tracker, lambda: evaluate(self._context(None), self.checks), item, pending
-                    )
+                    feed_step(self.history, self.tracker, lambda: self._evaluate(None), item, pending)
                     steps += 1
             if not batch.more:
                 return steps
@@ -291,8 +292,15 @@ class Guardian:
                 )
             )
 
+    def _evaluate(self, now: float | None) -> list[Finding]:
+        """The checks' findings at the timeline's newest step, noted in ``health``."""
+        findings = evaluate(self._context(now), self.checks)
+        if self.history.last_step is not None:
+            self.health.note(self.history.last_step, findings)
+        return findings
+
     def _judge(self, now: float, work: TickWrites) -> list[Transition]:
-        transitions = self.tracker.update(evaluate(self._context(now), self.checks))
+        transitions = self.tracker.update(self._evaluate(now))
         fresh = [t for t in transitions if not self._already_stored(t)]
         for transition in fresh:
             _log_finding(self.run_id, transition)

@@ -214,7 +214,11 @@ def _intervention_action(event: GuardianEvent) -> str:
         undo = f"undo: `guardian checkpoints restore {shlex.quote(event.run_id)} --incident {event.incident.id}`"
         if "tracker" in detail:
             after = detail.get("tracker")
-            return f"quarantined checkpoints after step {after} (moved: {moved}) — never deleted; {undo}"
+            restored = detail.get("restored_from")
+            pin = (
+                f"restored step {after} from its pin {restored} (verl's retention had deleted it); " if restored else ""
+            )
+            return f"{pin}quarantined checkpoints after step {after} (moved: {moved}) — never deleted; {undo}"
         return f"{why}; quarantined every checkpoint (moved: {moved}) — never deleted; {undo}"
     if state is State.PATCHED:
         return _patched(detail.get("diff"), detail.get("notes"))

@@ -45,11 +45,13 @@ class Stop:
 @dataclass(frozen=True, slots=True)
 class RollBack:
     """Move the abandoned branch aside - every checkpoint after ``to_step`` (None: all of them, a restart from
-    scratch) and its rollout dumps - dismiss the incidents raised on it, then commit ROLLED_BACK."""
+    scratch), its pins and its rollout dumps - dismiss the incidents raised on it, then commit ROLLED_BACK;
+    ``restore``: first put ``to_step``'s pinned copy back in place (verl's retention emptied its folder)."""
 
     iv: InterventionView
     to_step: int | None
     why: str = ""
+    restore: bool = False
     ends_pass = False
 
 
@@ -139,11 +141,13 @@ class RecordCrash:
 
 @dataclass(frozen=True, slots=True)
 class Advise:
-    """Advise mode: say once what an intervention would do about ``incident`` (roll back to ``target``)."""
+    """Advise mode: say once what an intervention would do about ``incident`` (roll back to ``target``; ``restore``:
+    after putting its pinned copy back, verl's retention emptied its folder)."""
 
     incident: IncidentView
     kind: Kind
     target: CheckpointView | None
+    restore: bool = False
     ends_pass = False
 
 

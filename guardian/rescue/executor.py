@@ -9,11 +9,14 @@ effect ends the pass; it returns the guardian's exit code once the run is over (
 from __future__ import annotations
 
 import contextlib
+import shlex
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 from guardian.actions.checkpoints import CheckpointError
 from guardian.actions.launcher import RunFolder
+from guardian.actions.pins import PIN_DIR
 from guardian.actions.verl_keys import PatchError
 from guardian.checks.findings import Finding, Severity
 from guardian.config import GuardianConfig
@@ -146,10 +149,11 @@ class Executor:
             detail = {"target": None, "why": effect.why, "moved": moved}
         else:
             try:
+                restored = self.checkpoints.restore_pinned(step) if effect.restore else {}
                 moved = self.checkpoints.quarantine_after(step, iv.incident_id)
             except CheckpointError as exc:
                 return self._give_up(iv, f"rollback failed: {exc}")
-            detail = {"moved": moved, "tracker": step}
+            detail = {"moved": moved, "tracker": step, **restored}
         self._dismiss_abandoned(iv.incident_id, after_step=step or 0)
         self._commit(iv, State.ROLLED_BACK, {**detail, **self.checkpoints.set_aside_dumps(step or 0, iv.incident_id)})
         return None
@@ -295,14 +299,15 @@ class Executor:
         target, check = effect.target, effect.incident.check
         if target is None:
             return "give up: no healthy checkpoint at or before the onset"
+        restore = _restore_advice(Path(target.path)) if effect.restore else ""
         if effect.kind is Kind.RESTART:
-            return f"restart from {target.path} with the same config"
+            return f"{restore}restart from {target.path} with the same config"
         ladder = self.config.remediation.ladders.get(check, ())
         if not ladder:
             return "alert only: no remediation ladder"
         rung = self.planner.first_effective_rung(ladder, 0)
         plan = self.planner.plan(Kind.REMEDIATE, check, rung, target.path)
-        return f"roll back to step {target.step} and relaunch: {' '.join(plan.argv)}"
+        return f"{restore}roll back to step {target.step} and relaunch: {' '.join(plan.argv)}"
 
     def _finish_run(self, effect: FinishRun) -> int:
         self.trainer.finish(effect.status)
@@ -312,3 +317,14 @@ class Executor:
         if effect.unproven:
             log.critical(event("run_unresolved", {"run": self.run_id, "interventions": list(effect.unproven)}))
         return effect.code
+
+
+def _restore_advice(folder: Path) -> str:
+    """How a person puts back the pinned copy of a checkpoint whose folder verl's retention emptied (what the
+    rescue's restore does: the emptied folder set aside, hard links to the pin in its place)."""
+    pinned = folder.parent / PIN_DIR / folder.name
+    aside = f"{folder}.emptied"
+    return (
+        f"restore its pin first (mv {shlex.quote(str(folder))} {shlex.quote(aside)} && cp -al "
+        f"{shlex.quote(str(pinned))} {shlex.quote(str(folder))}), then "
+    )

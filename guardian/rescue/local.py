@@ -18,6 +18,7 @@ from guardian.actions.checkpoints import (
 from guardian.actions.ladder import Rung
 from guardian.actions.launcher import RunFolder, attach_attempt, launch_attempt
 from guardian.actions.patch import PatchPlan, RunFiles, crash_restart_plan, first_effective_rung, plan_patch
+from guardian.actions.pins import restore_pin, set_aside_pins
 from guardian.actions.process import ExitStatus, StopPolicy, TrainerControl, TrainerHandle
 from guardian.config import GuardianConfig
 from guardian.faults import fault_fields
@@ -183,12 +184,36 @@ class LocalCheckpoints:
     run_id: str
     checkpoint_dir: Path
     dumps_dir: Callable[[], Path | None]  # the user's rollout dump dir, when the attempts share it; else None
+    copy_min_free_bytes: int  # a restore that must copy (hard links refused) leaves this much free
+
+    def restore_pinned(self, step: int) -> StateDetail:
+        result = restore_pin(self.checkpoint_dir, step, min_free_bytes=self.copy_min_free_bytes)
+        if result.mode is None:
+            return {}
+        fields = {"run": self.run_id, "step": step, "from": result.pinned, "mode": result.mode.value}
+        if result.set_aside is not None:
+            fields["set_aside"] = result.set_aside
+        if result.copied_because:
+            fields["why"] = result.copied_because
+        log.warning(event("pin_restored", fields))
+        return {"restored_from": str(result.pinned), "restore_mode": result.mode.value}
 
     def quarantine_after(self, step: int, incident_id: int) -> list[int]:
-        return [m.step for m in quarantine_after(self.checkpoint_dir, step, incident_id).moved]
+        moved = [m.step for m in quarantine_after(self.checkpoint_dir, step, incident_id).moved]
+        self._set_aside_pins(incident_id, after_step=step)
+        return moved
 
     def quarantine_all(self, incident_id: int) -> list[int]:
-        return [m.step for m in quarantine_all(self.checkpoint_dir, incident_id).moved]
+        moved = [m.step for m in quarantine_all(self.checkpoint_dir, incident_id).moved]
+        self._set_aside_pins(incident_id, after_step=None)
+        return moved
+
+    def _set_aside_pins(self, incident_id: int, *, after_step: int | None) -> None:
+        """The abandoned branch's pins go with its checkpoints: the resumed run saves those steps again."""
+        steps = set_aside_pins(self.checkpoint_dir, incident_id, after_step=after_step)
+        if steps:
+            fields = {"run": self.run_id, "incident": incident_id, "steps": ",".join(map(str, steps))}
+            log.warning(event("pins_set_aside", fields))
 
     def set_aside_dumps(self, after_step: int, incident_id: int) -> StateDetail:
         """Each attempt has its own dump dir unless the run's own command names one: then the abandoned

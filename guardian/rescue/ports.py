@@ -31,12 +31,17 @@ class TrainerPort(Protocol):
 
 
 class CheckpointPort(Protocol):
+    def restore_pinned(self, step: int) -> StateDetail:
+        """Put ``step``'s pinned copy back in place of the folder verl's retention emptied (what stood there is
+        set aside, never deleted); what was done, for the ROLLED_BACK event. Idempotent; raises ``CheckpointError``
+        when it cannot be done."""
+
     def quarantine_after(self, step: int, incident_id: int) -> list[int]:
-        """Move every checkpoint after ``step`` aside (never deleted) and point verl's tracker at ``step``; the
-        steps moved. Raises ``CheckpointError`` when that is impossible."""
+        """Move every checkpoint after ``step`` and their pins aside (never deleted) and point verl's tracker at
+        ``step``; the steps moved. Raises ``CheckpointError`` when that is impossible."""
 
     def quarantine_all(self, incident_id: int) -> list[int]:
-        """Move every checkpoint aside (a restart from scratch): the steps moved."""
+        """Move every checkpoint and every pin aside (a restart from scratch): the steps moved."""
 
     def set_aside_dumps(self, after_step: int, incident_id: int) -> StateDetail:
         """Move the abandoned branch's rollout dumps aside when the attempts share the user's dump dir; what was

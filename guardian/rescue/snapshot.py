@@ -2,7 +2,8 @@
 
 ``RescueSnapshot`` holds what the guard loop knows (the current attempt's steps, the newest step, the standing
 critical findings, the typical step time, the probation's figures) and what the store holds (incidents,
-interventions, checkpoint verdicts), read once per decision. ``guardian.rescue.decide`` reads nothing else.
+interventions, checkpoint verdicts) and the disk (which checkpoints verl can resume from, which are pinned), read
+once per decision. ``guardian.rescue.decide`` reads nothing else.
 """
 
 from __future__ import annotations
@@ -47,6 +48,8 @@ class RescueSnapshot:
     incidents: tuple[IncidentView, ...] = ()  # the run's, every status
     interventions: tuple[InterventionView, ...] = ()  # the run's, oldest first
     checkpoints: tuple[CheckpointView, ...] = ()
+    resumable: frozenset[int] = frozenset()  # checkpoint steps verl can resume from as they are on disk
+    pinned: frozenset[int] = frozenset()  # checkpoint steps with a pinned copy in place (guardian.actions.pins)
     outcome: Outcome | None = None  # the active intervention's probation figures (None outside PROBATION)
     advised: frozenset[int] = frozenset()  # incidents advise mode has spoken of
 
@@ -54,6 +57,15 @@ class RescueSnapshot:
     def active(self) -> InterventionView | None:
         """The run's unfinished intervention (at most one runs at a time)."""
         return next((iv for iv in reversed(self.interventions) if not iv.finished), None)
+
+    @property
+    def available(self) -> frozenset[int]:
+        """The checkpoint steps a rollback can land on: on disk as they are, or restored from their pin."""
+        return self.resumable | self.pinned
+
+    def restores(self, step: int) -> bool:
+        """Whether a rollback to ``step`` first restores its pinned copy (verl's retention emptied the folder)."""
+        return step in self.pinned and step not in self.resumable
 
     @property
     def open_critical(self) -> list[IncidentView]:

@@ -28,6 +28,7 @@ from pathlib import Path
 
 from guardian.actions.launcher import RunFolder
 from guardian.actions.patch import RunFiles
+from guardian.actions.pins import pinned_steps
 from guardian.actions.process import ExitStatus, TrainerControl
 from guardian.checks.findings import Severity
 from guardian.checks.stall import typical_step_seconds
@@ -37,11 +38,14 @@ from guardian.faults import fault_fields, unavailable
 from guardian.incidents.guardian import Clock, Guardian
 from guardian.logs import event, get_logger
 from guardian.loop.outage import StoreWait, stop_while_store_down, trainer_fate
+from guardian.loop.ticks import aside
 from guardian.notify.compose import Alert, cannot_continue_alert
 from guardian.rescue.executor import Executor
 from guardian.rescue.local import LocalCheckpoints, LocalPlanner, LocalTrainer
 from guardian.rescue.outcome import Outcome, measure_outcome
+from guardian.rescue.pinner import Pinner
 from guardian.rescue.snapshot import RescueSnapshot, StandingFinding, TrainerFacts
+from guardian.sources.checkpoints import resumable, scan_checkpoints
 from guardian.sources.jsonl import MetricsFile
 from guardian.sources.rollouts import RolloutDir
 from guardian.states import Kind, Mode, State
@@ -105,12 +109,17 @@ class Supervisor:
                 self.run_id,
                 self.checkpoint_dir,
                 lambda: self.guardian.rollouts.path if users_dumps and self.guardian.rollouts else None,
+                copy_min_free_bytes=self.config.checkpoints.copy_min_free_bytes,
             ),
             planner=LocalPlanner(self.config, self._current_argv, lambda: self._run_files(self._next_attempt_number())),
             after_commit=self.after_commit,
         )
         self.busy = False  # the last tick saw something move (a line, a transition, an intervention state to act in)
         self._store_wait = StoreWait(limit_s=self.config.store.outage_wait_s)
+        # observe mode changes nothing on disk; advise and enforce keep healthy rollback targets out of verl's retention
+        pins = self.config.checkpoints
+        pinning = Mode(self.config.mode) is not Mode.OBSERVE and pins.pin_keep > 0
+        self.pinner = Pinner(pins, self.store, self.run_id, self.checkpoint_dir, self.clock) if pinning else None
 
     def _metrics_file(self, path: Path) -> MetricsFile:
         limits = self.config.sources
@@ -164,8 +173,16 @@ class Supervisor:
                 self.guardian.writes.failed(exc)
             else:
                 self._store_wait.update(needed=False, now=self.clock())
+                if code is None and moved.new_steps:
+                    self._pin()
                 return code
         return self._hold()
+
+    def _pin(self) -> None:
+        """The pin pass after the rescue's (``rescue.pinner``): a side show, whose failure never fails the tick."""
+        if self.pinner is not None:
+            history, pinner = self.guardian.history, self.pinner
+            aside(self.run_id, "pins", lambda: pinner.run(self.guardian.health, history.last_step, history.branch))
 
     def _rescue(self, exit_status: ExitStatus | None) -> int | None:
         """The rescue's pass: the first snapshot carries the exit status read before the poll, later ones (after
@@ -206,9 +223,19 @@ class Supervisor:
             incidents=incidents,
             interventions=interventions,
             checkpoints=tuple(self.store.checkpoints(self.run_id)) if at_risk else (),
+            resumable=self._resumable() if at_risk else frozenset(),
+            pinned=self._pinned() if at_risk else frozenset(),
             outcome=self._outcome(active, incidents) if active and active.state is State.PROBATION else None,
             advised=frozenset(self.executor.advised),
         )
+
+    def _resumable(self) -> frozenset[int]:
+        return frozenset(c.step for c in scan_checkpoints(self.checkpoint_dir) if resumable(c.path))
+
+    def _pinned(self) -> frozenset[int]:
+        """The steps with a pinned folder in place - the disk, not the store, which may lag it by one crash (a pin
+        renamed into place and not recorded yet is a pin all the same)."""
+        return frozenset(pinned_steps(self.checkpoint_dir))
 
     def _outcome(self, iv: InterventionView, incidents: tuple[IncidentView, ...]) -> Outcome:
         """The probation's figures: the new branch against the rollback point, and the incident's own check."""

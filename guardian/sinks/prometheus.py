@@ -212,6 +212,18 @@ class _Families:
             "reads their steps again from the metrics files).",
             labels=list(_RUN_LABELS),
         )
+        self.pinned = _gauge(
+            keys.PROM_PINNED_CHECKPOINTS,
+            "Healthy checkpoints the guardian keeps pinned under .guardian-pinned/, out of reach of verl's "
+            "retention (trainer.max_actor_ckpt_to_keep), for a rollback to land on.",
+        )
+        self.pinned_bytes = _gauge(
+            keys.PROM_PINNED_BYTES,
+            "Bytes the pinned checkpoints added on disk when pinned: 0 for hard links, the size for a copy (hard "
+            "links refused). A hard-linked pin keeps its files alive once verl deletes the original: guardian "
+            "checkpoints RUN shows what each holds now.",
+            "bytes",
+        )
 
     def all(self) -> list[Metric]:
         return [
@@ -232,6 +244,8 @@ class _Families:
             self.store_degraded,
             self.store_pending,
             self.store_dropped,
+            self.pinned,
+            self.pinned_bytes,
         ]
 
     def add(self, snap: RunSnapshot) -> None:
@@ -270,6 +284,8 @@ class _Families:
         self.store_degraded.add_metric(run, 1.0 if snap.store_degraded else 0.0)
         self.store_pending.add_metric(run, float(snap.store_pending_writes))
         self.store_dropped.add_metric(run, float(snap.store_dropped_writes))
+        self.pinned.add_metric(run, float(snap.pinned_checkpoints))
+        self.pinned_bytes.add_metric(run, float(snap.pinned_bytes))
 
 
 def build_registry(source: ExportSource) -> CollectorRegistry:

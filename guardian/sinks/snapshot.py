@@ -43,7 +43,8 @@ class RunSnapshot:
     check; ``interventions_finished`` counts finished interventions by final state, as label values
     (``resolved``, ``relapsed``, ``gave_up``); ``intervention`` names the one under way and its state.
     ``last_poll_success_at`` is the Unix time of the last successful poll; None (with
-    ``last_poll_success``) when not known, and then the series are left out. ``store_read`` is False when
+    ``last_poll_success``) when not known, and then the series are left out. ``pinned_checkpoints`` and
+    ``pinned_bytes`` are the live pins (guardian/actions/pins.py) and the bytes they added. ``store_read`` is False when
     what the store holds (attempt, incidents, interventions, deliveries) was not read for this snapshot -
     the store could not be read, or nothing shown needs it - and is the last read's, or empty.
     """
@@ -72,6 +73,8 @@ class RunSnapshot:
     store_degraded: bool = False
     store_pending_writes: int = 0
     store_dropped_writes: int = 0
+    pinned_checkpoints: int = 0  # healthy checkpoints kept under .guardian-pinned/ now
+    pinned_bytes: int = 0  # what those pins added on disk when made (0 for hard links, the size for a copy)
     store_read: bool = True
 
     @property
@@ -126,6 +129,7 @@ def snapshot_from(
         if incident.is_open:
             open_worst[incident.check] = max(incident.severity, open_worst.get(incident.check, Severity.OK))
     latest = store.latest_step(run_id)
+    pins = store.pins(run_id, live=True)
     components = {
         key.removeprefix(keys.REWARD_COMPONENT_PREFIX): value
         for key, value in (latest[1].items() if latest is not None else ())
@@ -143,6 +147,8 @@ def snapshot_from(
         intervention_in_progress=any(not i.finished for i in interventions),
         intervention=_under_way(interventions),
         notifications=_final_deliveries(store.delivery_counts(run_id), sinks),
+        pinned_checkpoints=len(pins),
+        pinned_bytes=sum(p.bytes_added for p in pins),
     )
     return from_memory(recorded, guardian, now, up, last_poll_success, last_poll_success_at)
 

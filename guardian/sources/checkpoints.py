@@ -31,6 +31,13 @@ def scan_checkpoints(root: Path) -> list[CheckpointDir]:
     return sorted(found, key=lambda c: c.step)
 
 
+def resumable(folder: Path) -> bool:
+    """Whether verl can resume from ``folder``: its ``actor/`` is there. verl's retention
+    (``trainer.max_actor_ckpt_to_keep``) deletes ``global_step_N/actor`` and leaves the folder with its
+    ``data.pt`` (facts §3.3), so a folder that exists is not enough."""
+    return (folder / "actor").is_dir()
+
+
 def read_tracker(root: Path) -> int | None:
     """The step the tracker file names, or None when it is missing or unreadable."""
     try:

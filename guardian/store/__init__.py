@@ -11,6 +11,7 @@ from guardian.store.interventions import (
     StoredPlan,
     config_changes,
 )
+from guardian.store.pins import PinView
 from guardian.store.repository import Store
 from guardian.store.views import (
     MODES,
@@ -37,6 +38,7 @@ __all__ = [
     "InterventionEventView",
     "InterventionView",
     "NotFoundError",
+    "PinView",
     "RunView",
     "StateDetail",
     "StepIndex",

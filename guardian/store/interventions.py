@@ -101,6 +101,8 @@ class StateDetail(TypedDict, total=False):
     target: str | None  # STOPPED: the rollback checkpoint's path; ROLLED_BACK: None from scratch
     moved: list[int]  # ROLLED_BACK: the checkpoint steps moved to quarantine
     tracker: int  # ROLLED_BACK: the step latest_checkpointed_iteration.txt was rewritten to
+    restored_from: str  # ROLLED_BACK: the pinned copy the target was restored from (verl's retention emptied it)
+    restore_mode: str  # ROLLED_BACK: how (PinMode: link or copy)
     dumps_quarantined: list[int]  # ROLLED_BACK: the steps of the abandoned branch's rollout dumps, moved aside
     dumps_kept: bool  # ROLLED_BACK: False when moving them failed
     diff: list[dict[str, object]]  # PATCHED: ConfigChange.to_json rows

@@ -13,6 +13,7 @@ from __future__ import annotations
 from datetime import datetime
 
 from sqlalchemy import (
+    BigInteger,
     DateTime,
     Float,
     ForeignKey,
@@ -108,6 +109,25 @@ class Checkpoint(Base):
     path: Mapped[str] = mapped_column(String(1024))
     found_at: Mapped[datetime] = mapped_column(_utc())
     verdict: Mapped[str] = mapped_column(String(16))
+    note: Mapped[str | None] = mapped_column(Text)
+
+
+class Pin(Base):
+    """A healthy checkpoint the guardian pinned under ``<ckpt>/.guardian-pinned/`` (out of verl's retention's
+    reach), how (``PinMode``), what it added on disk, and when it was released (None while it is kept)."""
+
+    __tablename__ = "pins"
+    __table_args__ = (Index("ix_pins_run_id_released_at", "run_id", "released_at"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id"))
+    step: Mapped[int] = mapped_column(Integer)
+    source_path: Mapped[str] = mapped_column(Text)
+    pinned_path: Mapped[str] = mapped_column(Text)
+    mode: Mapped[str] = mapped_column(String(8))
+    bytes_added: Mapped[int] = mapped_column(BigInteger)
+    pinned_at: Mapped[datetime] = mapped_column(_utc())
+    released_at: Mapped[datetime | None] = mapped_column(_utc())
     note: Mapped[str | None] = mapped_column(Text)
 
 

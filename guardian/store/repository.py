@@ -36,6 +36,7 @@ from guardian.store.errors import NotFoundError, StoreError
 from guardian.store.evaluations import EvaluationRecords
 from guardian.store.interventions import InterventionRecords
 from guardian.store.models import Attempt, Checkpoint, FindingRow, Incident, Run, Step
+from guardian.store.pins import PinRecords
 from guardian.store.views import (
     MODES,
     VERDICTS,
@@ -102,8 +103,8 @@ def _chunks(items: Sequence[int], size: int) -> Iterator[Sequence[int]]:
 # ------------------------------------------------------------------------------------------- store
 
 
-class Store(InterventionRecords, DeliveryRecords, EvaluationRecords):
-    """The guardian's history: runs, attempts, steps, checkpoints, findings, incidents, interventions,
+class Store(InterventionRecords, DeliveryRecords, EvaluationRecords, PinRecords):
+    """The guardian's history: runs, attempts, steps, checkpoints, pins, findings, incidents, interventions,
     deliveries, evaluations.
 
     Build one with ``Store.open(url)``; use it as a context manager or call ``close()``.

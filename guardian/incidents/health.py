@@ -1,0 +1,35 @@
+"""The worst finding that stood at each step of the run's active timeline: what "healthy around a step" reads.
+
+A checkpoint is worth pinning only if the run was healthy for a while on both sides of its step
+(``guardian.rescue.pins``), not just at it: a warning in the steps before is trouble brewing, one in the steps
+after may be trouble the weights already carry. The guard loop notes the worst severity of every judgement at the
+timeline's newest step; a note at an earlier step than the newest is a resume (verl re-runs steps after a
+rollback), so what was noted after it belonged to the abandoned branch and is forgotten.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from guardian.checks.findings import Finding, Severity
+
+
+@dataclass
+class StepHealth:
+    """Step -> the worst severity any check's finding had at that step, on the active timeline."""
+
+    worst: dict[int, Severity] = field(default_factory=dict)
+    _newest: int | None = None
+
+    def note(self, step: int, findings: Iterable[Finding]) -> None:
+        """The checks judged the timeline at ``step`` (its newest step) and found ``findings``."""
+        if self._newest is not None and step < self._newest:
+            self.worst = {s: v for s, v in self.worst.items() if s <= step}
+        self._newest = step
+        severity = max((f.severity for f in findings), default=Severity.UNKNOWN)
+        self.worst[step] = max(severity, self.worst.get(step, Severity.UNKNOWN))
+
+    def worst_between(self, first: int, last: int) -> Severity:
+        """The worst severity noted at the steps ``first``..``last`` (UNKNOWN when none was noted there)."""
+        return max((v for s, v in self.worst.items() if first <= s <= last), default=Severity.UNKNOWN)

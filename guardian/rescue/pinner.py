@@ -1,0 +1,134 @@
+"""``guardian run``'s pin pass: after a tick that read new steps, keep the newest healthy checkpoints pinned.
+
+``guardian.rescue.pins`` decides (pure) from the stored verdicts, the guard loop's per-step health and the pins in
+place; this pass does the filesystem work (``guardian.actions.pins``) and the bookkeeping, in that order - the
+pinned folder first, then its row; a pin's folder removed first, then its row marked released - so the store lags
+the disk by at most one crash: a pinned folder the store does not know is adopted by the next pin of its step,
+and a live row whose folder is gone (moved to quarantine with an abandoned branch, removed by hand) is released
+at the start of every pass. It runs in advise and enforce mode (the rescue, or a person following the advice,
+needs the checkpoint to exist); observe mode changes nothing on disk, so it never pins.
+
+A pin or release that fails is logged once, in one line naming the path (``event=pin_failed``, or
+``event=pin_copy_refused`` when a copy would leave too little space), and not tried again for that step until
+the timeline moves to a new branch; nothing is released in a pass whose pins failed. The pass runs on the guard
+loop's thread: hard links take milliseconds, but a copy (hard links refused) holds the next poll for as long as it
+takes, which is why it is a warning and has a free-space floor.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from guardian.actions.pins import GIB, CopyRefused, PinError, pin_checkpoint, release_pin, remove_leftovers
+from guardian.config import CheckpointsConfig
+from guardian.incidents.health import StepHealth
+from guardian.logs import event, get_logger
+from guardian.rescue.pins import plan_pins
+from guardian.sources.checkpoints import resumable, scan_checkpoints
+from guardian.states import Verdict
+from guardian.store import PinView, Store
+
+log = get_logger("pins")
+Clock = Callable[[], float]
+
+
+@dataclass
+class Pinner:
+    config: CheckpointsConfig
+    store: Store
+    run_id: str
+    checkpoint_dir: Path
+    clock: Clock
+    refused: dict[int, str] = field(default_factory=dict)  # step -> why its pin or release failed
+    _branch: int | None = None
+    _swept: bool = False
+
+    def run(self, health: StepHealth, last_step: int | None, branch: int) -> None:
+        """One pass (see the module docstring); ``branch`` is the timeline's (a new one retries refused steps)."""
+        if not self._swept:  # what a guardian killed while pinning left behind
+            self._swept = True
+            if removed := remove_leftovers(self.checkpoint_dir):
+                log.info(event("pin_leftovers_removed", {"run": self.run_id, "folders": ",".join(removed)}))
+        if branch != self._branch:
+            self.refused.clear()
+            self._branch = branch
+        live = self._reconcile()
+        verdicts = {c.step: c.verdict for c in self.store.checkpoints(self.run_id)}
+        plan = plan_pins(
+            verdicts=verdicts,
+            resumable={c.step for c in scan_checkpoints(self.checkpoint_dir) if resumable(c.path)},
+            pinned=set(live),
+            health=health,
+            last_step=last_step,
+            window=self.config.healthy_window_steps,
+            keep=self.config.pin_keep,
+            incident_open=any(i.is_open for i in self.store.list_incidents(self.run_id)),
+            skip=set(self.refused),
+        )
+        made = [step for step in plan.pin if self._pin(step)]
+        if len(made) < len(plan.pin):
+            return  # a pin failed: the older pins stay until the next pass has decided without it
+        healthy = sorted(s for s in {*live, *made} if verdicts.get(s) == Verdict.HEALTHY)
+        for step in plan.release:
+            self._release(live[step], [s for s in healthy if s > step][: self.config.pin_keep])
+
+    def _reconcile(self) -> dict[int, PinView]:
+        """The live pins by step, once rows whose folder is gone are marked released."""
+        live: dict[int, PinView] = {}
+        for pin in self.store.pins(self.run_id, live=True):
+            if Path(pin.pinned_path).is_dir():
+                live[pin.step] = pin
+                continue
+            note = "its folder is gone (set aside with an abandoned branch, or removed by hand)"
+            self.store.release_pin(pin.id, now=self.clock(), note=note)
+            log.warning(event("pin_gone", {"run": self.run_id, "step": pin.step, "path": pin.pinned_path}))
+        return live
+
+    def _pin(self, step: int) -> bool:
+        started = self.clock()
+        try:
+            result = pin_checkpoint(self.checkpoint_dir, step, min_free_bytes=self.config.copy_min_free_bytes)
+        except PinError as exc:
+            self.refused[step] = str(exc)
+            name = "pin_copy_refused" if isinstance(exc, CopyRefused) else "pin_failed"
+            log.error(event(name, {"run": self.run_id, "step": step, "error": str(exc)}))
+            return False
+        self.store.record_pin(
+            self.run_id,
+            step=step,
+            source_path=str(result.source),
+            pinned_path=str(result.pinned),
+            mode=result.mode,
+            bytes_added=result.bytes_added,
+            now=self.clock(),
+        )
+        fields = {
+            "run": self.run_id,
+            "step": step,
+            "mode": result.mode.value,
+            "files": result.files,
+            "bytes_added": result.bytes_added,
+            "seconds": round(self.clock() - started, 3),
+            "path": result.pinned,
+        }
+        if result.adopted:
+            fields["adopted"] = "already in place"
+        if result.copied_because:
+            fields["why"] = f"{result.copied_because}: copied, the pin takes {result.bytes_added / GIB:.2f} GiB"
+            log.warning(event("checkpoint_pinned", fields))
+        else:
+            log.info(event("checkpoint_pinned", fields))
+        return True
+
+    def _release(self, pin: PinView, newer: list[int]) -> None:
+        why = f"{len(newer)} newer healthy pins: steps {','.join(map(str, newer))}"
+        try:
+            release_pin(self.checkpoint_dir, pin.step)
+        except PinError as exc:
+            self.refused[pin.step] = str(exc)
+            log.error(event("pin_failed", {"run": self.run_id, "step": pin.step, "error": str(exc)}))
+            return
+        self.store.release_pin(pin.id, now=self.clock(), note=why)
+        log.info(event("pin_released", {"run": self.run_id, "step": pin.step, "why": why, "path": pin.pinned_path}))
