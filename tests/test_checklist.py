@@ -12,8 +12,10 @@ import pytest
 from conftest import fixture_path
 
 from guardian.cli import EXIT_ERROR, EXIT_OK, EXIT_UNHEALTHY, EXIT_USAGE, main
+from guardian.review.facts import resumable_checkpoints
 from guardian.review.samples import dump_files
 from guardian.sources.jsonl import read_all
+from guardian.states import PinMode
 from guardian.store import Store
 
 HARNESS_COLLAPSE = fixture_path("verl-0.9.1-run", "harness", "collapse", "runs", "gpu-collapse")
@@ -238,3 +240,21 @@ def test_thresholds_out_of_order_are_refused_naming_them(tmp_path: Path, capsys:
     config.write_text("checklist:\n  kl_warn: 2\n")
     assert main(["checklist", "some-run", "--config", str(config)]) == EXIT_USAGE
     assert "checklist: Value error, kl_warn (2.0) exceeds kl_fail (1.0)" in capsys.readouterr().err
+
+
+def test_a_checkpoint_verls_retention_emptied_counts_as_kept_only_while_a_pin_holds_it(tmp_path: Path) -> None:
+    with Store.open(f"sqlite:///{tmp_path / 'g.db'}") as store:
+        store.ensure_run("r", name="r", metrics_path="m", rollouts_dir="", checkpoints_dir="c", mode="enforce", now=0)
+        paths = {}
+        for step in (10, 20, 30):
+            folder = tmp_path / f"global_step_{step}"
+            folder.mkdir()
+            (folder / "data.pt").touch()
+            paths[step] = str(folder)
+            store.record_checkpoint("r", step=step, path=str(folder), verdict="healthy", now=1.0)
+        (tmp_path / "global_step_10" / "actor").mkdir()  # 20 and 30: verl's retention deleted their actor/
+        store.record_pin(
+            "r", step=20, source_path=paths[20], pinned_path="p/20", mode=PinMode.LINK, bytes_added=0, now=2.0
+        )
+        kept = resumable_checkpoints(store, "r", tuple(store.checkpoints("r")))
+    assert kept == {paths[10], paths[20]}, "step 30 lost its actor/ and no pin holds it"

@@ -63,7 +63,7 @@ class RunFacts:
     history: RunHistory  # the active timeline, rebuilt from the stored steps
     incidents: tuple[IncidentRow, ...]
     checkpoints: tuple[CheckpointView, ...]
-    present: frozenset[str]  # the checkpoint paths whose folder exists
+    present: frozenset[str]  # the checkpoint paths a rollback could land on (resumable, or pinned)
     samples: SampleReview
     rollout_folders: tuple[str, ...]  # where dumps were looked for
     evaluations: tuple[EvaluationView, ...]  # the newest result of each name

@@ -11,7 +11,8 @@ from guardian.history.timeline import RunHistory
 from guardian.review.checklist import RunFacts
 from guardian.review.incidents import incident_rows
 from guardian.review.samples import dump_files, top_samples
-from guardian.store import EvaluationView, RunView, Store
+from guardian.sources.checkpoints import resumable
+from guardian.store import CheckpointView, EvaluationView, RunView, Store
 
 
 def rebuilt_history(store: Store, run: RunView, config: GuardianConfig) -> RunHistory:
@@ -42,6 +43,13 @@ def newest_evaluations(evaluations: list[EvaluationView]) -> tuple[EvaluationVie
     return tuple(newest[name] for name in sorted(newest))
 
 
+def resumable_checkpoints(store: Store, run_id: str, checkpoints: tuple[CheckpointView, ...]) -> frozenset[str]:
+    """The checkpoints a rollback could still land on: verl can resume from the folder (its ``actor/`` is
+    there: retention deletes it and leaves the folder) or a live pin holds it."""
+    pinned = {pin.step for pin in store.pins(run_id, live=True)}
+    return frozenset(c.path for c in checkpoints if resumable(Path(c.path)) or c.step in pinned)
+
+
 def run_facts(store: Store, run: RunView, config: GuardianConfig) -> RunFacts:
     history = rebuilt_history(store, run, config)
     checkpoints = tuple(store.checkpoints(run.id))
@@ -53,7 +61,7 @@ def run_facts(store: Store, run: RunView, config: GuardianConfig) -> RunFacts:
         history=history,
         incidents=incident_rows(store, run.id, None, config.cost),
         checkpoints=checkpoints,
-        present=frozenset(c.path for c in checkpoints if Path(c.path).is_dir()),
+        present=resumable_checkpoints(store, run.id, checkpoints),
         samples=top_samples(files, count=cfg.review_samples, chars=cfg.review_chars),
         rollout_folders=tuple(str(f) for f in folders),
         evaluations=newest_evaluations(store.evaluations(run.id)),
