@@ -12,6 +12,8 @@ import subprocess
 import sys
 import threading
 import time
+import traceback
+import urllib.parse
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -19,8 +21,9 @@ from typing import Any
 import orjson
 import pytest
 from conftest import ManualClock, corrupt_table
-from postgres_server import HeldLock, PostgresServer, backend, rows, running_postgres
+from postgres_server import PASSWORD, USER, HeldLock, PostgresServer, backend, rows, running_postgres
 from sqlalchemy import Engine, event
+from sqlalchemy.engine import URL
 from sqlalchemy.exc import OperationalError
 
 from guardian.actions.process import LocalProcessControl
@@ -40,7 +43,7 @@ from guardian.loop.outage import (
 )
 from guardian.rescue.supervisor import Supervisor
 from guardian.sources.jsonl import MetricsBatch, MetricsFile
-from guardian.store import Store
+from guardian.store import Store, StoreError
 from guardian.store.writebehind import RETRY_MAX_S, WriteBehind
 
 SCRIPTED = Path(__file__).with_name("scripted_trainer.py")
@@ -382,6 +385,51 @@ def test_a_postgresql_server_stopped_mid_unit_is_an_outage_the_write_behind_outl
     assert "AdminShutdown: terminating connection due to administrator command" in down
     (recovered,) = events(logs, "store_recovered")
     assert "replayed=2" in recovered
+
+
+def test_the_password_reaches_no_log_line_error_or_row(
+    own_postgres: PostgresServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Every logger at DEBUG (SQLAlchemy's engine and pool too) through an open, writes, an outage with its
+    recovery, and opens that fail (no such database, an unknown option, a wrong password, a server down): the
+    password is nowhere - no log line, no error or its traceback, no stored row - neither raw nor escaped."""
+    caplog.set_level(logging.DEBUG)
+    caplog.set_level(logging.DEBUG, logger="sqlalchemy")  # its own root logger is held at WARNING
+    url = own_postgres.database()
+    wrong = URL.create("postgresql+psycopg", USER, PASSWORD[::-1], "127.0.0.1", own_postgres.port, "postgres")
+    errors: list[BaseException] = []
+
+    def refused_open(target: str, says: str) -> None:
+        with pytest.raises(StoreError, match=says) as refused:
+            Store.open(target)
+        errors.append(refused.value)
+
+    refused_open(own_postgres.url("no_such_database"), 'database "no_such_database" does not exist')
+    refused_open(f"{url}?bogus=1", 'invalid connection option "bogus"')
+    refused_open(wrong.render_as_string(hide_password=False), "password authentication failed")
+    clock = ManualClock(1000.0)
+    with Store.open(url, busy_timeout_s=BUSY_S) as store:
+        _ensure(store, "r")
+        attempt = store.start_attempt("r", metrics_path="m", now=1.0)
+        writes = WriteBehind(store, lambda: clock.now)
+        own_postgres.stop()
+        writes.submit("tick", lambda s: s.write_steps("r", attempt.id, 0, [StepRecord(1, {"x": 1.0})], clock.now))
+        assert writes.degraded
+        refused_open(url, "Connection refused")
+        own_postgres.start()
+        clock.now += RETRY_MAX_S
+        writes.retry()
+        assert not writes.degraded
+    stored = [
+        rows(url, f"SELECT * FROM {table}")
+        for (table,) in rows(url, "SELECT tablename FROM pg_tables WHERE schemaname = current_schema()")
+    ]
+    said = [caplog.text, *(str(e) for e in errors), *("".join(traceback.format_exception(e)) for e in errors)]
+    assert "sqlalchemy.pool" in caplog.text and len(events(caplog, "store_unavailable")) == 1, "it did log"
+    assert f"{USER}:***@127.0.0.1" in caplog.text, "the URL was logged, masked"
+    for secret in (PASSWORD, urllib.parse.quote(PASSWORD, safe=""), PASSWORD[::-1]):
+        assert not [text for text in said if secret in text]
+        assert secret not in repr(stored)
 
 
 # ----------------------------------------------------------------------------- the supervisor, faulted
