@@ -269,3 +269,5 @@ def test_a_refused_write_puts_neither_its_parameters_nor_a_password_in_the_log(
     assert "[SQL:" not in failure_text(refused.value)
     text = failure_text(RuntimeError("cannot reach postgresql://guardian:hunter2@db/g\n[SQL: SELECT 1]"))
     assert text == "RuntimeError: cannot reach postgresql://guardian:***@db/g"
+    conninfo = failure_text(RuntimeError("dsn: host=db password=hunter2 user=g, PASSWORD = 'it\\'s \\\\ x' end"))
+    assert conninfo == "RuntimeError: dsn: host=db password=*** user=g, PASSWORD = *** end", "libpq's key=value"
