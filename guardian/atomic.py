@@ -25,11 +25,14 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def write_atomically(path: Path, data: bytes) -> None:
-    """Replace ``path`` with ``data`` atomically; the temporary file never outlives a failure."""
+def write_atomically(path: Path, data: bytes, *, mode: int | None = None) -> None:
+    """Replace ``path`` with ``data`` atomically; the temporary file never outlives a failure. ``mode``: the new
+    file's permissions (default: the temporary file's, owner-only)."""
     fd, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as out:
+            if mode is not None:
+                os.fchmod(out.fileno(), mode)
             out.write(data)
             out.flush()
             os.fsync(out.fileno())

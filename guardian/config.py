@@ -444,6 +444,20 @@ class NotifyConfig(_Section):
         return self
 
 
+class ReportConfig(_Section):
+    """guardian report (guardian/report/): how much of a run an incident's report shows."""
+
+    trajectories: int = Field(
+        100,
+        ge=0,
+        description="Highest-reward trajectories from the rollout dumps shown for reward-hacking review (the seed "
+        "tutorial reads 100); 0 leaves the section out.",
+    )
+    context_steps: int = Field(
+        20, ge=0, description="An incident's plots span its marked steps (onset ... resume) and this many either side."
+    )
+
+
 class GrafanaConfig(_Section):
     url: str | None = Field(None, description="Grafana base URL; set it to post incident annotations while guarding.")
     token_file: Path | None = Field(None, description="Service-account token file; default: env GRAFANA_TOKEN.")
@@ -452,6 +466,98 @@ class GrafanaConfig(_Section):
         None, description="Attach annotations to this dashboard; default: organisation-wide, tagged 'guardian'."
     )
     timeout_s: float = Field(5.0, gt=0, description="HTTP timeout per request.")
+
+
+class CostConfig(_Section):
+    """What compute costs, for the incident history and the report (guardian/review/cost.py): GPU-hours lost
+    to each incident, in money, and what the same incidents would have cost rescued by hand."""
+
+    gpu_hour_usd: float = Field(
+        12.25, ge=0, description="Price of one GPU-hour in USD (seed tutorial: 8×H100 ≈ $98/hour, so 98/8)."
+    )
+    manual_detection_lag_steps: int = Field(
+        700,
+        ge=0,
+        description="Steps a person notices a collapse late without the guardian (the seed's manual rescue: ~700): "
+        "the floor of what each rolled-back incident would have cost by hand.",
+    )
+
+
+class ChecklistConfig(_Section):
+    """``guardian checklist``: is the run ready to launch at scale (guardian/review/checklist.py)? Each item passes,
+    warns or fails; a fail exits 3. Levels at the run's end are judged against its baseline (checks.baseline);
+    the reward's trend is checks/trend.py's, with checks.reward_collapse."""
+
+    level_steps: int = Field(
+        5, ge=1, description="A signal's level at the run's end: the mean of its last this-many steps."
+    )
+    window_steps: int = Field(
+        20, ge=3, description="Entropy's decline rate at the end: the least-squares slope over this many steps."
+    )
+    entropy_warn_ratio: float = Field(
+        0.3, gt=0, lt=1, description="Entropy at the end below this × its baseline: warn (the policy may be narrowing)."
+    )
+    entropy_fail_ratio: float = Field(
+        0.1,
+        gt=0,
+        lt=1,
+        description="Below this × its baseline: fail, unless the reward converged (near the best sample's score).",
+    )
+    entropy_decline_warn: float = Field(
+        0.2,
+        gt=0,
+        description="Entropy still falling at the end by more than this share of its baseline per 100 steps: warn "
+        "(a longer run at this rate collapses).",
+    )
+    kl_warn: float = Field(0.1, gt=0, description="KL to the reference at the end above this (nats/token): warn ...")
+    kl_fail: float = Field(
+        1.0, gt=0, description="... above this: fail (the seed tutorial's broken run climbed past 1 nat/token)."
+    )
+    egr_warn: float = Field(0.4, ge=0, le=1, description="Effective group ratio at the end below this: warn ...")
+    egr_fail: float = Field(
+        0.2,
+        ge=0,
+        le=1,
+        description="... below this: fail, unless most groups are all-correct (easy data: a warning that says so; "
+        "checks.egr_collapse.saturation_fraction).",
+    )
+    length_warn_ratio: float = Field(
+        0.5, gt=0, lt=1, description="Mean response length at the end below this × its baseline: warn ..."
+    )
+    length_fail_ratio: float = Field(0.2, gt=0, lt=1, description="... below this × its baseline: fail.")
+    length_growth_warn: float = Field(
+        3.0, gt=1, description="Mean response length at the end above this × its baseline: warn."
+    )
+    truncation_warn: float = Field(
+        0.1, ge=0, le=1, description="Share of responses cut at the length cap at the end above this: warn ..."
+    )
+    truncation_fail: float = Field(0.3, ge=0, le=1, description="... above this: fail.")
+    min_healthy_checkpoints: int = Field(
+        1, ge=0, description="Healthy checkpoints (verdict healthy, folder present) the run must keep: fewer fails."
+    )
+    review_samples: int = Field(5, ge=1, description="Highest-reward rollout samples listed for a person to read ...")
+    review_steps: int = Field(10, ge=1, description="... from the dumps of the run's last this-many steps.")
+    review_chars: int = Field(400, ge=40, description="Characters of each sample's prompt and response shown.")
+    eval_minimums: dict[str, float] = Field(
+        default_factory=dict,
+        description="Evaluation name -> the lowest value that passes (e.g. hotpotqa_em: 0.35). A named evaluation "
+        "without a recorded result fails; a recorded one without a minimum warns.",
+    )
+
+    @model_validator(mode="after")
+    def _warn_before_fail(self) -> ChecklistConfig:
+        """A level warns before it fails: each pair of thresholds in order."""
+        pairs = (
+            ("entropy_fail_ratio", "entropy_warn_ratio"),
+            ("kl_warn", "kl_fail"),
+            ("egr_fail", "egr_warn"),
+            ("length_fail_ratio", "length_warn_ratio"),
+            ("truncation_warn", "truncation_fail"),
+        )
+        for low, high in pairs:
+            if getattr(self, low) > getattr(self, high):
+                raise ValueError(f"{low} ({getattr(self, low)}) exceeds {high} ({getattr(self, high)})")
+        return self
 
 
 class GuardianConfig(_Section):
@@ -479,7 +585,10 @@ class GuardianConfig(_Section):
     remediation: RemediationConfig = RemediationConfig()
     exporter: ExporterConfig = ExporterConfig()
     notify: NotifyConfig = NotifyConfig()
+    report: ReportConfig = ReportConfig()
     grafana: GrafanaConfig = GrafanaConfig()
+    cost: CostConfig = CostConfig()
+    checklist: ChecklistConfig = ChecklistConfig()
 
     def database_url(self) -> str:
         return self.db_url or f"sqlite:///{self.home / 'guardian.db'}"

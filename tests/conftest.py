@@ -146,3 +146,32 @@ def context(
     h: RunHistory, now: float | None = None, started_at: float | None = None, trainer_alive: bool | None = None
 ) -> CheckContext:
     return CheckContext(h, BaselineConfig(), now=now, started_at=started_at, trainer_alive=trainer_alive)
+
+
+def guarded_demo(home: Path, scenario: str) -> Path:
+    """``guardian demo --scenario SCENARIO`` (the real tiny GRPO trainer under the supervisor, enforce mode) with
+    its store and run folders under ``home``; returns ``home``."""
+    env = {**os.environ, "GUARDIAN_HOME": str(home)}
+    env.pop("GUARDIAN_DB_URL", None)
+    done = subprocess.run(
+        [sys.executable, "-m", "guardian", "--log-level", "ERROR", "demo", "--scenario", scenario],
+        env=env,
+        cwd=home,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return home
+
+
+@pytest.fixture(scope="session")
+def demo_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The default demo, run once per session: an entropy collapse stopped, rolled back, patched and resolved."""
+    return guarded_demo(tmp_path_factory.mktemp("demo-home"), "entropy_collapse")
+
+
+@pytest.fixture(scope="session")
+def healthy_demo_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The healthy demo scenario, run once per session: 300 steps, no incident, checkpoints every 50."""
+    return guarded_demo(tmp_path_factory.mktemp("healthy-home"), "healthy")

@@ -80,14 +80,14 @@ def _finding(
 
 
 def test_open_creates_the_schema_at_head(db_url: str, store: Store) -> None:
-    assert store.schema_version() == head_revision() == "0003"
+    assert store.schema_version() == head_revision() == "0004"
     engine = create_engine(db_url)
     try:
         tables = set(inspect(engine).get_table_names())
     finally:
         engine.dispose()
     assert {"runs", "attempts", "steps", "checkpoints", "findings", "incidents", "alembic_version"} <= tables
-    assert {"interventions", "intervention_events", "deliveries"} <= tables
+    assert {"interventions", "intervention_events", "deliveries", "evaluations"} <= tables
 
 
 def test_sqlite_is_a_file_in_wal_mode(db_path: Path) -> None:
@@ -283,6 +283,26 @@ def test_branches_and_attempts_form_the_active_timeline(store: Store) -> None:
     # runs do not see each other's steps
     other = _run(store, "run-other")
     assert store.count_steps(other) == 0 and store.latest_step(other) is None
+
+
+def test_step_lines_keep_every_branch_and_mark_what_a_newer_line_took_over(store: Store) -> None:
+    """The abandoned steps are there too; each line's kept part is exactly its share of the active timeline."""
+    run_id = _run(store)
+    first = store.start_attempt(run_id, metrics_path="m1", now=T0)
+    store.write_steps(run_id, first.id, 0, [StepRecord(s, {"x": float(s)}) for s in range(1, 11)], T0)
+    store.write_steps(run_id, first.id, 1, [StepRecord(s, {"x": 100.0 + s}) for s in range(6, 9)], T0)
+    second = store.start_attempt(run_id, metrics_path="m2", now=T0 + 100)
+    values = {"y": math.inf, "val/a": 1.0, "other": 2.0}
+    store.write_steps(run_id, second.id, 0, [StepRecord(s, {"x": 200.0 + s, **values}) for s in (4, 5)], T0)
+
+    lines = store.step_lines(run_id, ["x", "y"], prefixes=["val/"])
+    assert [(line.attempt_number, line.branch, line.cut_at) for line in lines] == [(1, 0, 4), (1, 1, 4), (2, 0, None)]
+    assert [step for step, _ in lines[0].steps] == list(range(1, 11))  # abandoned steps 4-10 kept in the store
+    assert lines[2].steps == ((4, {"x": 204.0, "y": None, "val/a": 1.0}), (5, {"x": 205.0, "y": None, "val/a": 1.0}))
+    assert store.step_lines(run_id, [])[2].steps == ((4, {}), (5, {}))  # the steps without the values
+    kept = sorted((step, values["x"]) for line in lines for step, values in line.steps if line.kept(step))
+    assert kept == store.step_series(run_id, ["x"])["x"]
+    assert store.step_lines("run-other", ["x"]) == []
 
 
 # --------------------------------------------------------------------------------- checkpoints

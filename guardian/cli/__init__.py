@@ -1,7 +1,7 @@
 """``guardian`` command line: one module per command, each ``register``-ing its parser. Every command is
 ``main(argv) -> exit code``.
 
-Exit codes: 0 ok / healthy, 1 error, 2 usage, 3 unhealthy run (replay, watch).
+Exit codes: 0 ok / healthy, 1 error, 2 usage, 3 unhealthy run (replay, watch, a checklist item failed).
 ``--json`` prints one JSON document on stdout; logs go to stderr.
 """
 
@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 from guardian import __version__
 from guardian.actions.verl_keys import PatchError
-from guardian.cli import checkpoints, dashboards, incidents, replay, run, setup, watch
+from guardian.cli import checklist, checkpoints, dashboards, incidents, replay, report, run, setup, watch
 from guardian.cli.common import guardian_home, log, write_traceback
 from guardian.config import ConfigError
 from guardian.exits import EXIT_ERROR, EXIT_OK, EXIT_UNHEALTHY, EXIT_USAGE
@@ -21,7 +21,7 @@ from guardian.logs import event, init_logging
 from guardian.store import StoreError
 
 __all__ = ["EXIT_ERROR", "EXIT_OK", "EXIT_UNHEALTHY", "EXIT_USAGE", "build_parser", "main"]
-COMMANDS = (replay, watch, incidents, checkpoints, setup, run, dashboards)
+COMMANDS = (replay, watch, incidents, checklist, report, checkpoints, setup, run, dashboards)
 
 
 def build_parser() -> argparse.ArgumentParser:

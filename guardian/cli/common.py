@@ -43,6 +43,18 @@ def store_int(text: str) -> int:
     return value
 
 
+def iso_datetime(text: str) -> datetime:
+    """argparse type: an ISO 8601 date or date and time (``2026-12-01``, ``2026-12-01T18:30``, with an offset or
+    ``Z``); one without a zone is read as UTC (the store's clock)."""
+    try:
+        value = datetime.fromisoformat(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected an ISO date or date-time such as 2026-12-01 or 2026-12-01T18:30:00Z, got {text!r}"
+        ) from None
+    return value.replace(tzinfo=UTC) if value.tzinfo is None else value
+
+
 def print_json(document: object) -> None:
     sys.stdout.write(orjson.dumps(document, option=orjson.OPT_INDENT_2).decode() + "\n")
 

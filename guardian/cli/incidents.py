@@ -1,4 +1,4 @@
-"""``guardian incidents list|show``: the incident history.
+"""``guardian incidents list|show``: the incident history (rows, lineage and cost from ``guardian.review``).
 
 Human-facing text follows one numbering: an incident is ``#<incident id>``; an intervention is named by
 its stored number and its incident (``intervention 3 of incident #2``), never by a bare ``#``; rungs are 1-based
@@ -15,13 +15,25 @@ from rich.console import Console
 from rich.markup import escape
 
 from guardian.checks.findings import EvidenceValue
-from guardian.cli.common import SEVERITY_STYLE, AddCommand, log, open_store, print_json, resolved_config, store_int
+from guardian.cli.common import (
+    SEVERITY_STYLE,
+    AddCommand,
+    iso_datetime,
+    log,
+    open_store,
+    print_json,
+    resolved_config,
+    store_int,
+)
 from guardian.exits import EXIT_ERROR, EXIT_OK
 from guardian.logs import event
 from guardian.notify.compose import at_step, format_setting, format_value
 from guardian.notify.events import incident_key, intervention_key
 from guardian.rescue.outcome import outcome_line
 from guardian.rescue.policy import CRASH_OUTPUT_EVIDENCE
+from guardian.review.cost import IncidentCost, RunCost, run_cost
+from guardian.review.incidents import IncidentRow, incident_rows
+from guardian.review.lineage import AttemptLink, lineage
 from guardian.store import IncidentDetail, InterventionEventView, InterventionView, config_changes
 from guardian.store.deliveries import DeliveryView
 
@@ -32,11 +44,19 @@ PAGE_SIZE = 50  # incidents list shows the newest this many unless --limit says 
 def register(add: AddCommand) -> None:
     p = add("incidents", "Incident history.")
     isub = p.add_subparsers(dest="action", required=True)
-    pl = isub.add_parser("list", help="newest first")
+    pl = isub.add_parser(
+        "list", help="newest first: detection, action, outcome and what each cost (steps and GPU-hours lost)"
+    )
     pl.add_argument("--run", help="only this run id")
+    pl.add_argument(
+        "--since",
+        type=iso_datetime,
+        metavar="DATE",
+        help="only incidents opened at or after this ISO date or date-time (UTC unless it names a zone)",
+    )
     pl.add_argument("--limit", type=store_int, default=PAGE_SIZE, help=f"newest this many (default {PAGE_SIZE})")
     pl.add_argument("--json", action="store_true")
-    ps = isub.add_parser("show", help="one incident with its findings")
+    ps = isub.add_parser("show", help="one incident: findings, rescue timeline, patch, checkpoints, attempts, cost")
     ps.add_argument("id", type=store_int)
     ps.add_argument("--json", action="store_true")
     for q in (pl, ps):
@@ -48,39 +68,51 @@ def cmd_incidents(args: argparse.Namespace) -> int:
     config = resolved_config(args)
     with open_store(config) as store:
         if args.action == "list":
-            incidents = store.list_incidents(args.run, limit=args.limit)
+            rows = incident_rows(store, args.run, args.since, config.cost, limit=args.limit)
             if args.json:
-                print_json([i.to_json() for i in incidents])
+                print_json([r.to_json() for r in rows])
                 return EXIT_OK
             console = Console(soft_wrap=True)
-            if not incidents:
+            if not rows:
                 console.print("no incidents")
-            for i in incidents:
-                style = SEVERITY_STYLE[i.severity.label]
-                onset = f" (onset step {i.onset_step})" if i.onset_step is not None else ""
-                console.print(
-                    f"#{i.id:<4} {escape(i.run_id):28} {at_step(i.opened_step)}{onset} "
-                    f"[{style}]{i.severity.label:8}[/] {i.status:10} {i.check:18} {escape(i.message)}"
-                )
+            for row in rows:
+                for line in list_lines(row):
+                    console.print(line)
+            for line in run_total_lines(rows):
+                console.print(line)
             return EXIT_OK
         detail = store.get_incident(args.id)
         if detail is None:
             log.error(event("error", {"message": f"no incident #{args.id} in {store.url}"}))
             return EXIT_ERROR
+        run_id = detail.incident.run_id
         interventions = [(iv, store.intervention_events(iv.id)) for iv in store.interventions(incident_id=args.id)]
-        told = incident_deliveries(args.id, interventions, store.deliveries(detail.incident.run_id).values())
+        told = incident_deliveries(args.id, interventions, store.deliveries(run_id).values())
+        run = store.get_run(run_id)
+        cost = run_cost(store, run, config.cost) if run is not None else None
+        attempts = lineage(store, run_id)
         if args.json:
             document = detail.to_json()
             document["interventions"] = [
                 {**iv.to_json(), "events": [e.to_json() for e in timeline]} for iv, timeline in interventions
             ]
             document["notifications"] = [d.to_json() for d in told]
+            document["lineage"] = [a.to_json() for a in attempts]
+            document["cost"] = incident_cost_json(cost, args.id)
             print_json(document)
             return EXIT_OK
         console = Console(soft_wrap=True)
-        for line in show_lines(detail, interventions, told):
+        for line in show_lines(detail, interventions, told, attempts, cost):
             console.print(line)
         return EXIT_OK
+
+
+def incident_cost_json(cost: RunCost | None, incident_id: int) -> dict[str, object] | None:
+    """The incident's loss with the rate it was priced at (None: the run is not in the store)."""
+    if cost is None:
+        return None
+    spent = cost.incident(incident_id) or IncidentCost(incident_id, (), 0.0, 0.0)  # no intervention: nothing lost
+    return {"rate": cost.rate.to_json(), **spent.to_json()}
 
 
 # ------------------------------------------------------------------------------------------ the text view (pure)
@@ -172,10 +204,93 @@ def delivery_label(incident_id: int, d: DeliveryView, names: Mapping[str, str]) 
     return f"incident #{incident_id} {'closed' if suffix == 'closed' else f'{suffix} alert'}"
 
 
+def _hours(value: float | None) -> str:
+    return "? GPU-h" if value is None else f"{value:.3g} GPU-h"
+
+
+def list_lines(row: IncidentRow) -> list[str]:
+    """One incident of ``guardian incidents list``: run, incident, check, severity, detection (step, time, onset),
+    the action (kind, rung name, rung), where it ended, what it cost; then the outcome's figures."""
+    i, iv = row.incident, row.action
+    style = SEVERITY_STYLE[i.severity.label]
+    onset = f" (onset step {i.onset_step})" if i.onset_step is not None else ""
+    action = "no action"
+    if iv is not None:
+        rung = f" {iv.plan.rung}" if iv.plan and iv.plan.rung else ""
+        action = f"{iv.kind}{rung} (rung {iv.rung + 1})"
+    lost = f"{row.steps_lost} steps, {_hours(row.gpu_hours_lost)} lost"
+    lines = [
+        f"#{i.id:<4} {escape(i.run_id):28} {i.check:18} [{style}]{i.severity.label:8}[/] "
+        f"detected {at_step(i.opened_step)}{onset} {i.opened_at:%Y-%m-%d %H:%M:%S}  {action:26} "
+        f"{row.final_state:10} {lost}"
+    ]
+    if row.outcome_line is not None:
+        lines.append(f"      outcome: {escape(row.outcome_line)}")
+    return lines
+
+
+def _usd(value: float | None) -> str:
+    return "" if value is None else f" (${value:.2f})"
+
+
+def run_total_lines(rows: Sequence[IncidentRow]) -> list[str]:
+    """Per run with a rollback among the rows: all its incidents' loss, and the floor of the same by hand."""
+    costs = {r.run_cost.run_id: r.run_cost for r in rows}
+    lines = []
+    for run_id, c in costs.items():
+        if not c.rolled_back_incidents:
+            continue
+        lost = f"{c.steps_lost} steps, {_hours(c.gpu_hours_lost)}{_usd(c.rate.usd(c.gpu_hours_lost))}"
+        by_hand = f"{c.manual_steps} steps, {_hours(c.manual_gpu_hours)}{_usd(c.rate.usd(c.manual_gpu_hours))}"
+        lines.append(
+            f"run {escape(run_id)}: {lost} lost to {c.rolled_back_incidents} rolled-back incident(s); "
+            f"by hand ({c.manual_lag_steps} steps late each) at least {by_hand}"
+        )
+    return lines
+
+
+def lineage_lines(attempts: Sequence[AttemptLink]) -> list[str]:
+    """The run's attempts: which one launched which, resumed from where, with what patch."""
+    lines = ["  attempts:"] if attempts else []
+    for a in attempts:
+        origin = ""
+        if a.launched_by is not None:
+            by = a.launched_by
+            rung = f", {by.rung_name}" if by.rung_name else ""
+            after = f" after attempt {by.from_attempt}" if by.from_attempt is not None else ""
+            origin = f" <- {by.name} ({by.kind}{rung}){after}"
+        logged = f"steps {a.first_step}-{a.last_step}" if a.first_step is not None else "no step logged"
+        ended = "running or not recorded" if a.ended_at is None else f"ended {a.ended_at:%Y-%m-%d %H:%M:%S}"
+        code = f", exit {a.exit_code}" if a.exit_code is not None else ""
+        lines.append(f"    attempt {a.number}{origin}: {escape(a.summary)}")
+        lines.append(f"      {logged}; started {a.started_at:%Y-%m-%d %H:%M:%S}, {ended}{code}")
+    return lines
+
+
+def cost_lines(cost: RunCost | None, incident_id: int) -> list[str]:
+    """What the incident's rollbacks threw away, priced at the run's rate."""
+    spent = cost.incident(incident_id) if cost is not None else None
+    if cost is None or spent is None or not spent.rolled_back:
+        return ["  lost: nothing (no rollback)"]
+    rate = cost.rate
+    thrown = ", ".join(
+        f"steps {d.first_step}-{d.last_step} by intervention {d.intervention_number}" for d in spent.discards
+    )
+    if spent.gpu_hours is None:
+        return [f"  lost: {spent.steps_lost} steps ({thrown}); GPU-hours unknown: {escape(rate.unknown or '')}"]
+    price = f" (${spent.usd:.2f} at ${rate.gpu_hour_usd:g}/GPU-hour)" if spent.usd is not None else ""
+    return [
+        f"  lost: {spent.steps_lost} steps ({thrown}), {spent.gpu_hours:.3g} GPU-hours{price}; "
+        f"{rate.step_seconds:.3g} s/step × {rate.gpus} GPUs ({rate.gpus_source})"
+    ]
+
+
 def show_lines(
     detail: IncidentDetail,
     interventions: Sequence[tuple[InterventionView, Timeline]],
     told: Sequence[DeliveryView],
+    attempts: Sequence[AttemptLink] = (),
+    cost: RunCost | None = None,
 ) -> list[str]:
     """``guardian incidents show ID`` as lines of rich markup."""
     i = detail.incident
@@ -198,6 +313,9 @@ def show_lines(
         )
     for iv, timeline in interventions:
         lines += intervention_lines(iv, timeline)
+    if interventions:
+        lines += cost_lines(cost, i.id)
+        lines += lineage_lines(attempts)
     names = {intervention_key(e.id): f"{iv.name} {e.state}" for iv, timeline in interventions for e in timeline}
     for d in told:
         error = f" - {escape(d.last_error)}" if d.last_error else ""

@@ -70,7 +70,8 @@ class GroupStats:
         }
 
 
-def _score(row: Mapping[str, object]) -> float | None:
+def sample_score(row: Mapping[str, object]) -> float | None:
+    """A dump row's finite numeric score (None: missing, not a number, a bool, or non-finite)."""
     value = row.get("score")
     if isinstance(value, bool) or not isinstance(value, int | float):
         return None
@@ -107,7 +108,7 @@ def group_stats(rows: Iterable[Mapping[str, object]]) -> GroupStats:
     skipped = 0
     for position, row in enumerate(rows):
         _collect_components(row, components)
-        score = _score(row)
+        score = sample_score(row)
         key = _sample_key(row, position)
         if score is None or key is None:
             skipped += 1
@@ -252,7 +253,7 @@ class RolloutDir:
         problems: list[str] = []
         try:
             with open(path, "rb") as handle:
-                result = group_stats(_rows(handle, signature[0], path, problems))
+                result = group_stats(dump_rows(handle, signature[0], path, problems))
             st = path.stat()
         except FileNotFoundError:
             return None
@@ -274,8 +275,9 @@ def read_finished(path: Path) -> tuple[dict[int, dict[str, float]], list[str]]:
     return stats, problems
 
 
-def _rows(handle: BinaryIO, size: int, path: Path, problems: list[str]) -> Iterator[Mapping[str, object]]:
-    """The JSON objects on the complete lines within the first ``size`` bytes, one at a time."""
+def dump_rows(handle: BinaryIO, size: int, path: Path, problems: list[str]) -> Iterator[Mapping[str, object]]:
+    """The JSON objects on the complete lines within the first ``size`` bytes, one at a time (a dump can be
+    large: its rows are never all held); unreadable lines are added to ``problems``."""
     remaining = size
     for number, line in enumerate(handle, start=1):
         remaining -= len(line)

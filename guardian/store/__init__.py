@@ -2,6 +2,7 @@
 
 from guardian.store.engine import head_revision, mask_url
 from guardian.store.errors import NotFoundError, StoreError
+from guardian.store.evaluations import EvaluationView
 from guardian.store.interventions import (
     ConfigChange,
     InterventionEventView,
@@ -20,6 +21,7 @@ from guardian.store.views import (
     IncidentDetail,
     IncidentView,
     RunView,
+    StepIndex,
 )
 
 __all__ = [
@@ -28,6 +30,7 @@ __all__ = [
     "AttemptView",
     "CheckpointView",
     "ConfigChange",
+    "EvaluationView",
     "FindingView",
     "IncidentDetail",
     "IncidentView",
@@ -36,6 +39,7 @@ __all__ = [
     "NotFoundError",
     "RunView",
     "StateDetail",
+    "StepIndex",
     "Store",
     "StoreError",
     "StoredPlan",

@@ -16,6 +16,7 @@ from datetime import datetime
 from sqlalchemy import (
     DateTime,
     Dialect,
+    Float,
     ForeignKey,
     Index,
     Integer,
@@ -227,3 +228,18 @@ class Delivery(Base):
     updated_at: Mapped[datetime] = mapped_column(_utc())
     external_id: Mapped[str | None] = mapped_column(String(128))
     last_error: Mapped[str | None] = mapped_column(StoredText)
+
+
+class Evaluation(Base):
+    """An evaluation result a person recorded for a run (``guardian checklist --eval name=value``): the launch
+    checklist judges the newest value of each name."""
+
+    __tablename__ = "evaluations"
+    __table_args__ = (Index("ix_evaluations_run_id", "run_id"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id"))
+    name: Mapped[str] = mapped_column(String(128))
+    value: Mapped[float] = mapped_column(Float)
+    step: Mapped[int | None] = mapped_column(Integer)  # the run's newest step when it was recorded
+    recorded_at: Mapped[datetime] = mapped_column(_utc())

@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from datetime import UTC, datetime
 from types import TracebackType
 from typing import Final, Self, SupportsFloat
 
@@ -32,6 +33,7 @@ from guardian.states import CLOSED_INCIDENT_STATUSES, IncidentStatus, RunStatus
 from guardian.store.deliveries import DeliveryRecords
 from guardian.store.engine import WRITE_OPTION, current_revision, mask_url, open_engine
 from guardian.store.errors import NotFoundError, StoreError
+from guardian.store.evaluations import EvaluationRecords
 from guardian.store.interventions import InterventionRecords
 from guardian.store.models import Attempt, Checkpoint, FindingRow, Incident, Run, Step
 from guardian.store.views import (
@@ -42,6 +44,8 @@ from guardian.store.views import (
     IncidentDetail,
     IncidentView,
     RunView,
+    StepIndex,
+    StepLine,
     at_utc,
     attempt_view,
     checkpoint_view,
@@ -98,8 +102,9 @@ def _chunks(items: Sequence[int], size: int) -> Iterator[Sequence[int]]:
 # ------------------------------------------------------------------------------------------- store
 
 
-class Store(InterventionRecords, DeliveryRecords):
-    """The guardian's history: runs, attempts, steps, checkpoints, findings, incidents.
+class Store(InterventionRecords, DeliveryRecords, EvaluationRecords):
+    """The guardian's history: runs, attempts, steps, checkpoints, findings, incidents, interventions,
+    deliveries, evaluations.
 
     Build one with ``Store.open(url)``; use it as a context manager or call ``close()``.
     """
@@ -337,7 +342,19 @@ class Store(InterventionRecords, DeliveryRecords):
                 session.execute(update(Step), updates)
 
     @staticmethod
-    def _active_steps(session: Session, run_id: str) -> dict[int, int]:
+    def _line_cutoffs(lines: Mapping[tuple[int, int], Sequence[int]]) -> dict[tuple[int, int], int | None]:
+        """Each line's (attempt number, branch) first step taken over by a newer line (None for the newest):
+        the module docstring's rule, in one place for the active timeline and for ``step_lines``."""
+        cutoffs: dict[tuple[int, int], int | None] = {}
+        cutoff: int | None = None
+        for line in sorted(lines, reverse=True):
+            cutoffs[line] = cutoff
+            first = min(lines[line])
+            cutoff = first if cutoff is None else min(cutoff, first)
+        return cutoffs
+
+    @classmethod
+    def _active_steps(cls, session: Session, run_id: str) -> dict[int, int]:
         """Row id → step for the run's active timeline (see the module docstring)."""
         rows = session.execute(
             select(Step.id, Step.step, Attempt.number, Step.branch)
@@ -347,16 +364,13 @@ class Store(InterventionRecords, DeliveryRecords):
         lines: dict[tuple[int, int], list[tuple[int, int]]] = defaultdict(list)
         for row_id, step, number, branch in rows:
             lines[(number, branch)].append((row_id, step))
-        active: dict[int, int] = {}
-        cutoff: int | None = None
-        for line in sorted(lines, reverse=True):
-            members = lines[line]
-            for row_id, step in members:
-                if cutoff is None or step < cutoff:
-                    active[row_id] = step
-            first = min(step for _, step in members)
-            cutoff = first if cutoff is None else min(cutoff, first)
-        return active
+        cutoffs = cls._line_cutoffs({line: [step for _, step in members] for line, members in lines.items()})
+        return {
+            row_id: step
+            for line, members in lines.items()
+            for row_id, step in members
+            if (cut := cutoffs[line]) is None or step < cut
+        }
 
     def step_series(self, run_id: str, keys: Sequence[str]) -> dict[str, list[tuple[int, float | None]]]:
         """Each key's (step, value) pairs along the active timeline, steps ascending; steps without
@@ -376,6 +390,42 @@ class Store(InterventionRecords, DeliveryRecords):
                         value = values[key]
                         points.append((step, float(value) if value is not None else None))
         return series
+
+    def step_lines(self, run_id: str, keys: Collection[str], prefixes: Sequence[str] = ()) -> list[StepLine]:
+        """Every line of the run's steps, oldest line first, abandoned lines too, with the values of ``keys`` and
+        of the keys starting with one of ``prefixes`` (a long run's every value would not fit in memory): what a
+        report draws to show the branch a rollback abandoned beside the one it kept (``step_series`` holds only
+        the kept one). A step is there even when it logs none of them; a stored non-finite value is None."""
+        wanted = frozenset(keys)
+        prefix = tuple(prefixes)
+        with self._read() as session:
+            rows = session.execute(
+                select(Attempt.number, Step.branch, Step.step, Step.metrics)
+                .join(Attempt, Step.attempt_id == Attempt.id)
+                .where(Step.run_id == run_id)
+                .order_by(Attempt.number, Step.branch, Step.step)
+            )
+            lines: dict[tuple[int, int], list[tuple[int, StepValues]]] = defaultdict(list)
+            for number, branch, step, blob in rows:
+                values = _unpack(blob)
+                kept = {k: v for k, v in values.items() if k in wanted or k.startswith(prefix)}
+                lines[(number, branch)].append((step, kept))
+        cutoffs = self._line_cutoffs({line: [step for step, _ in steps] for line, steps in lines.items()})
+        return [StepLine(*line, cutoffs[line], tuple(steps)) for line, steps in lines.items()]
+
+    def active_records(self, run_id: str) -> list[StepRecord]:
+        """The active timeline's steps with all their values, ascending (a stored null as NaN): what a
+        ``RunHistory`` rebuilt from the store (the launch checklist) reads."""
+        with self._read() as session:
+            active = self._active_steps(session, run_id)
+            rows = session.execute(
+                select(Step.id, Step.step, Step.metrics).where(Step.run_id == run_id).order_by(Step.step)
+            )
+            return [
+                StepRecord(step, {k: math.nan if v is None else v for k, v in _unpack(blob).items()})
+                for row_id, step, blob in rows
+                if row_id in active
+            ]
 
     def latest_step(self, run_id: str) -> tuple[int, StepValues] | None:
         """The last step of the active timeline with all its values, or None before the first."""
@@ -401,6 +451,18 @@ class Store(InterventionRecords, DeliveryRecords):
         with self._read() as session:
             rows = session.scalars(select(Attempt).where(Attempt.run_id == run_id).order_by(Attempt.number))
             return [attempt_view(row) for row in rows]
+
+    def step_index(self, run_id: str) -> list[StepIndex]:
+        """Every step stored for the run, abandoned lines too, without values, in line order (attempt number,
+        branch, step): what the review reads to tell which steps a rollback threw away."""
+        with self._read() as session:
+            rows = session.execute(
+                select(Step.attempt_id, Attempt.number, Step.branch, Step.step)
+                .join(Attempt, Step.attempt_id == Attempt.id)
+                .where(Step.run_id == run_id)
+                .order_by(Attempt.number, Step.branch, Step.step)
+            )
+            return [StepIndex(*row) for row in rows]
 
     def count_steps(self, run_id: str) -> int:
         """How many steps the active timeline holds."""
@@ -546,11 +608,16 @@ class Store(InterventionRecords, DeliveryRecords):
                 row.note = note
             return incident_view(row)
 
-    def list_incidents(self, run_id: str | None = None, limit: int | None = None) -> list[IncidentView]:
-        """Incidents, newest first (of one run, or of all); the newest ``limit`` of them, or every one for None."""
+    def list_incidents(
+        self, run_id: str | None = None, limit: int | None = None, since: datetime | None = None
+    ) -> list[IncidentView]:
+        """Incidents, newest first (of one run, or of all; opened at or after ``since``, timezone-aware); the newest
+        ``limit`` of them, or every one for None."""
         query = select(Incident).order_by(Incident.opened_at.desc(), Incident.id.desc()).limit(limit)
         if run_id is not None:
             query = query.where(Incident.run_id == run_id)
+        if since is not None:
+            query = query.where(Incident.opened_at >= since.astimezone(UTC))
         with self._read() as session:
             return [incident_view(row) for row in session.scalars(query)]
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Final
+from typing import Final, NamedTuple
 
 import orjson
 
@@ -99,6 +99,15 @@ class AttemptView:
             "pid": self.pid,
             "exit_code": self.exit_code,
         }
+
+
+class StepIndex(NamedTuple):
+    """Where one stored step lies, without its values: the attempt and branch (line) that logged it."""
+
+    attempt_id: int
+    attempt_number: int
+    branch: int
+    step: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -208,6 +217,24 @@ class IncidentDetail:
 
     def to_json(self) -> dict[str, object]:
         return {**self.incident.to_json(), "findings": [f.to_json() for f in self.findings]}
+
+
+@dataclass(frozen=True, slots=True)
+class StepLine:
+    """One line (attempt, branch) of a run's steps with all their values, abandoned lines too.
+
+    ``cut_at``: the first step a newer line took over (a resume or rollback abandoned this line's steps from
+    there on); None for the newest line. The steps before it are this line's part of the active timeline.
+    """
+
+    attempt_number: int
+    branch: int
+    cut_at: int | None
+    steps: tuple[tuple[int, Mapping[str, float | None]], ...]  # (step, values), steps ascending
+
+    def kept(self, step: int) -> bool:
+        """Is ``step`` of this line on the active timeline?"""
+        return self.cut_at is None or step < self.cut_at
 
 
 # -------------------------------------------------------------------------------------- conversions

@@ -1,0 +1,157 @@
+"""The highest-reward trajectories of a run's rollout dumps: the seed tutorial's reward-hacking review ("read the
+100 highest-reward trajectories"), abandoned branches included, since that is where a hack shows first.
+
+The dumps lie where the guardian had them written: each attempt's own ``attempt-<k>/rollouts`` (the run
+folder's layout, ``actions/launcher.RunFolder``), or the folder the run's command names, shared by every
+attempt, whose abandoned dumps a rollback moved to ``.guardian-quarantine/incident-<id>/``. Dumps are streamed
+and only the best ``count`` rows are held, so a run's many large dumps never sit in memory.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from itertools import count as counter
+from pathlib import Path
+
+import orjson
+
+from guardian.actions.checkpoints import QUARANTINE_DIR
+from guardian.actions.launcher import RunFolder
+from guardian.report.series import StepRange
+from guardian.sources.rollouts import DUMP_FIELDS, dump_rows, sample_score
+from guardian.store import AttemptView, RunView
+
+Row = Mapping[str, object]
+
+
+@dataclass(frozen=True, slots=True)
+class Trajectory:
+    """One sampled response from a rollout dump."""
+
+    step: int
+    score: float
+    abandoned: bool  # from a branch a rollback abandoned
+    source: str  # where the dump lies, as people read it ("attempt 1", "quarantined by incident-1")
+    prompt: str
+    response: str
+    truth: str
+    extras: tuple[tuple[str, float], ...]  # the reward function's other numeric fields (components)
+
+
+@dataclass(frozen=True, slots=True)
+class TrajectorySample:
+    """The highest-reward trajectories of the dumps in the report's steps, and what was searched for them."""
+
+    shown: tuple[Trajectory, ...]
+    scored_rows: int
+    dumps: int
+    folders: tuple[str, ...]
+    problems: tuple[str, ...]  # unreadable lines
+
+
+@dataclass(frozen=True, slots=True)
+class DumpFolder:
+    """A folder of ``{step}.jsonl`` dumps and whose they are."""
+
+    path: Path
+    attempt: int | None  # the attempt that alone wrote it; None: shared by the run's attempts
+    quarantined_by: str | None = None  # "incident-<id>": moved aside by that incident's rollback
+
+    @property
+    def source(self) -> str:
+        if self.quarantined_by is not None:
+            return f"quarantined by {self.quarantined_by}"
+        return f"attempt {self.attempt}" if self.attempt is not None else "run dump folder"
+
+    def abandoned(self, step: int, kept: Mapping[int, int]) -> bool:
+        """Is this folder's dump of ``step`` from a branch a rollback abandoned? (``kept``: step -> the attempt
+        the kept timeline has it from.)"""
+        if self.quarantined_by is not None:
+            return True
+        return self.attempt is not None and kept.get(step) != self.attempt
+
+
+def dump_folders(run: RunView, attempts: Sequence[AttemptView]) -> list[DumpFolder]:
+    """The run's dump folders that exist, each attempt's own and the shared one, with their quarantines."""
+    own: dict[Path, int] = {}
+    for a in attempts:
+        folder = RunFolder(Path(a.metrics_path).parent.parent)
+        if folder.metrics(a.number) == Path(a.metrics_path):  # laid out by guardian run
+            own[folder.rollouts(a.number)] = a.number
+    bases = [DumpFolder(path, number) for path, number in own.items()]
+    if run.rollouts_dir and Path(run.rollouts_dir) not in own:
+        bases.append(DumpFolder(Path(run.rollouts_dir), None))
+    found = []
+    for base in bases:
+        if not base.path.is_dir():
+            continue
+        found.append(base)
+        quarantine = base.path / QUARANTINE_DIR
+        if quarantine.is_dir():
+            found += [DumpFolder(p, base.attempt, p.name) for p in sorted(quarantine.iterdir()) if p.is_dir()]
+    return found
+
+
+def _dumps(folder: Path, steps: StepRange | None) -> Iterator[tuple[int, Path]]:
+    for path in sorted(folder.iterdir()):
+        stem = path.name.removesuffix(".jsonl")
+        if path.name.endswith(".jsonl") and stem.isascii() and stem.isdigit() and path.is_file():
+            step = int(stem)
+            if steps is None or steps[0] <= step <= steps[1]:
+                yield step, path
+
+
+def _text(value: object) -> str:
+    if value is None:
+        return ""
+    return value if isinstance(value, str) else orjson.dumps(value, default=str).decode()
+
+
+def _extras(row: Row) -> tuple[tuple[str, float], ...]:
+    return tuple(
+        (name, float(value))
+        for name, value in row.items()
+        if name not in DUMP_FIELDS and isinstance(value, int | float) and not isinstance(value, bool)
+    )
+
+
+def highest_reward(
+    folders: Sequence[DumpFolder], steps: StepRange | None, kept: Mapping[int, int], count: int
+) -> TrajectorySample:
+    """The ``count`` highest-scoring rows of the dumps in ``steps`` (every dump for None), best first. Among equal
+    scores the abandoned branch's come first (the evidence behind a rollback), then the later steps'."""
+    best: list[tuple[tuple[float, bool, int, int], DumpFolder, Row]] = []  # a min-heap by rank
+    order = counter()
+    scored = dumps = 0
+    problems: list[str] = []
+    for folder in folders:
+        for step, path in _dumps(folder.path, steps):
+            dumps += 1
+            abandoned = folder.abandoned(step, kept)
+            with open(path, "rb") as handle:
+                for row in dump_rows(handle, path.stat().st_size, path, problems):
+                    score = sample_score(row)
+                    if score is None:
+                        continue
+                    scored += 1
+                    rank = (score, abandoned, step, -next(order))  # then the first read
+                    if len(best) < count:
+                        heapq.heappush(best, (rank, folder, row))
+                    elif best and rank > best[0][0]:
+                        heapq.heapreplace(best, (rank, folder, row))
+    shown = tuple(
+        Trajectory(
+            step=step,
+            score=score,
+            abandoned=abandoned,
+            source=folder.source,
+            prompt=_text(row.get("input")),
+            response=_text(row.get("output")),
+            truth=_text(row.get("gts")),
+            extras=_extras(row),
+        )
+        for (score, abandoned, step, _), folder, row in sorted(best, key=lambda entry: entry[0], reverse=True)
+    )
+    return TrajectorySample(shown, scored, dumps, tuple(str(f.path) for f in folders), tuple(problems))

@@ -1,0 +1,107 @@
+"""The highest-reward rollout samples of a run's end, for a person to read before launching at scale: a reward
+function can be gamed (an answer format it over-credits, a leaked ground truth), and only reading the samples
+it scores best shows it.
+
+Dumps are verl's ``trainer.rollout_data_dir`` files (``{step}.jsonl``, one sample per line; sources/rollouts.py).
+A run's dumps lie in each attempt's folder (``<home>/runs/<run>/attempt-N/rollouts``) or in the one folder its
+command names; the active timeline's last steps are read, each step from the newest attempt that dumped it (an
+older attempt's folder also holds the dumps of the branch a rollback abandoned).
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from guardian.sources.rollouts import dump_rows, sample_score
+
+ELLIPSIS = "…"
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    """One dumped sample: where it is, its score, and its texts cut to the configured length."""
+
+    step: int
+    score: float
+    prompt: str
+    response: str
+    ground_truth: str | None
+    file: str
+    row: int  # the n-th sample read from the file
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "step": self.step,
+            "score": self.score,
+            "prompt": self.prompt,
+            "response": self.response,
+            "ground_truth": self.ground_truth,
+            "file": self.file,
+            "row": self.row,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class SampleReview:
+    """What was read: the best samples, the steps whose dumps were read, the lines that could not be."""
+
+    samples: tuple[Sample, ...]
+    steps_read: tuple[int, ...]
+    problems: tuple[str, ...]
+
+
+def _cut(value: object, chars: int) -> str:
+    text = value if isinstance(value, str) else "" if value is None else str(value)
+    return text if len(text) <= chars else text[: chars - 1] + ELLIPSIS
+
+
+def dump_files(folders: Sequence[Path], steps: Sequence[int], last: int) -> dict[int, Path]:
+    """The dumps of the newest ``last`` of ``steps`` that have one, each from the first of ``folders`` (newest
+    attempt first) holding it."""
+    found: dict[int, Path] = {}
+    for step in sorted(steps, reverse=True):
+        path = next((f / f"{step}.jsonl" for f in folders if (f / f"{step}.jsonl").is_file()), None)
+        if path is not None:
+            found[step] = path
+            if len(found) == last:
+                break
+    return found
+
+
+def top_samples(files: dict[int, Path], *, count: int, chars: int) -> SampleReview:
+    """The ``count`` highest-scoring samples of ``files`` (step -> dump), best first, one per prompt (a GRPO group
+    repeats its prompt: the best of each shows more of what the reward pays for); ties go to the later step."""
+    problems: list[str] = []
+    best: dict[str, tuple[float, int, int, Sample]] = {}  # prompt -> its best sample, ranked
+    order = itertools.count()
+    for step, path in files.items():
+        try:
+            with path.open("rb") as handle:
+                size = path.stat().st_size
+                for number, row in enumerate(dump_rows(handle, size, path, problems), start=1):
+                    score = sample_score(row)
+                    if score is None:
+                        continue
+                    prompt = _cut(row.get("input"), chars)
+                    entry = (score, step, -next(order))
+                    if prompt in best and best[prompt][:3] >= entry:
+                        continue
+                    truth = row.get("gts")
+                    sample = Sample(
+                        step,
+                        score,
+                        prompt,
+                        _cut(row.get("output"), chars),
+                        _cut(truth, chars) if truth is not None else None,
+                        str(path),
+                        number,
+                    )
+                    best[prompt] = (*entry, sample)
+        except OSError as exc:
+            problems.append(f"{path}: cannot read ({exc.strerror or exc})")
+    ranked = heapq.nlargest(count, best.values(), key=lambda e: e[:3])
+    return SampleReview(tuple(e[3] for e in ranked), tuple(sorted(files)), tuple(problems))
