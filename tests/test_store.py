@@ -367,6 +367,20 @@ def test_incident_lifecycle_with_findings(store: Store) -> None:
         store.close_incident(incident.id, status="open", now=T0)
 
 
+def test_evaluations_keep_full_precision_in_order(store: Store) -> None:
+    run_id = _run(store)
+    store.record_evaluations(run_id, {"gsm8k/acc": 0.1234567890123456, "math/acc": 1e-300}, step=40, now=T0)
+    store.record_evaluations(run_id, {"gsm8k/acc": 0.7}, step=None, now=T0 + 1)
+    stored = [(e.name, e.value, e.step, e.recorded_at) for e in store.evaluations(run_id)]
+    assert stored == [
+        ("gsm8k/acc", 0.1234567890123456, 40, datetime.fromtimestamp(T0, tz=UTC)),
+        ("math/acc", 1e-300, 40, datetime.fromtimestamp(T0, tz=UTC)),
+        ("gsm8k/acc", 0.7, None, datetime.fromtimestamp(T0 + 1, tz=UTC)),
+    ], "a double on both backends"
+    with pytest.raises(NotFoundError):
+        store.record_evaluations("no-such-run", {"x": 1.0}, step=None, now=T0)
+
+
 def test_a_nul_in_free_text_is_stored_as_a_replacement_character(store: Store) -> None:
     """A crashed trainer's last line may hold NUL, which PostgreSQL's text refuses: both backends keep U+FFFD."""
     run_id = _run(store)
