@@ -2,7 +2,7 @@
 sees a step after verl writes it, and how much memory a replay takes.
 
     python bench/ingest.py [--steps 10000] [--keys 300] [--rate 20] [--seconds 10] [--nan-every 25]
-                           [--json] [--profile]
+                           [--db-url postgresql+psycopg://USER:PASSWORD@HOST/DB] [--json] [--profile]
 
 1. Writes a synthetic but realistic verl ``file`` logger JSONL (``{"step":N,"data":{...}}``, compact
    orjson, full-precision floats, a few nulls) into a temp dir: the ~95 keys a real verl 0.9.1 GRPO run
@@ -13,13 +13,15 @@ sees a step after verl writes it, and how much memory a replay takes.
    every step), in a fresh subprocess so that its peak RSS is the replay's alone; next to it the time to
    merely parse the file line by line with orjson, and the RSS of a subprocess that only imports guardian.
 3. Ingest with the store: a ``Guardian`` with a SQLite store in a temp dir tails the file from the
-   start, ``tick()`` until every step is in.
+   start, ``tick()`` until every step is in. With ``--db-url`` the same again on that database (PostgreSQL:
+   point it at a scratch database; each bench adds two runs with fresh ids), printed beside SQLite.
 4. Tail latency: a writer thread appends steps at ``--rate`` steps/s for ``--seconds`` while a
    ``Guardian`` with the default config (poll interval ``sources.poll_interval_s``) runs in ``guardian
    watch``'s loop (``WatchLoop``) in another thread. Per step: append -> read (the poll returned it),
    append -> judged and stored (the end of the tick that read it; checks run on a step in the tick that
    reads it), and, for the steps where the writer logged ``actor/grad_norm`` as null (two in a row every
-   ``--nan-every`` steps), append -> the ``non_finite`` finding (an ``on_transition`` callback).
+   ``--nan-every`` steps), append -> the ``non_finite`` finding (an ``on_transition`` callback). With
+   ``--db-url`` it runs again on that database.
 
 ``--profile`` also times one in-process replay phase by phase (parsing, history, each check) and runs it
 under cProfile, printing the top functions.
@@ -48,6 +50,9 @@ from typing import Any
 
 import orjson
 from common import json_safe
+from sqlalchemy import create_engine, text
+from sqlalchemy.engine import make_url
+from sqlalchemy.pool import NullPool
 
 from guardian.checks import CheckContext, build_checks
 from guardian.commands.watch.end import FileState
@@ -60,7 +65,7 @@ from guardian.incidents.replay import replay_file
 from guardian.incidents.tracker import Change, StatusTracker, Transition
 from guardian.sinks.snapshot import RunSnapshot
 from guardian.sources.jsonl import MetricsBatch, MetricsFile, iter_records
-from guardian.store import Store
+from guardian.store import Store, StoreError, mask_url
 
 # Targets printed next to the figures (not asserted).
 TARGET_REPLAY_S = 5.0
@@ -431,8 +436,8 @@ def replay_breakdown(path: Path) -> dict[str, float]:
     return dict(sorted(spent.items(), key=lambda kv: -kv[1]))
 
 
-def _open_store(home: Path, run_id: str, metrics: Path) -> Store:
-    store = Store.open(GuardianConfig(home=home).database_url())
+def _open_store(url: str, run_id: str, metrics: Path) -> Store:
+    store = Store.open(url)
     store.ensure_run(
         run_id,
         name=run_id,
@@ -445,19 +450,44 @@ def _open_store(home: Path, run_id: str, metrics: Path) -> Store:
     return store
 
 
+def database_bytes(url: str) -> int:
+    """What the database holds: the SQLite file with its WAL, or PostgreSQL's ``pg_database_size``."""
+    parsed = make_url(url)
+    if parsed.get_backend_name() == "sqlite":
+        db = Path(parsed.database or "")
+        return sum(p.stat().st_size for p in db.parent.glob(f"{db.name}*"))
+    engine = create_engine(url, poolclass=NullPool)
+    try:
+        with engine.connect() as connection:
+            return int(connection.execute(text("SELECT pg_database_size(current_database())")).scalar_one())
+    finally:
+        engine.dispose()
+
+
+def sqlite_url(home: Path) -> str:
+    """The store a guardian with ``home`` opens by default: a fresh SQLite file."""
+    return GuardianConfig(home=home).database_url()
+
+
+def fresh_run_id(prefix: str) -> str:
+    """A run id no earlier bench left in a shared database (re-reading a stored run would merge, not insert)."""
+    return f"{prefix}-{time.strftime('%Y%m%d-%H%M%S')}-{random.randrange(16**6):06x}"
+
+
 @dataclass(frozen=True)
 class IngestFigures:
     seconds: float
     ticks: int
     steps_stored: int
-    db_mb: float
+    db_mb: float  # how much the database grew
 
 
-def ingest_with_store(path: Path, home: Path, last_step: int) -> IngestFigures:
-    """A Guardian with a SQLite store reads the finished file from the start, ticking until all is in."""
+def ingest_with_store(path: Path, home: Path, url: str, last_step: int) -> IngestFigures:
+    """A Guardian with the store at ``url`` reads the finished file from the start, ticking until all is in."""
     config = GuardianConfig(home=home)
-    run_id = "bench-ingest"
-    with _open_store(home, run_id, path) as store:
+    run_id = fresh_run_id("bench-ingest")
+    with _open_store(url, run_id, path) as store:
+        before = database_bytes(url)
         guardian = Guardian(config=config, store=store, run_id=run_id, metrics=MetricsFile(path), clock=time.time)
         ticks = 0
         start = time.perf_counter()
@@ -467,8 +497,7 @@ def ingest_with_store(path: Path, home: Path, last_step: int) -> IngestFigures:
                 break  # nothing more to read before the last step: reported as steps_stored < steps
         seconds = time.perf_counter() - start
         stored = store.count_steps(run_id)
-    db_bytes = sum(p.stat().st_size for p in home.glob("guardian.db*"))
-    return IngestFigures(seconds, ticks, stored, db_bytes / 1e6)
+    return IngestFigures(seconds, ticks, stored, (database_bytes(url) - before) / 1e6)
 
 
 @dataclass
@@ -511,8 +540,9 @@ def nan_steps_for(count: int, every: int) -> set[int]:
     return {s for k in range(every, count, every) for s in (k, k + 1)}
 
 
-def tail_latency(home: Path, keys: int, rate: float, seconds: float, nan_every: int) -> TailFigures:
-    """A writer thread appends steps at ``rate``/s while a Guardian runs in guardian watch's loop in another."""
+def tail_latency(home: Path, url: str, keys: int, rate: float, seconds: float, nan_every: int) -> TailFigures:
+    """A writer thread appends steps at ``rate``/s while a Guardian (store at ``url``) runs in guardian watch's loop
+    in another."""
     count = max(1, round(rate * seconds))
     run = SyntheticRun(count, keys, seed=SEED + 7)
     nan_steps = nan_steps_for(count, nan_every)
@@ -521,14 +551,14 @@ def tail_latency(home: Path, keys: int, rate: float, seconds: float, nan_every: 
     path = home / "live.jsonl"
     path.touch()
     config = GuardianConfig(home=home)
-    run_id = "bench-live"
+    run_id = fresh_run_id("bench-live")
     appended: dict[int, float] = {}
     judged: dict[int, float] = {}
     findings: dict[int, float] = {}
     others: list[str] = []
     source = _TimedSource(MetricsFile(path))
     followed = FollowedFile(source)
-    with _open_store(home, run_id, path) as store:
+    with _open_store(url, run_id, path) as store:
         guardian = Guardian(config=config, store=store, run_id=run_id, metrics=followed, clock=time.time)
         seen = 0
 
@@ -602,6 +632,16 @@ def tail_latency(home: Path, keys: int, rate: float, seconds: float, nan_every: 
 
 # -- the whole bench --------------------------------------------------------------------------------
 @dataclass(frozen=True)
+class OtherStore:
+    """The store figures again on the database of ``--db-url`` (its URL shown masked)."""
+
+    url: str
+    backend: str
+    ingest: IngestFigures
+    tail: TailFigures
+
+
+@dataclass(frozen=True)
 class Figures:
     steps: int
     keys: int
@@ -613,6 +653,7 @@ class Figures:
     import_only: Memory
     ingest: IngestFigures
     tail: TailFigures
+    other: OtherStore | None
 
     @property
     def values(self) -> int:
@@ -628,6 +669,8 @@ class Figures:
             rss_over_import_only_kib=self.replay.memory.rss_kib - self.import_only.rss_kib,
         )
         out["ingest"]["values_per_s"] = self.values / self.ingest.seconds
+        if self.other is not None:
+            out["other"]["ingest"]["values_per_s"] = self.values / self.other.ingest.seconds
         out["targets"] = {"replay_s": TARGET_REPLAY_S, "p95_latency_s": TARGET_P95_LATENCY_S, "rss_mb": TARGET_RSS_MB}
         out["met"] = self.met()
         return out
@@ -683,7 +726,28 @@ def render(fig: Figures) -> str:
     if i.steps_stored != fig.steps:
         out.append(f"  WARNING: the store holds {i.steps_stored} of {fig.steps} steps")
     out += ["", line(header), "  ".join("-" * w for w in widths), *(line(row) for row in rows)]
+    if fig.other is not None:
+        out += ["", *side_by_side(fig, fig.other)]
     return "\n".join(out)
+
+
+def side_by_side(fig: Figures, other: OtherStore) -> list[str]:
+    """The store figures of SQLite and of ``--db-url``'s database in two columns."""
+    rows: list[tuple[str, str, str]] = [("store (same file, same Guardian.tick)", "SQLite (temp file)", other.backend)]
+    for name, ingest in (("ingest", fig.ingest), ("other", other.ingest)):
+        if ingest.steps_stored != fig.steps:
+            rows.append((f"WARNING: {name} stored {ingest.steps_stored} of {fig.steps} steps", "", ""))
+    pairs = [(fig.ingest, fig.tail), (other.ingest, other.tail)]
+    rows += [
+        (f"ingest {fig.steps} steps", *(f"{i.seconds:.2f} s" for i, _ in pairs)),
+        ("  values/s", *(f"{fig.values / i.seconds:,.0f}" for i, _ in pairs)),
+        ("  ticks / steps stored / db growth", *(f"{i.ticks} / {i.steps_stored} / {i.db_mb:.0f} MB" for i, _ in pairs)),
+        ("tail: append -> judged+stored", *(str(t.judged) for _, t in pairs)),
+        ("tail: append -> non_finite finding", *(str(t.finding) for _, t in pairs)),
+    ]
+    widths = [max(len(row[k]) for row in rows) for k in range(3)]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in rows]
+    return [lines[0], "  ".join("-" * w for w in widths), *lines[1:], f"{other.backend}: {other.url}"]
 
 
 def run_bench(args: argparse.Namespace, progress: Callable[[str], None]) -> tuple[Figures, str | None]:
@@ -701,9 +765,21 @@ def run_bench(args: argparse.Namespace, progress: Callable[[str], None]) -> tupl
         replay = replay_in_subprocess(path)
         import_only = import_only_memory()
         progress("ingest with store ...")
-        ingest = ingest_with_store(path, tmp / "store-home", args.steps)
+        ingest = ingest_with_store(path, tmp / "store-home", sqlite_url(tmp / "store-home"), args.steps)
         progress(f"tail latency ({args.seconds:g} s) ...")
-        tail = tail_latency(tmp / "live-home", args.keys, args.rate, args.seconds, args.nan_every)
+        tail_args = (args.keys, args.rate, args.seconds, args.nan_every)
+        tail = tail_latency(tmp / "live-home", sqlite_url(tmp / "live-home"), *tail_args)
+        other = None
+        if args.db_url:
+            kind = make_url(args.db_url).get_backend_name()
+            backend = {"postgresql": "PostgreSQL", "sqlite": "SQLite"}.get(kind, kind)
+            progress(f"ingest with store and tail latency on {mask_url(args.db_url)} ...")
+            other = OtherStore(
+                mask_url(args.db_url),
+                backend,
+                ingest_with_store(path, tmp / "other-home", args.db_url, args.steps),
+                tail_latency(tmp / "other-live-home", args.db_url, *tail_args),
+            )
         profile = None
         if args.profile:
             progress("profiling the replay ...")
@@ -727,6 +803,7 @@ def run_bench(args: argparse.Namespace, progress: Callable[[str], None]) -> tupl
         import_only=import_only,
         ingest=ingest,
         tail=tail,
+        other=other,
     )
     return figures, profile
 
@@ -740,11 +817,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--nan-every", type=int, default=25, help="tail test: null grad_norm on 2 steps every N (default 25; 0: none)"
     )
+    parser.add_argument(
+        "--db-url",
+        help="also run the store figures (ingest, tail) on this database, beside SQLite: a scratch one (each bench "
+        "adds two runs); e.g. postgresql+psycopg://USER:PASSWORD@127.0.0.1/bench",
+    )
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     parser.add_argument("--profile", action="store_true", help="also profile the replay with cProfile (in-process)")
     args = parser.parse_args(argv)
     if args.steps < 1 or args.keys < len(CORE) or args.rate <= 0 or args.seconds <= 0:
         parser.error(f"--steps must be >= 1, --keys >= {len(CORE)}, --rate and --seconds > 0")
+    if args.db_url:
+        try:
+            Store.open(args.db_url).close()  # refused now, not after the SQLite half
+        except StoreError as exc:
+            parser.error(f"--db-url: {exc}")  # the password masked
     # the daemon logs its findings; without the CLI's handler Python would print them to stderr
     logging.getLogger("guardian").addHandler(logging.NullHandler())
     logging.getLogger("guardian").propagate = False

@@ -319,7 +319,8 @@ class StoreConfig(_Section):
     busy_timeout_s: float = Field(
         BUSY_TIMEOUT_S,
         gt=0,
-        description="SQLite: wait this long for another writer's lock before a write counts as refused.",
+        description="Wait this long for another connection's lock before a write counts as refused (SQLite's busy "
+        "timeout, PostgreSQL's lock_timeout).",
     )
     max_pending_writes: int = Field(
         MAX_PENDING_WRITES,
@@ -592,7 +593,8 @@ class GuardianConfig(_Section):
     home: Path = Field(Path(".guardian"), description="Guardian home: database, run folders.")
     db_url: str | None = Field(
         None,
-        description="SQLAlchemy URL of the store; default sqlite:///<home>/guardian.db. Env: GUARDIAN_DB_URL.",
+        description="SQLAlchemy URL of the store; default sqlite:///<home>/guardian.db; PostgreSQL: "
+        "postgresql+psycopg://USER:PASSWORD@HOST/DB (put the password in the env, not here). Env: GUARDIAN_DB_URL.",
     )
     mode: Literal["observe", "advise", "enforce"] = Field(
         "enforce",

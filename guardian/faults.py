@@ -76,8 +76,9 @@ _PACKAGE: Final = os.path.dirname(__file__)  # frames of guardian code have file
 
 
 def unavailable(exc: BaseException) -> bool:
-    """Whether ``exc`` says the database cannot take work now (locked, full, I/O error, damaged,
-    unreachable) rather than that the call itself is wrong."""
+    """Whether ``exc`` says the database cannot take work now (locked, full, I/O error, damaged, unreachable: also
+    a PostgreSQL server refusing connections, shutting down or restarted under the store, a lock timeout) rather than
+    that the call itself is wrong (a constraint, bad SQL, a value the column refuses)."""
     wrong_call = (IntegrityError, ProgrammingError, DataError, NotSupportedError)
     return isinstance(exc, DBAPIError) and not isinstance(exc, wrong_call)
 

@@ -21,8 +21,9 @@ from guardian.checks import CheckContext
 from guardian.config import BaselineConfig
 from guardian.history.timeline import RunHistory, StepRecord
 
-# loopback stand-ins shared by several test modules (fixtures: receiver, fake_grafana)
-pytest_plugins = ("webhook_receiver", "fake_grafana")
+# loopback stand-ins shared by several test modules (fixtures: receiver, fake_grafana), and a real PostgreSQL
+# (fixtures: postgres, db_url)
+pytest_plugins = ("webhook_receiver", "fake_grafana", "postgres_server")
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURES = REPO / "tests" / "fixtures"

@@ -132,6 +132,7 @@ def test_bad_paths_and_files(command: str, bad_files: dict[str, Path], capsys: p
         (["incidents", "show", "-1"], "-1"),
         (["incidents", "show", "0"], "0"),
         (["incidents", "show", str(2**64)], str(2**64)),
+        (["incidents", "show", str(2**31)], str(2**31)),  # beyond PostgreSQL's INTEGER: refused on both backends
         (["incidents", "show", "424242"], "#424242"),
         (["incidents", "list", "--limit", "many"], "'many'"),
         (["incidents", "list", "--limit", str(2**70)], str(2**70)),

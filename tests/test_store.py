@@ -1,4 +1,5 @@
-"""The SQL store on real SQLite files: migrations, step blobs, timelines, incidents, concurrency, errors."""
+"""The SQL store on real SQLite files and a real PostgreSQL (``db_url``: each test on both): migrations, step blobs,
+timelines, incidents, concurrency, errors; and what only one of the two has (SQLite's WAL file, in-memory, paths)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from pathlib import Path
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
+from postgres_server import HeldLock, rows
 from sqlalchemy import create_engine, inspect
 from sqlalchemy.exc import OperationalError
 
@@ -43,8 +45,8 @@ def db_path(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def store(db_path: Path) -> Iterator[Store]:
-    with Store.open(_url(db_path)) as opened:
+def store(db_url: str) -> Iterator[Store]:
+    with Store.open(db_url) as opened:
         yield opened
 
 
@@ -77,36 +79,38 @@ def _finding(
 # ------------------------------------------------------------------------------------ schema
 
 
-def test_open_creates_the_schema_at_head_with_wal(db_path: Path, store: Store) -> None:
-    assert db_path.exists()
+def test_open_creates_the_schema_at_head(db_url: str, store: Store) -> None:
     assert store.schema_version() == head_revision() == "0005"
-    engine = create_engine(_url(db_path))
+    engine = create_engine(db_url)
     try:
         tables = set(inspect(engine).get_table_names())
     finally:
         engine.dispose()
     assert {"runs", "attempts", "steps", "checkpoints", "findings", "incidents", "alembic_version"} <= tables
     assert {"interventions", "intervention_events", "deliveries", "evaluations", "pins"} <= tables
+
+
+def test_sqlite_is_a_file_in_wal_mode(db_path: Path) -> None:
+    with Store.open(_url(db_path)):
+        assert db_path.exists()
     with sqlite3.connect(db_path) as raw:
         assert raw.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     raw.close()
 
 
-def test_reopening_is_a_no_op_upgrade_that_keeps_history(db_path: Path) -> None:
-    with Store.open(_url(db_path)) as first:
+def test_reopening_is_a_no_op_upgrade_that_keeps_history(db_url: str) -> None:
+    with Store.open(db_url) as first:
         run_id = _run(first)
         first.add_finding(run_id, None, _finding(), now=T0)
-    with Store.open(_url(db_path)) as second:
+    with Store.open(db_url) as second:
         assert second.schema_version() == head_revision()
         assert [r.id for r in second.list_runs()] == [run_id]
-    with sqlite3.connect(db_path) as raw:
-        assert raw.execute("SELECT version_num FROM alembic_version").fetchall() == [(head_revision(),)]
-        assert raw.execute("SELECT count(*) FROM findings").fetchone()[0] == 1
-    raw.close()
+    assert rows(db_url, "SELECT version_num FROM alembic_version") == [(head_revision(),)]
+    assert rows(db_url, "SELECT count(*) FROM findings") == [(1,)]
 
 
-def test_hand_written_migration_matches_the_models(db_path: Path, store: Store) -> None:
-    engine = create_engine(_url(db_path))
+def test_hand_written_migration_matches_the_models(db_url: str, store: Store) -> None:
+    engine = create_engine(db_url)
     try:
         with engine.connect() as connection:
             diffs = compare_metadata(MigrationContext.configure(connection), Base.metadata)
@@ -129,13 +133,14 @@ def test_in_memory_sqlite_works_across_threads() -> None:
 # ------------------------------------------------------------------------------------ errors
 
 
-def test_missing_driver_raises_store_error_without_the_password() -> None:
-    url = "postgresql+psycopg://u:secret@127.0.0.1:1/db"
+@pytest.mark.parametrize("scheme", ["postgresql+psycopg", "postgresql"])
+def test_an_unreachable_server_raises_store_error_without_the_password(scheme: str) -> None:
     with pytest.raises(StoreError) as caught:
-        Store.open(url)
+        Store.open(f"{scheme}://u:secret@127.0.0.1:1/db")
     message = str(caught.value)
     assert "secret" not in message
-    assert "postgresql+psycopg://u:***@127.0.0.1:1/db" in message
+    assert f"cannot open store at {scheme}://u:***@127.0.0.1:1/db: OperationalError:" in message
+    assert "Connection refused" in message, "psycopg is the driver of a plain postgresql:// too"
 
 
 def test_unwritable_sqlite_location_raises_store_error(tmp_path: Path) -> None:
@@ -395,14 +400,43 @@ def test_incident_lifecycle_with_findings(store: Store) -> None:
         store.close_incident(incident.id, status="open", now=T0)
 
 
+def test_evaluations_keep_full_precision_in_order(store: Store) -> None:
+    run_id = _run(store)
+    store.record_evaluations(run_id, {"gsm8k/acc": 0.1234567890123456, "math/acc": 1e-300}, step=40, now=T0)
+    store.record_evaluations(run_id, {"gsm8k/acc": 0.7}, step=None, now=T0 + 1)
+    stored = [(e.name, e.value, e.step, e.recorded_at) for e in store.evaluations(run_id)]
+    assert stored == [
+        ("gsm8k/acc", 0.1234567890123456, 40, datetime.fromtimestamp(T0, tz=UTC)),
+        ("math/acc", 1e-300, 40, datetime.fromtimestamp(T0, tz=UTC)),
+        ("gsm8k/acc", 0.7, None, datetime.fromtimestamp(T0 + 1, tz=UTC)),
+    ], "a double on both backends"
+    with pytest.raises(NotFoundError):
+        store.record_evaluations("no-such-run", {"x": 1.0}, step=None, now=T0)
+
+
+def test_a_nul_in_free_text_is_stored_as_a_replacement_character(store: Store) -> None:
+    """A crashed trainer's last line may hold NUL, which PostgreSQL's text refuses: both backends keep U+FFFD."""
+    run_id = _run(store)
+    crash = Finding("crash", Severity.CRITICAL, 3, "trainer ended: exit 1: \x00\x00garbage", 3, {"output": "a\x00b"})
+    incident = store.open_incident(run_id, crash, now=T0)
+    store.add_finding(run_id, None, crash, now=T0, incident_id=incident.id)
+    store.close_incident(incident.id, status="resolved", now=T0, note="\x00")
+    detail = store.get_incident(incident.id)
+    assert detail is not None
+    assert detail.incident.message == detail.findings[0].message == "trainer ended: exit 1: \ufffd\ufffdgarbage"
+    assert detail.incident.evidence == {"output": "a\x00b"}, "JSON escapes it: kept as it was"
+    assert detail.incident.note == "\ufffd"
+
+
 # -------------------------------------------------------------------------------- concurrency
 
 
-def test_reader_sees_commits_while_writers_write(db_path: Path) -> None:
-    """WAL: a reader never waits for the writers and sees every committed batch; two writers queue
-    on BEGIN IMMEDIATE instead of failing with 'database is locked'."""
+def test_reader_sees_commits_while_writers_write(db_url: str) -> None:
+    """A reader never waits for the writers and sees every committed batch (SQLite: WAL); two writers never fail
+    (SQLite: they queue on BEGIN IMMEDIATE instead of failing with 'database is locked'; PostgreSQL: they write
+    different runs' rows at once)."""
     batches, per_batch = 30, 40
-    with Store.open(_url(db_path)) as setup:
+    with Store.open(db_url) as setup:
         runs = [_run(setup, "run-a"), _run(setup, "run-b")]
         attempts = [setup.start_attempt(r, metrics_path="m", now=T0).id for r in runs]
     committed = [0, 0]
@@ -410,7 +444,7 @@ def test_reader_sees_commits_while_writers_write(db_path: Path) -> None:
 
     def write(index: int) -> None:
         try:
-            with Store.open(_url(db_path)) as writer:
+            with Store.open(db_url) as writer:
                 for b in range(batches):
                     records = [
                         StepRecord(b * per_batch + i, {key: 1.0 for key in KEYS}) for i in range(1, per_batch + 1)
@@ -422,7 +456,7 @@ def test_reader_sees_commits_while_writers_write(db_path: Path) -> None:
 
     writers = [threading.Thread(target=write, args=(i,)) for i in range(2)]
     seen: list[int] = []
-    with Store.open(_url(db_path)) as reader:
+    with Store.open(db_url) as reader:
         for thread in writers:
             thread.start()
         while any(thread.is_alive() for thread in writers):
@@ -439,15 +473,16 @@ def test_reader_sees_commits_while_writers_write(db_path: Path) -> None:
     assert len(seen) > 1
 
 
-def test_history_written_by_the_first_schema_survives_the_upgrade(db_path: Path) -> None:
+def test_history_written_by_the_first_schema_survives_the_upgrade(db_url: str) -> None:
     """A database created by the first release (revision 0001) keeps its incidents when a newer
     guardian opens it and migrates it to head."""
     from alembic import command
 
     from guardian.store.engine import _alembic_config
 
-    url = _url(db_path)
-    db_path.parent.mkdir(parents=True, exist_ok=True)
+    url = db_url
+    if url.startswith("sqlite:///"):
+        Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
     engine = create_engine(url)
     try:
         config = _alembic_config(engine.url)
@@ -498,21 +533,21 @@ def test_intervention_states_and_timeline_are_committed(store: Store) -> None:
     assert store.run_timelines("no-such-run") == {}
 
 
-def test_a_write_waits_the_busy_timeout_for_a_held_lock_then_fails(db_path: Path) -> None:
-    """A second connection's ``BEGIN EXCLUSIVE`` refuses the store's writes after ``busy_timeout_s``; reads go
-    on (WAL), and ``probe_write`` reports the refusal the same way until the lock is gone."""
-    with Store.open(_url(db_path), busy_timeout_s=0.2) as store:
+def test_a_write_waits_the_busy_timeout_for_a_held_lock_then_fails(db_url: str) -> None:
+    """A second session's write lock (SQLite: ``BEGIN EXCLUSIVE``; PostgreSQL: the tables locked ``IN EXCLUSIVE
+    MODE``) refuses the store's writes after ``busy_timeout_s`` (PostgreSQL: its ``lock_timeout``); reads go on, and
+    ``probe_write`` reports the refusal the same way until the lock is gone."""
+    with Store.open(db_url, busy_timeout_s=0.2) as store:
         run_id = _run(store)
-        holder = sqlite3.connect(db_path, isolation_level=None)
-        holder.execute("BEGIN EXCLUSIVE")
+        holder = HeldLock(db_url)
+        holder.take()
         started = time.monotonic()
-        with pytest.raises(OperationalError, match="database is locked"):
+        with pytest.raises(OperationalError, match=holder.refusal):
             store.set_run_status(run_id, RunStatus.FINISHED)
         assert 0.15 < time.monotonic() - started < 3
-        with pytest.raises(OperationalError, match="database is locked"):
+        with pytest.raises(OperationalError, match=holder.refusal):
             store.probe_write()
         assert store.get_run(run_id) is not None
-        holder.execute("ROLLBACK")
-        holder.close()
+        holder.release()
         store.probe_write()
         assert store.set_run_status(run_id, RunStatus.FINISHED).status == "finished"

@@ -1,6 +1,7 @@
-"""Faults in the store never leave a run unguarded: real SQLite files refusing writes (an exclusive lock held by
-a second connection, a full filesystem, a damaged page) while a real trainer process collapses under
-``guardian run``'s supervisor, driven tick by tick with an injected clock."""
+"""Faults in the store never leave a run unguarded: real databases refusing writes (a write lock held by a second
+session on SQLite and PostgreSQL, a PostgreSQL server stopped, a full filesystem and a damaged page under SQLite)
+while a real trainer process collapses under ``guardian run``'s supervisor, driven tick by tick with an injected
+clock."""
 
 from __future__ import annotations
 
@@ -11,18 +12,25 @@ import subprocess
 import sys
 import threading
 import time
+import traceback
+import urllib.parse
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import orjson
 import pytest
 from conftest import ManualClock, corrupt_table
+from postgres_server import PASSWORD, USER, HeldLock, PostgresServer, backend, rows, running_postgres
 from sqlalchemy import Engine, event
+from sqlalchemy.engine import URL
+from sqlalchemy.exc import OperationalError
 
 from guardian.actions.process import LocalProcessControl
 from guardian.checks.findings import Severity
 from guardian.commands.run import guard_loop, register_run
 from guardian.config import GuardianConfig
+from guardian.faults import is_outage, unavailable
 from guardian.history.timeline import StepRecord
 from guardian.incidents.guardian import Guardian
 from guardian.loop.outage import (
@@ -35,7 +43,7 @@ from guardian.loop.outage import (
 )
 from guardian.rescue.supervisor import Supervisor
 from guardian.sources.jsonl import MetricsBatch, MetricsFile
-from guardian.store import Store
+from guardian.store import Store, StoreError
 from guardian.store.writebehind import RETRY_MAX_S, WriteBehind
 
 SCRIPTED = Path(__file__).with_name("scripted_trainer.py")
@@ -58,29 +66,15 @@ class Clock(ManualClock):
         return time.time() + self.skew
 
 
-class HeldLock:
-    """A second connection holding ``BEGIN EXCLUSIVE`` on the database."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.connection: sqlite3.Connection | None = None
-
-    def take(self) -> None:
-        self.connection = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
-        self.connection.execute("BEGIN EXCLUSIVE")
-
-    def release(self) -> None:
-        if self.connection is not None:
-            self.connection.execute("ROLLBACK")
-            self.connection.close()
-            self.connection = None
+def sqlite_url(db: Path) -> str:
+    return f"sqlite:///{db}"
 
 
-def config_for(home: Path, db: Path) -> GuardianConfig:
+def config_for(home: Path, url: str) -> GuardianConfig:
     return GuardianConfig.model_validate(
         {
             "home": str(home),
-            "db_url": f"sqlite:///{db}",
+            "db_url": url,
             "sources": {"poll_interval_s": 0.05},
             "intervention": {"probation_steps": 10, "stop_sigint_s": 5, "stop_sigterm_s": 5, "stop_sigkill_s": 5},
         }
@@ -101,10 +95,10 @@ def command(ckpt: Path) -> list[str]:
 
 
 def supervisor_for(
-    tmp_path: Path, store: Store, db: Path, after_commit: Callable[[str], None] = lambda s: None
+    tmp_path: Path, store: Store, url: str, after_commit: Callable[[str], None] = lambda s: None
 ) -> Supervisor:
     supervisor = Supervisor(
-        config=config_for(tmp_path / "home", db),
+        config=config_for(tmp_path / "home", url),
         store=store,
         run_id=RUN,
         command=tuple(command(tmp_path / "ckpt")),
@@ -140,9 +134,8 @@ def file_steps(home: Path, attempt: int) -> set[int]:
     return {orjson.loads(line)["step"] for line in path.read_bytes().splitlines() if line.strip()}
 
 
-def stored_steps(db: Path, attempt_id: int) -> set[int]:
-    with sqlite3.connect(db) as connection:
-        return {step for (step,) in connection.execute("SELECT step FROM steps WHERE attempt_id = ?", (attempt_id,))}
+def stored_steps(url: str, attempt_id: int) -> set[int]:
+    return {step for (step,) in rows(url, "SELECT step FROM steps WHERE attempt_id = :a", a=attempt_id)}
 
 
 def events(caplog: pytest.LogCaptureFixture, name: str) -> list[str]:
@@ -165,10 +158,10 @@ def assert_stopped_early(home: Path, detected: int | None) -> None:
     assert max(logged) < TOTAL_STEPS, f"stopped, not finished (detected at step {detected}, last {max(logged)})"
 
 
-def assert_rescued_with_everything_stored(supervisor: Supervisor, store: Store, db: Path, home: Path) -> None:
+def assert_rescued_with_everything_stored(supervisor: Supervisor, store: Store, url: str, home: Path) -> None:
     """The rescue ran once to the end, on the stored evidence of every step, finding and state."""
     (attempt1, attempt2) = store.attempts(RUN)  # one relaunch: never two trainers
-    assert file_steps(home, 1) <= stored_steps(db, attempt1.id), "every step the first trainer logged is stored"
+    assert file_steps(home, 1) <= stored_steps(url, attempt1.id), "every step the first trainer logged is stored"
     (iv,) = store.interventions(RUN)
     states = [e.state for e in store.intervention_events(iv.id)]
     assert [s for s in states if s != "STOPPED"] == [
@@ -235,15 +228,14 @@ def _ensure(store: Store, run_id: str) -> None:
 
 
 def test_write_behind_queues_in_order_while_locked_and_replays_once_released(
-    tmp_path: Path, logs: pytest.LogCaptureFixture
+    db_url: str, logs: pytest.LogCaptureFixture
 ) -> None:
-    db = tmp_path / "g.db"
     clock = ManualClock(1000.0)
-    with Store.open(f"sqlite:///{db}", busy_timeout_s=BUSY_S) as store:
+    with Store.open(db_url, busy_timeout_s=BUSY_S) as store:
         _ensure(store, "r")
         attempt = store.start_attempt("r", metrics_path="m", now=1.0)
         writes = WriteBehind(store, lambda: clock.now)
-        lock = HeldLock(db)
+        lock = HeldLock(db_url)
         lock.take()
 
         def steps(n: int) -> Callable[[Store], None]:
@@ -253,24 +245,24 @@ def test_write_behind_queues_in_order_while_locked_and_replays_once_released(
         writes.submit("tick", steps(2))  # queued behind the first without trying the database
         assert writes.degraded and writes.pending == 2
         (line,) = events(logs, "store_unavailable")
-        assert "database is locked" in line and "fix=" in line and "fuser" in line
+        fix = {"sqlite": "fuser", "postgresql": "pg_terminate_backend"}[backend(db_url)]
+        assert lock.refusal in line and "fix=" in line and fix in line
         writes.retry()  # the backoff has not passed: nothing tried
         assert writes.pending == 2
         lock.release()
         clock.now += RETRY_MAX_S
         writes.retry()
         assert not writes.degraded and writes.pending == 0
-        assert stored_steps(db, attempt.id) == {1, 2}
+        assert stored_steps(db_url, attempt.id) == {1, 2}
         (recovered,) = events(logs, "store_recovered")
         assert "replayed=2" in recovered
 
 
-def test_write_behind_counts_and_says_what_a_full_queue_drops(tmp_path: Path, logs: pytest.LogCaptureFixture) -> None:
-    db = tmp_path / "g.db"
-    with Store.open(f"sqlite:///{db}", busy_timeout_s=BUSY_S) as store:
+def test_write_behind_counts_and_says_what_a_full_queue_drops(db_url: str, logs: pytest.LogCaptureFixture) -> None:
+    with Store.open(db_url, busy_timeout_s=BUSY_S) as store:
         _ensure(store, "r")
         writes = WriteBehind(store, time.time, limit=2)
-        lock = HeldLock(db)
+        lock = HeldLock(db_url)
         lock.take()
         for n in range(4):
             writes.submit("tick", lambda s, n=n: _ensure(s, f"r{n}"))
@@ -280,9 +272,9 @@ def test_write_behind_counts_and_says_what_a_full_queue_drops(tmp_path: Path, lo
         assert "limit=2" in line and "metrics files" in line
 
 
-def test_a_unit_commits_whole_or_not_at_all(tmp_path: Path) -> None:
+def test_a_unit_commits_whole_or_not_at_all(db_url: str) -> None:
     """A tick's steps and the findings they produced are one transaction: a failure keeps none of it."""
-    with Store.open(f"sqlite:///{tmp_path / 'g.db'}") as store:
+    with Store.open(db_url) as store:
         writes = WriteBehind(store, time.time)
 
         def half_then_bug(s: Store) -> None:
@@ -294,17 +286,16 @@ def test_a_unit_commits_whole_or_not_at_all(tmp_path: Path) -> None:
         assert store.get_run("half") is None and not writes.degraded
 
 
-def stored_findings(db: Path) -> list[tuple[str, int, str]]:
-    with sqlite3.connect(db) as connection:
-        return list(connection.execute('SELECT "check", step, severity FROM findings ORDER BY id'))
+def stored_findings(url: str) -> list[tuple[Any, ...]]:
+    return rows(url, 'SELECT "check", step, severity FROM findings ORDER BY id')
 
 
 def test_a_refused_tick_keeps_nothing_half_and_a_restart_stores_each_step_and_finding_once(
-    tmp_path: Path, logs: pytest.LogCaptureFixture
+    tmp_path: Path, db_url: str, logs: pytest.LogCaptureFixture
 ) -> None:
     """A tick's steps and the findings they produced commit together, so a guardian that dies with its queue
     (or after any commit) and re-reads the file neither loses a finding nor stores one twice."""
-    metrics, db = tmp_path / "metrics.jsonl", tmp_path / "g.db"
+    metrics = tmp_path / "metrics.jsonl"
     trainer = [sys.executable, str(SCRIPTED), f"trainer.default_local_dir={tmp_path / 'ckpt'}"]
     env = {**os.environ, "VERL_FILE_LOGGER_PATH": str(metrics)}
     subprocess.run(
@@ -312,7 +303,7 @@ def test_a_refused_tick_keeps_nothing_half_and_a_restart_stores_each_step_and_fi
     )
     config = GuardianConfig.model_validate({"home": str(tmp_path / "home")})
     clock = ManualClock(time.time())
-    with Store.open(f"sqlite:///{db}", busy_timeout_s=BUSY_S) as store:
+    with Store.open(db_url, busy_timeout_s=BUSY_S) as store:
         _ensure(store, "r")
         attempt = store.start_attempt("r", metrics_path=str(metrics), now=clock.now)
 
@@ -324,21 +315,121 @@ def test_a_refused_tick_keeps_nothing_half_and_a_restart_stores_each_step_and_fi
             made.switch_attempt(attempt.id, MetricsFile(metrics), judged_through=stored)
             return made
 
-        lock = HeldLock(db)
+        lock = HeldLock(db_url)
         lock.take()
         died = guardian()
         died.tick()
         lock.release()
         assert died.store_degraded and died.store_pending_writes == 1
         assert any(f.severity is Severity.CRITICAL for f in died.tracker.latest.values()), "judged from memory"
-        assert stored_steps(db, attempt.id) == set() and stored_findings(db) == [], "nothing half-stored"
+        assert stored_steps(db_url, attempt.id) == set() and stored_findings(db_url) == [], "nothing half-stored"
         guardian().tick()  # a restart after the first guardian died with its queue
-        assert stored_steps(db, attempt.id) == set(range(1, 41))
-        first = stored_findings(db)
+        assert stored_steps(db_url, attempt.id) == set(range(1, 41))
+        first = stored_findings(db_url)
         assert ("entropy_collapse", "critical") in {(check, severity) for check, _, severity in first}
         assert len(first) == len(set(first))
         guardian().tick()  # and a restart after everything was committed
-        assert stored_findings(db) == first
+        assert stored_findings(db_url) == first
+
+
+# ------------------------------------------------------------------------------- a PostgreSQL server stopped
+
+
+@pytest.fixture
+def own_postgres() -> Iterator[PostgresServer]:
+    """A cluster of the test's own, to stop and start again."""
+    with running_postgres() as server:
+        yield server
+
+
+def test_a_postgresql_server_stopped_mid_unit_is_an_outage_the_write_behind_outlasts(
+    own_postgres: PostgresServer, logs: pytest.LogCaptureFixture
+) -> None:
+    """A fast shutdown ends the unit's session mid-transaction ('terminating connection due to administrator
+    command'); while the server is down every connection is refused. Both are outages (``unavailable``): the units
+    queue in order and are replayed once the server is back, none lost, none half-kept."""
+    url = own_postgres.database()
+    clock = ManualClock(1000.0)
+    with Store.open(url, busy_timeout_s=BUSY_S) as store:
+        _ensure(store, "r")
+        attempt = store.start_attempt("r", metrics_path="m", now=1.0)
+        writes = WriteBehind(store, lambda: clock.now)
+
+        def step(s: Store, n: int) -> None:
+            s.write_steps("r", attempt.id, 0, [StepRecord(n, {"x": float(n)})], clock.now)
+
+        stops = [own_postgres.stop]
+
+        def stopped_halfway(s: Store) -> None:  # the first time only: its replay goes through
+            step(s, 1)
+            while stops:
+                stops.pop()()
+            step(s, 2)
+
+        writes.submit("tick", stopped_halfway)
+        writes.submit("tick", lambda s: step(s, 3))
+        assert writes.degraded and writes.pending == 2
+        with pytest.raises(OperationalError) as refused:
+            store.get_run("r")
+        assert "Connection refused" in str(refused.value)
+        assert unavailable(refused.value) and is_outage(refused.value)
+        clock.now += RETRY_MAX_S
+        writes.retry()  # still down: refused, kept
+        assert writes.degraded and writes.pending == 2 and "Connection refused" in (writes.error or "")
+        own_postgres.start()
+        clock.now += RETRY_MAX_S
+        writes.retry()
+        assert not writes.degraded and writes.pending == 0 and writes.failed_units == 0
+    assert stored_steps(url, attempt.id) == {1, 2, 3}
+    (down,) = events(logs, "store_unavailable")
+    assert "AdminShutdown: terminating connection due to administrator command" in down
+    (recovered,) = events(logs, "store_recovered")
+    assert "replayed=2" in recovered
+
+
+def test_the_password_reaches_no_log_line_error_or_row(
+    own_postgres: PostgresServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Every logger at DEBUG (SQLAlchemy's engine and pool too) through an open, writes, an outage with its
+    recovery, and opens that fail (no such database, an unknown option, a wrong password, a server down): the
+    password is nowhere - no log line, no error or its traceback, no stored row - neither raw nor escaped."""
+    caplog.set_level(logging.DEBUG)
+    caplog.set_level(logging.DEBUG, logger="sqlalchemy")  # its own root logger is held at WARNING
+    url = own_postgres.database()
+    wrong = URL.create("postgresql+psycopg", USER, PASSWORD[::-1], "127.0.0.1", own_postgres.port, "postgres")
+    errors: list[BaseException] = []
+
+    def refused_open(target: str, says: str) -> None:
+        with pytest.raises(StoreError, match=says) as refused:
+            Store.open(target)
+        errors.append(refused.value)
+
+    refused_open(own_postgres.url("no_such_database"), 'database "no_such_database" does not exist')
+    refused_open(f"{url}?bogus=1", 'invalid connection option "bogus"')
+    refused_open(wrong.render_as_string(hide_password=False), "password authentication failed")
+    clock = ManualClock(1000.0)
+    with Store.open(url, busy_timeout_s=BUSY_S) as store:
+        _ensure(store, "r")
+        attempt = store.start_attempt("r", metrics_path="m", now=1.0)
+        writes = WriteBehind(store, lambda: clock.now)
+        own_postgres.stop()
+        writes.submit("tick", lambda s: s.write_steps("r", attempt.id, 0, [StepRecord(1, {"x": 1.0})], clock.now))
+        assert writes.degraded
+        refused_open(url, "Connection refused")
+        own_postgres.start()
+        clock.now += RETRY_MAX_S
+        writes.retry()
+        assert not writes.degraded
+    stored = [
+        rows(url, f"SELECT * FROM {table}")
+        for (table,) in rows(url, "SELECT tablename FROM pg_tables WHERE schemaname = current_schema()")
+    ]
+    said = [caplog.text, *(str(e) for e in errors), *("".join(traceback.format_exception(e)) for e in errors)]
+    assert "sqlalchemy.pool" in caplog.text and len(events(caplog, "store_unavailable")) == 1, "it did log"
+    assert f"{USER}:***@127.0.0.1" in caplog.text, "the URL was logged, masked"
+    for secret in (PASSWORD, urllib.parse.quote(PASSWORD, safe=""), PASSWORD[::-1]):
+        assert not [text for text in said if secret in text]
+        assert secret not in repr(stored)
 
 
 # ----------------------------------------------------------------------------- the supervisor, faulted
@@ -347,15 +438,15 @@ def test_a_refused_tick_keeps_nothing_half_and_a_restart_stores_each_step_and_fi
 @pytest.mark.slow
 @pytest.mark.parametrize("lock_after", ["DETECTED", "STOPPED"])
 def test_a_held_exclusive_lock_during_an_intervention(
-    tmp_path: Path, logs: pytest.LogCaptureFixture, lock_after: str
+    tmp_path: Path, db_url: str, logs: pytest.LogCaptureFixture, lock_after: str
 ) -> None:
     """DETECTED: the lock keeps the intervention from committing STOPPING, yet the guardian stops the collapsing
     trainer. STOPPED: the rollback cannot be committed; the stopped trainer waits. Either way, once the lock is
     released the rescue runs to the end with every step, finding, incident and state stored."""
-    db, home = tmp_path / "guardian.db", tmp_path / "home"
-    lock = HeldLock(db)
-    with Store.open(f"sqlite:///{db}", busy_timeout_s=BUSY_S) as store:
-        supervisor = supervisor_for(tmp_path, store, db, lambda s: lock.take() if s == lock_after else None)
+    home = tmp_path / "home"
+    lock = HeldLock(db_url)
+    with Store.open(db_url, busy_timeout_s=BUSY_S) as store:
+        supervisor = supervisor_for(tmp_path, store, db_url, lambda s: lock.take() if s == lock_after else None)
         try:
             supervisor.start()
             tick_until(supervisor, lambda: lock.connection is not None and supervisor.guardian.store_degraded)
@@ -372,7 +463,36 @@ def test_a_held_exclusive_lock_during_an_intervention(
             if supervisor.trainer.attempt is not None and supervisor.trainer.attempt.handle is not None:
                 supervisor.trainer.halt(reason="test over")
         assert code == 0
-        assert_rescued_with_everything_stored(supervisor, store, db, home)
+        assert_rescued_with_everything_stored(supervisor, store, db_url, home)
+    assert len(events(logs, "store_unavailable")) == 1 and len(events(logs, "store_recovered")) == 1
+
+
+@pytest.mark.slow
+def test_a_postgresql_server_stopped_during_an_intervention(
+    tmp_path: Path, own_postgres: PostgresServer, logs: pytest.LogCaptureFixture
+) -> None:
+    """The server stops (fast shutdown) right after DETECTED is committed: the guardian still stops the collapsing
+    trainer, holds while the server is down, and once it is back the rescue runs to the end with every step,
+    finding, incident and state stored."""
+    url, home = own_postgres.database(), tmp_path / "home"
+    with Store.open(url, busy_timeout_s=BUSY_S) as store:
+        supervisor = supervisor_for(tmp_path, store, url, lambda s: own_postgres.stop() if s == "DETECTED" else None)
+        try:
+            supervisor.start()
+            tick_until(supervisor, lambda: supervisor.guardian.store_degraded)
+            tick_until(supervisor, lambda: stopped(supervisor))
+            assert supervisor.guardian.store_degraded, "stopped while the server was still down"
+            for _ in range(10):  # it holds: no relaunch while the store is down
+                assert supervisor.tick() is None
+            own_postgres.start()
+            assert len(supervisor.store.attempts(RUN)) == 1
+            supervisor.clock.skew += RETRY_MAX_S  # type: ignore[attr-defined]
+            code = tick_until(supervisor, lambda: False)
+        finally:
+            if supervisor.trainer.attempt is not None and supervisor.trainer.attempt.handle is not None:
+                supervisor.trainer.halt(reason="test over")
+        assert code == 0
+        assert_rescued_with_everything_stored(supervisor, store, url, home)
     assert len(events(logs, "store_unavailable")) == 1 and len(events(logs, "store_recovered")) == 1
 
 
@@ -447,8 +567,8 @@ def test_a_full_filesystem_while_the_run_collapses(
     """The disk fills before the collapse: the guardian judges from memory and stops the trainer; once space is
     freed the queued steps and findings are replayed and the rescue carries on from them."""
     home = tmp_path / "home"
-    with Store.open(f"sqlite:///{disk.db}", busy_timeout_s=BUSY_S) as store:
-        supervisor = supervisor_for(tmp_path, store, disk.db)
+    with Store.open(sqlite_url(disk.db), busy_timeout_s=BUSY_S) as store:
+        supervisor = supervisor_for(tmp_path, store, sqlite_url(disk.db))
         try:
             supervisor.start()
             tick_until(supervisor, lambda: (supervisor.guardian.history.last_step or 0) >= 5)
@@ -464,7 +584,7 @@ def test_a_full_filesystem_while_the_run_collapses(
             if supervisor.trainer.attempt is not None and supervisor.trainer.attempt.handle is not None:
                 supervisor.trainer.halt(reason="test over")
         assert code == 0
-        assert_rescued_with_everything_stored(supervisor, store, disk.db, home)
+        assert_rescued_with_everything_stored(supervisor, store, sqlite_url(disk.db), home)
     (line,) = events(logs, "store_unavailable")
     assert "free space" in line
 
@@ -474,8 +594,8 @@ def test_a_corrupted_page_mid_run_stops_the_collapsing_trainer_and_says_so_in_on
     tmp_path: Path, logs: pytest.LogCaptureFixture
 ) -> None:
     db = tmp_path / "guardian.db"
-    with Store.open(f"sqlite:///{db}", busy_timeout_s=BUSY_S) as store:
-        supervisor = supervisor_for(tmp_path, store, db)
+    with Store.open(sqlite_url(db), busy_timeout_s=BUSY_S) as store:
+        supervisor = supervisor_for(tmp_path, store, sqlite_url(db))
         try:
             supervisor.start()
             tick_until(supervisor, lambda: (supervisor.guardian.history.last_step or 0) >= 5)
@@ -524,9 +644,9 @@ def test_an_exception_in_a_tick_is_logged_once_and_only_a_repeat_gives_up(
 ) -> None:
     """Two failed ticks: logged once with the traceback, then the run is guarded on (its rescue resolves).
     Every tick failing: after the limit, one line says the guardian cannot continue and the trainer's fate."""
-    db = tmp_path / "guardian.db"
-    with Store.open(f"sqlite:///{db}") as store:
-        supervisor = supervisor_for(tmp_path, store, db)
+    url = sqlite_url(tmp_path / "guardian.db")
+    with Store.open(url) as store:
+        supervisor = supervisor_for(tmp_path, store, url)
         supervisor.start()
         supervisor.guardian.metrics = FailingMetrics(supervisor.guardian.metrics, failures)
         try:

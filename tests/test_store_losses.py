@@ -1,5 +1,6 @@
-"""What a write the store refuses can lose, and what it must not: real SQLite, faults injected into one call of
-the guard loop's writes (a real constraint violation for a bug, a driver error for an outage).
+"""What a write the store refuses can lose, and what it must not: real SQLite and PostgreSQL (``db_url``), faults
+injected into one call of the guard loop's writes (a real constraint violation for a bug, a driver error for an
+outage).
 
 - a tick's writes lost to a bug do not lose its incidents: the tracker judges their checks afresh;
 - the lines naming stored rows are logged once, after the commit, never for a rolled-back transaction;
@@ -21,6 +22,7 @@ from pathlib import Path
 
 import pytest
 from conftest import ManualClock
+from postgres_server import HeldLock, backend
 from rescue_world import RUN as RESCUE_RUN
 from rescue_world import World
 from sqlalchemy.exc import IntegrityError, OperationalError
@@ -38,6 +40,7 @@ SCRIPTED = Path(__file__).with_name("scripted_trainer.py")
 RUN = "losses"
 SECRET = "s3cr3t-token-in-a-parameter"
 BUSY_S = 0.2
+FOREIGN_KEY_REFUSED = {"sqlite": "FOREIGN KEY constraint failed", "postgresql": "violates foreign key constraint"}
 
 
 # ------------------------------------------------------------------------------------------ helpers
@@ -69,8 +72,8 @@ def logs(caplog: pytest.LogCaptureFixture) -> pytest.LogCaptureFixture:
 
 
 @pytest.fixture
-def store(tmp_path: Path) -> Iterator[Store]:
-    with Store.open(f"sqlite:///{tmp_path / 'g.db'}", busy_timeout_s=BUSY_S) as opened:
+def store(db_url: str) -> Iterator[Store]:
+    with Store.open(db_url, busy_timeout_s=BUSY_S) as opened:
         opened.ensure_run(
             RUN, name=RUN, metrics_path="m", rollouts_dir="r", checkpoints_dir=None, mode="observe", now=1.0
         )
@@ -128,6 +131,7 @@ def entropy_incidents(store: Store) -> list[int]:
 def test_a_tick_refused_for_a_bug_still_opens_its_incident_the_next_tick(
     tmp_path: Path,
     collapsed: Path,
+    db_url: str,
     store: Store,
     logs: pytest.LogCaptureFixture,
     monkeypatch: pytest.MonkeyPatch,
@@ -143,11 +147,10 @@ def test_a_tick_refused_for_a_bug_still_opens_its_incident_the_next_tick(
         with pytest.raises(IntegrityError):
             guardian.tick()
     else:
-        lock = sqlite3.connect(tmp_path / "g.db", isolation_level=None)
-        lock.execute("BEGIN EXCLUSIVE")
+        lock = HeldLock(db_url)
+        lock.take()
         guardian.tick()  # queued behind the lock
-        lock.execute("ROLLBACK")
-        lock.close()
+        lock.release()
         assert guardian.store_degraded and guardian.store_pending_writes == 1
         clock.now += RETRY_MAX_S
     assert entropy_incidents(store) == [], "the refused (or queued) unit kept nothing yet"
@@ -163,7 +166,7 @@ def test_a_tick_refused_for_a_bug_still_opens_its_incident_the_next_tick(
     assert not guardian.store_degraded and guardian.store_pending_writes == 0
     assert (guardian.writes.failed_units, guardian.store_dropped_writes) == (1, 0), "a bug is not a full queue"
     (failed,) = events(logs, "store_write_failed")
-    assert "unit=tick" in failed and "FOREIGN KEY constraint failed" in failed and "failed_units=1" in failed
+    assert "unit=tick" in failed and FOREIGN_KEY_REFUSED[backend(db_url)] in failed and "failed_units=1" in failed
     assert [r.levelno for r in logs.records if r.getMessage() == failed] == [logging.CRITICAL]
     (again,) = events(logs, "checks_judged_again")
     assert "entropy_collapse" in again
@@ -253,7 +256,7 @@ def test_a_relaunch_refused_between_its_attempt_and_resuming_keeps_neither(
 
 
 def test_a_refused_write_puts_neither_its_parameters_nor_a_password_in_the_log(
-    store: Store, logs: pytest.LogCaptureFixture
+    db_url: str, store: Store, logs: pytest.LogCaptureFixture
 ) -> None:
     """The engine hides parameters from errors; the one-line texts keep the first line (no SQL) and mask passwords."""
     with pytest.raises(IntegrityError) as refused:
@@ -261,8 +264,10 @@ def test_a_refused_write_puts_neither_its_parameters_nor_a_password_in_the_log(
     assert SECRET in repr(refused.value.params), "the secret was a parameter of the refused statement"
     log = logging.getLogger("guardian.test")
     log.error("event=tick_failed error=%s", failure_text(refused.value), exc_info=refused.value)  # as the loops do
-    assert "FOREIGN KEY constraint failed" in logs.text and SECRET not in logs.text
+    assert FOREIGN_KEY_REFUSED[backend(db_url)] in logs.text and SECRET not in logs.text
     assert SECRET not in "".join(traceback.format_exception(refused.value))
     assert "[SQL:" not in failure_text(refused.value)
     text = failure_text(RuntimeError("cannot reach postgresql://guardian:hunter2@db/g\n[SQL: SELECT 1]"))
     assert text == "RuntimeError: cannot reach postgresql://guardian:***@db/g"
+    conninfo = failure_text(RuntimeError("dsn: host=db password=hunter2 user=g, PASSWORD = 'it\\'s \\\\ x' end"))
+    assert conninfo == "RuntimeError: dsn: host=db password=*** user=g, PASSWORD = *** end", "libpq's key=value"

@@ -19,7 +19,7 @@ from guardian.config import ConfigError, GuardianConfig, load_config
 from guardian.logs import get_logger
 from guardian.store import Store
 
-STORE_INT_MAX = 2**63 - 1  # the largest integer the store's columns hold (SQLite INTEGER)
+STORE_INT_MAX = 2**31 - 1  # the largest id the store's columns hold on both backends (PostgreSQL's INTEGER)
 SEVERITY_STYLE = {"warn": "yellow", "critical": "bold red", "ok": "green", "unknown": "dim"}
 log = get_logger("cli")
 

@@ -9,6 +9,13 @@ SQLite (the default) is opened in WAL mode with a busy timeout (``BUSY_TIMEOUT_S
 ``foreign_keys=ON`` on every connection; SQLAlchemy emits the ``BEGIN`` itself (``BEGIN IMMEDIATE``
 for write transactions, those whose connection carries the ``WRITE_OPTION`` execution option), so
 readers never block the writer and two writers queue on the lock instead of failing half-way.
+
+PostgreSQL (``postgresql+psycopg://``; a plain ``postgresql://`` gets the same driver, psycopg 3) needs none of that:
+its row locks let guardians of different runs write at once. Every connection gets ``lock_timeout`` = the busy
+timeout (a statement waits that long for another session's lock, then fails), a connect timeout
+(``PG_CONNECT_TIMEOUT_S`` unless the URL sets ``connect_timeout``) and a pre-ping when the pool hands it out (a server
+restarted since is reconnected to). The migration holds a transaction-scoped advisory lock, so guardians opening one
+new database together create its schema once.
 """
 
 from __future__ import annotations
@@ -24,8 +31,9 @@ from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from alembic.util import CommandError
-from sqlalchemy import Connection, Engine, create_engine, event
+from sqlalchemy import Connection, Engine, create_engine, event, text
 from sqlalchemy.engine import URL, make_url
+from sqlalchemy.engine.interfaces import DBAPIConnection
 from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 from sqlalchemy.pool import StaticPool
 
@@ -44,6 +52,10 @@ _SQLITE_PRAGMAS: Final = (
     "PRAGMA foreign_keys=ON",
 )
 _PASSWORD_IN_URL = re.compile(r"(://[^:/@\s]*:)[^@\s]*@")
+_PASSWORD_IN_CONNINFO = re.compile(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|[^\s']+)", re.IGNORECASE)  # libpq key=value
+
+PG_CONNECT_TIMEOUT_S: Final = 10  # libpq waits for ever by default: an unreachable server would hang a tick
+_PG_MIGRATION_LOCK: Final = 0x67756172640001  # pg_advisory_xact_lock key: one migration of a database at a time
 
 
 def mask_url(url: str) -> str:
@@ -70,8 +82,8 @@ def current_revision(engine: Engine) -> str | None:
 
 
 def open_engine(url: str, *, busy_timeout_s: float = BUSY_TIMEOUT_S) -> Engine:
-    """An engine on ``url`` with the schema brought to the newest revision (a SQLite write waits up to
-    ``busy_timeout_s`` for another writer's lock).
+    """An engine on ``url`` with the schema brought to the newest revision (a write waits up to ``busy_timeout_s``
+    for another connection's lock: SQLite's busy timeout, PostgreSQL's ``lock_timeout``).
 
     Raises ``StoreError`` (URL shown with its password masked) when the URL is invalid, its driver
     is missing, the database cannot be reached or created, or the migration fails.
@@ -81,8 +93,12 @@ def open_engine(url: str, *, busy_timeout_s: float = BUSY_TIMEOUT_S) -> Engine:
     engine: Engine | None = None
     try:
         parsed = make_url(url)
-        if parsed.get_backend_name() == "sqlite":
+        backend = parsed.get_backend_name()
+        if backend == "sqlite":
             engine = _sqlite_engine(parsed, busy_timeout_s)
+        elif backend == "postgresql":
+            parsed = parsed.set(drivername="postgresql+psycopg") if parsed.drivername == backend else parsed
+            engine = _postgresql_engine(parsed, busy_timeout_s)
         else:
             engine = create_engine(parsed, pool_pre_ping=True, hide_parameters=True)
         _upgrade(engine, parsed)
@@ -109,6 +125,8 @@ def _upgrade(engine: Engine, url: URL) -> None:
     with engine.connect() as connection:
         connection.execution_options(**{WRITE_OPTION: True})
         with connection.begin():
+            if connection.dialect.name == "postgresql":
+                connection.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _PG_MIGRATION_LOCK})
             config.attributes["connection"] = connection
             command.upgrade(config, "head")
 
@@ -150,11 +168,33 @@ def _sqlite_engine(url: URL, busy_timeout_s: float) -> Engine:
     return engine
 
 
+def _postgresql_engine(url: URL, lock_timeout_s: float) -> Engine:
+    connect_args = {} if "connect_timeout" in url.query else {"connect_timeout": PG_CONNECT_TIMEOUT_S}
+    engine = create_engine(url, pool_pre_ping=True, hide_parameters=True, connect_args=connect_args)
+    event.listen(engine, "connect", _postgresql_on_connect(lock_timeout_s))
+    return engine
+
+
+def _postgresql_on_connect(lock_timeout_s: float) -> Callable[[DBAPIConnection, object], None]:
+    statement = f"SET lock_timeout = {max(1, round(lock_timeout_s * 1000))}"
+
+    def on_connect(dbapi_connection: DBAPIConnection, _record: object) -> None:
+        cursor = dbapi_connection.cursor()
+        try:
+            cursor.execute(statement)
+        finally:
+            cursor.close()
+        dbapi_connection.commit()  # a session setting, kept when the pool later rolls a transaction back
+
+    return on_connect
+
+
 def reason(exc: BaseException, url: URL | None = None) -> str:
     """``TypeName: first line of the message`` (just the type when there is none), with the password scrubbed
-    should a driver echo it. The first line only: SQLAlchemy puts the SQL text on the lines after it."""
+    should a driver echo it (``url``'s own, one in a URL, libpq's ``password=...``). The first line only: SQLAlchemy
+    puts the SQL text on the lines after it."""
     lines = str(exc).strip().splitlines()
-    text = f"{type(exc).__name__}: {lines[0] if lines else ''}".rstrip(": ")
+    said = f"{type(exc).__name__}: {lines[0] if lines else ''}".rstrip(": ")
     if url is not None and url.password:
-        text = text.replace(str(url.password), "***")
-    return _PASSWORD_IN_URL.sub(r"\1***@", text)
+        said = said.replace(str(url.password), "***")
+    return _PASSWORD_IN_CONNINFO.sub(r"\1***", _PASSWORD_IN_URL.sub(r"\1***@", said))

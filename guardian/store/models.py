@@ -5,7 +5,8 @@ revision there (``tests/test_store.py`` fails when the two disagree).
 
 Timestamps are timezone-aware UTC ``DateTime`` columns. A step's metric values live in one blob per
 step (``orjson`` bytes of ``{key: float | null}``), never a row per value, so 10,000 steps × 300 keys
-stay small and fast to write.
+stay small and fast to write. Free text (``StoredText``: messages, notes, a crashed trainer's output, JSON) keeps
+everything but NUL, which PostgreSQL's ``text`` refuses and SQLite would keep: both store U+FFFD in its place.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from datetime import datetime
 from sqlalchemy import (
     BigInteger,
     DateTime,
+    Dialect,
     Float,
     ForeignKey,
     Index,
@@ -26,6 +28,7 @@ from sqlalchemy import (
     UniqueConstraint,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy.types import TypeDecorator
 
 NAMING_CONVENTION = {
     "ix": "ix_%(table_name)s_%(column_0_N_name)s",
@@ -46,6 +49,17 @@ def _utc() -> DateTime:
     return DateTime(timezone=True)
 
 
+class StoredText(TypeDecorator[str]):
+    """``Text`` whose NUL characters are written as U+FFFD (a trainer's last output line may hold one): PostgreSQL
+    refuses NUL in text, and a crash incident refused for it would be lost."""
+
+    impl = Text
+    cache_ok = True
+
+    def process_bind_param(self, value: str | None, dialect: Dialect) -> str | None:
+        return value.replace("\x00", "\ufffd") if value is not None else None
+
+
 class Run(Base):
     """One guarded training run."""
 
@@ -54,12 +68,12 @@ class Run(Base):
     id: Mapped[str] = mapped_column(String(128), primary_key=True)
     name: Mapped[str] = mapped_column(String(255))
     created_at: Mapped[datetime] = mapped_column(_utc())
-    metrics_path: Mapped[str] = mapped_column(Text)
-    rollouts_dir: Mapped[str] = mapped_column(Text)
-    checkpoints_dir: Mapped[str | None] = mapped_column(Text)
+    metrics_path: Mapped[str] = mapped_column(StoredText)
+    rollouts_dir: Mapped[str] = mapped_column(StoredText)
+    checkpoints_dir: Mapped[str | None] = mapped_column(StoredText)
     mode: Mapped[str] = mapped_column(String(16))
     status: Mapped[str] = mapped_column(String(32))
-    config_json: Mapped[str | None] = mapped_column(Text)
+    config_json: Mapped[str | None] = mapped_column(StoredText)
 
 
 class Attempt(Base):
@@ -73,8 +87,8 @@ class Attempt(Base):
     number: Mapped[int] = mapped_column(Integer)
     started_at: Mapped[datetime] = mapped_column(_utc())
     ended_at: Mapped[datetime | None] = mapped_column(_utc())
-    command_json: Mapped[str | None] = mapped_column(Text)
-    metrics_path: Mapped[str] = mapped_column(Text)
+    command_json: Mapped[str | None] = mapped_column(StoredText)
+    metrics_path: Mapped[str] = mapped_column(StoredText)
     pid: Mapped[int | None] = mapped_column(Integer)
     exit_code: Mapped[int | None] = mapped_column(Integer)
 
@@ -109,7 +123,7 @@ class Checkpoint(Base):
     path: Mapped[str] = mapped_column(String(1024))
     found_at: Mapped[datetime] = mapped_column(_utc())
     verdict: Mapped[str] = mapped_column(String(16))
-    note: Mapped[str | None] = mapped_column(Text)
+    note: Mapped[str | None] = mapped_column(StoredText)
 
 
 class Pin(Base):
@@ -148,9 +162,9 @@ class Incident(Base):
     updated_at: Mapped[datetime] = mapped_column(_utc())
     closed_at: Mapped[datetime | None] = mapped_column(_utc())
     closed_step: Mapped[int | None] = mapped_column(Integer)
-    message: Mapped[str] = mapped_column(Text)
-    evidence_json: Mapped[str] = mapped_column(Text)
-    note: Mapped[str | None] = mapped_column(Text)
+    message: Mapped[str] = mapped_column(StoredText)
+    evidence_json: Mapped[str] = mapped_column(StoredText)
+    note: Mapped[str | None] = mapped_column(StoredText)
 
 
 class FindingRow(Base):
@@ -169,8 +183,8 @@ class FindingRow(Base):
     severity: Mapped[str] = mapped_column(String(16))
     step: Mapped[int | None] = mapped_column(Integer)
     onset_step: Mapped[int | None] = mapped_column(Integer)
-    message: Mapped[str] = mapped_column(Text)
-    evidence_json: Mapped[str] = mapped_column(Text)
+    message: Mapped[str] = mapped_column(StoredText)
+    evidence_json: Mapped[str] = mapped_column(StoredText)
     created_at: Mapped[datetime] = mapped_column(_utc())
     incident_id: Mapped[int | None] = mapped_column(ForeignKey("incidents.id"))
 
@@ -196,11 +210,11 @@ class Intervention(Base):
     from_attempt_id: Mapped[int | None] = mapped_column(ForeignKey("attempts.id"))
     to_attempt_id: Mapped[int | None] = mapped_column(ForeignKey("attempts.id"))
     target_step: Mapped[int | None] = mapped_column(Integer)
-    target_path: Mapped[str | None] = mapped_column(Text)
-    plan_json: Mapped[str | None] = mapped_column(Text)
+    target_path: Mapped[str | None] = mapped_column(StoredText)
+    plan_json: Mapped[str | None] = mapped_column(StoredText)
     created_at: Mapped[datetime] = mapped_column(_utc())
     updated_at: Mapped[datetime] = mapped_column(_utc())
-    note: Mapped[str | None] = mapped_column(Text)
+    note: Mapped[str | None] = mapped_column(StoredText)
 
 
 class InterventionEvent(Base):
@@ -213,7 +227,7 @@ class InterventionEvent(Base):
     intervention_id: Mapped[int] = mapped_column(ForeignKey("interventions.id"))
     state: Mapped[str] = mapped_column(String(32))
     at: Mapped[datetime] = mapped_column(_utc())
-    detail_json: Mapped[str] = mapped_column(Text)
+    detail_json: Mapped[str] = mapped_column(StoredText)
 
 
 class Delivery(Base):
@@ -233,7 +247,7 @@ class Delivery(Base):
     attempts: Mapped[int] = mapped_column(Integer)
     updated_at: Mapped[datetime] = mapped_column(_utc())
     external_id: Mapped[str | None] = mapped_column(String(128))
-    last_error: Mapped[str | None] = mapped_column(Text)
+    last_error: Mapped[str | None] = mapped_column(StoredText)
 
 
 class Evaluation(Base):

@@ -124,8 +124,8 @@ class Store(InterventionRecords, DeliveryRecords, EvaluationRecords, PinRecords)
 
     @classmethod
     def open(cls, url: str, *, busy_timeout_s: float = BUSY_TIMEOUT_S) -> Store:
-        """Connect to ``url``, bring the schema to the newest revision, and return the store (a SQLite
-        write waits up to ``busy_timeout_s`` for another writer's lock, then fails).
+        """Connect to ``url`` (SQLite or PostgreSQL), bring the schema to the newest revision, and return the store
+        (a write waits up to ``busy_timeout_s`` for another connection's lock, then fails).
 
         Raises ``StoreError`` (URL shown with its password masked) when the URL is invalid, its driver
         is missing, the database cannot be reached or created, or the migration fails.

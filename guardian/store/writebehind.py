@@ -2,9 +2,9 @@
 
 A *unit* is one piece of the guard loop's work on the store (a tick's steps with the findings they
 produced, a checkpoint scan). ``submit`` runs it at once; when the database refuses it (locked past its
-busy timeout, disk full, I/O error, a damaged file, a server gone) the unit is kept, in order, in a
-bounded in-memory queue and the store counts as *degraded*: later units queue behind it (their reads
-would miss what the earlier ones wrote) and ``retry`` - called every tick - replays the queue with
+busy timeout, disk full, I/O error, a damaged file, a PostgreSQL server stopped or unreachable) the unit is
+kept, in order, in a bounded in-memory queue and the store counts as *degraded*: later units queue behind it
+(their reads would miss what the earlier ones wrote) and ``retry`` - called every tick - replays the queue with
 exponential backoff. One loud line marks the outage (``event=store_unavailable error=... fix=...``),
 one its end (``event=store_recovered replayed=N``). When the queue is full a new unit is dropped and
 counted, and the first drop of an outage is logged: the steps stay in the run's metrics files, which a
@@ -46,9 +46,14 @@ Refused = Callable[[BaseException], None]
 def outage_fix(error: str, url: str) -> str:
     """What a person does about a database error of the store at ``url``."""
     text = error.lower()
+    if "lock timeout" in text:  # PostgreSQL's lock_timeout
+        return (
+            f"another session holds a lock on a table of {url}: find it (pg_locks joined with pg_stat_activity) and "
+            "end it (pg_terminate_backend)"
+        )
     if "locked" in text or "busy" in text:
         return f"another process holds a write lock on {url}: find it (fuser or lsof on the file) and end it"
-    if "full" in text:
+    if "full" in text or "no space left" in text:
         return f"free space on the filesystem of {url}"
     if "malformed" in text or "not a database" in text or "corrupt" in text:
         return (
