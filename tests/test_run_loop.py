@@ -9,6 +9,7 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import pytest
 from rich.console import Console
 
 from guardian.commands.run import _render, guard_loop, local_supervisor, register_run
@@ -98,3 +99,17 @@ def test_the_live_view_says_when_the_store_cannot_be_read(tmp_path: Path) -> Non
         console = Console(file=io.StringIO(), width=200)
         console.print(_render(supervisor))
     assert "intervention: unknown (the store cannot be read)" in console.file.getvalue()  # type: ignore[attr-defined]
+
+
+def test_the_trainer_gets_neither_the_guardians_database_url_nor_a_metrics_path_of_its_own(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("GUARDIAN_DB_URL", "postgresql+psycopg://guardian:s3cret@db/guardian")
+    monkeypatch.setenv("VERL_FILE_LOGGER_PATH", "/elsewhere/metrics.jsonl")
+    monkeypatch.setenv("WANDB_API_KEY", "the trainer's own")
+    command = [sys.executable, "-m", "verl.trainer.main_ppo", f"trainer.default_local_dir={tmp_path / 'ckpt'}"]
+    config = GuardianConfig(home=tmp_path / "home")
+    with Store.open(config.database_url()) as store:
+        supervisor = local_supervisor(config, store, run_id="r1", command=command, cwd=tmp_path)
+    assert "GUARDIAN_DB_URL" not in supervisor.env and "VERL_FILE_LOGGER_PATH" not in supervisor.env
+    assert supervisor.env["WANDB_API_KEY"] == "the trainer's own"

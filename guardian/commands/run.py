@@ -59,6 +59,11 @@ def _die_after(state: str) -> Callable[[str], None]:
     return hook
 
 
+# VERL_FILE_LOGGER_PATH: every attempt gets its own; GUARDIAN_DB_URL: the guardian's store, whose URL may hold a
+# password the trainer has no use for
+NOT_FOR_THE_TRAINER = frozenset({"VERL_FILE_LOGGER_PATH", "GUARDIAN_DB_URL"})
+
+
 def local_supervisor(
     config: GuardianConfig,
     store: Store,
@@ -68,15 +73,15 @@ def local_supervisor(
     cwd: Path,
     after_commit: Callable[[str], None] = lambda state: None,
 ) -> Supervisor:
-    """A supervisor for a trainer launched as a local process group, in this process's environment
-    (less any ``VERL_FILE_LOGGER_PATH``: every attempt gets its own)."""
+    """A supervisor for a trainer launched as a local process group, in this process's environment less
+    ``NOT_FOR_THE_TRAINER``."""
     return Supervisor(
         config=config,
         store=store,
         run_id=run_id,
         command=tuple(command),
         cwd=cwd,
-        env={k: v for k, v in os.environ.items() if k != "VERL_FILE_LOGGER_PATH"},
+        env={k: v for k, v in os.environ.items() if k not in NOT_FOR_THE_TRAINER},
         control=LocalProcessControl(),
         clock=time.time,
         after_commit=after_commit,
