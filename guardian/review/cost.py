@@ -161,8 +161,9 @@ class RunCost:
         }
 
 
-def typical_step_seconds(values: Sequence[float | None]) -> float | None:
-    """The median of the finite, positive step times (None: none logged)."""
+def median_step_seconds(values: Sequence[float | None]) -> float | None:
+    """The median of the run's finite, positive step times, whole run (None: none logged); the stall check's
+    ``typical_step_seconds`` is the recent pace instead."""
     finite = [v for v in values if v is not None and math.isfinite(v) and v > 0]
     return median(finite) if finite else None
 
@@ -225,7 +226,7 @@ def priced(
 ) -> RunCost:
     """The run's cost from its interventions and their timelines already read (the incident list reads them too)."""
     discarded = discarded_by_intervention(interventions, timelines, store.step_index(run.id), store.attempts(run.id))
-    rate = run_rate(run, typical_step_seconds(step_times(store, run.id)), config)
+    rate = run_rate(run, median_step_seconds(step_times(store, run.id)), config)
     return price(run.id, rate, interventions, discarded, config)
 
 
