@@ -45,8 +45,9 @@ class Pinner:
     _branch: int | None = None
     _swept: bool = False
 
-    def run(self, health: StepHealth, last_step: int | None, branch: int) -> None:
-        """One pass (see the module docstring); ``branch`` is the timeline's (a new one retries refused steps)."""
+    def run(self, health: StepHealth, last_step: int | None, branch: int, *, incident_open: bool | None = None) -> None:
+        """One pass (see the module docstring); ``branch`` is the timeline's (a new one retries refused steps);
+        ``incident_open`` as the caller just read it (None: read it from the store here)."""
         if not self._swept:  # what a guardian killed while pinning left behind
             self._swept = True
             if removed := remove_leftovers(self.checkpoint_dir):
@@ -64,7 +65,11 @@ class Pinner:
             last_step=last_step,
             window=self.config.healthy_window_steps,
             keep=self.config.pin_keep,
-            incident_open=any(i.is_open for i in self.store.list_incidents(self.run_id)),
+            incident_open=(
+                any(i.is_open for i in self.store.list_incidents(self.run_id))
+                if incident_open is None
+                else incident_open
+            ),
             skip=set(self.refused),
         )
         made = [step for step in plan.pin if self._pin(step)]

@@ -116,6 +116,7 @@ class Supervisor:
         )
         self.busy = False  # the last tick saw something move (a line, a transition, an intervention state to act in)
         self._store_wait = StoreWait(limit_s=self.config.store.outage_wait_s)
+        self._latest: RescueSnapshot | None = None  # the rescue pass's last snapshot (the pin pass reads it)
         # observe mode changes nothing on disk; advise and enforce keep healthy rollback targets out of verl's retention
         pins = self.config.checkpoints
         pinning = Mode(self.config.mode) is not Mode.OBSERVE and pins.pin_keep > 0
@@ -182,7 +183,15 @@ class Supervisor:
         """The pin pass after the rescue's (``rescue.pinner``): a side show, whose failure never fails the tick."""
         if self.pinner is not None:
             history, pinner = self.guardian.history, self.pinner
-            aside(self.run_id, "pins", lambda: pinner.run(self.guardian.health, history.last_step, history.branch))
+            # the pass's last snapshot read the incidents already: an effect after it can only have closed one (a
+            # resolve), so it never says "none open" while one is
+            latest = self._latest
+            open_now = None if latest is None else any(i.is_open for i in latest.incidents)
+            aside(
+                self.run_id,
+                "pins",
+                lambda: pinner.run(self.guardian.health, history.last_step, history.branch, incident_open=open_now),
+            )
 
     def _rescue(self, exit_status: ExitStatus | None) -> int | None:
         """The rescue's pass: the first snapshot carries the exit status read before the poll, later ones (after
@@ -194,7 +203,8 @@ class Supervisor:
         unused = [first]
 
         def next_snapshot() -> RescueSnapshot:
-            return unused.pop() if unused else self.snapshot(self.trainer.exit_status())
+            self._latest = unused.pop() if unused else self.snapshot(self.trainer.exit_status())
+            return self._latest
 
         return self.executor.run_pass(next_snapshot)
 
