@@ -184,7 +184,7 @@ def test_a_job_of_another_store_is_refused(tmp_path: Path, store: Store) -> None
     jobs = FakeJobs()
     attempt = _attempt(store, tmp_path)
     jobs.jobs[submission_id(RUN, 1)] = Info("RUNNING", metadata={"guardian_attempt_id": "999"})
-    with pytest.raises(RayJobsError, match="another guardian store.*ray job delete"):
+    with pytest.raises(RayJobsError, match=r"another guardian store.*ray job delete"):
         _trainer(tmp_path, store, jobs).launch(attempt, PLAN)
     assert not jobs.submitted
 
