@@ -163,6 +163,9 @@ class RayJobsTrainer:
             self.attempt.ended = LOST if info is None else exit_status_of(info)
         return self.attempt.ended
 
+    def launched_at(self) -> float | None:
+        return self.attempt.started_at if self.attempt is not None else None
+
     def argv(self, default: Sequence[str]) -> tuple[str, ...]:
         return self.attempt.argv if self.attempt is not None else tuple(default)
 
