@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 from conftest import free_port, missing
 
+from guardian.actions.launcher import RunFolder
 from guardian.actions.process import ExitStatus
 from guardian.config import GuardianConfig
 from guardian.rescue.local import StopFailedError
@@ -123,7 +124,15 @@ class Clock:
 def _trainer(tmp_path: Path, store: Store, client: JobsClient, clock: Clock | None = None) -> RayJobsTrainer:
     clock = clock or Clock()
     return RayJobsTrainer(
-        _config(tmp_path), store, RUN, client, tmp_path, clock=lambda: T0, wait=clock.sleep, monotonic=clock
+        _config(tmp_path),
+        store,
+        RUN,
+        client,
+        RunFolder(tmp_path / "run"),
+        tmp_path,
+        clock=lambda: T0,
+        wait=clock.sleep,
+        monotonic=clock,
     )
 
 
@@ -172,6 +181,9 @@ def test_launch_submits_once_with_the_plans_env(tmp_path: Path, store: Store) ->
     assert env["RAY_JOB_STOP_SIGNAL"] == "SIGINT" and env["RAY_JOB_STOP_WAIT_TIME_S"] == "3"
     assert sent["metadata"] == {"guardian_run": RUN, "guardian_attempt_id": str(attempt.id)}
     assert trainer.alive() is True and trainer.exit_status() is None
+    record = json.loads((tmp_path / "run/attempt-1/command.json").read_text())
+    assert record["ray_job"] == sid and record["entrypoint"] == sent["entrypoint"]
+    assert (tmp_path / "run/attempt-1/metrics.jsonl").exists()
 
     # a guardian started again finds the job: no second submit
     again = _trainer(tmp_path, store, jobs)
@@ -282,7 +294,7 @@ def test_a_real_job_submitted_stopped_and_found_again(ray_head: str, tmp_path: P
     plan = StoredPlan(argv=(sys.executable, "ticker.py", str(metrics)), env={"VERL_FILE_LOGGER_PATH": str(metrics)})
 
     def trainer() -> RayJobsTrainer:
-        return RayJobsTrainer(config, store, RUN, client, tmp_path, clock=time.time)
+        return RayJobsTrainer(config, store, RUN, client, RunFolder(tmp_path / "run"), tmp_path, clock=time.time)
 
     first = trainer()
     attempt = _attempt(store, tmp_path)

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from guardian.actions.launcher import RunFolder, prepare_attempt
 from guardian.actions.process import LOST, ExitStatus
 from guardian.config import GuardianConfig
 from guardian.logs import event, get_logger
@@ -141,6 +142,7 @@ class RayJobsTrainer:
     store: Store
     run_id: str
     client: JobsClient
+    folder: RunFolder
     cwd: Path
     clock: Callable[[], float]
     on_launch: Callable[[int, int, tuple[str, ...]], None] = lambda attempt_id, number, argv: None
@@ -179,9 +181,18 @@ class RayJobsTrainer:
         fields: dict[str, object] = {"run": self.run_id, "attempt": number, "job": sid}
         info = self._info(sid)
         if info is None:
+            line = entrypoint(argv, self.cwd)
+            prepare_attempt(
+                self.folder,
+                number,
+                argv=argv,
+                extra_env=extra_env,
+                cwd=self.cwd,
+                record={"ray_job": sid, "entrypoint": line},
+            )
             started = self.monotonic()
             self.client.submit_job(
-                entrypoint=entrypoint(argv, self.cwd),
+                entrypoint=line,
                 submission_id=sid,
                 runtime_env={"env_vars": self._env_vars(sid, extra_env)},
                 metadata={"guardian_run": self.run_id, "guardian_attempt_id": str(attempt_id)},

@@ -93,7 +93,14 @@ class Supervisor:
             )
         else:
             self.trainer = RayJobsTrainer(
-                self.config, self.store, self.run_id, self.jobs, self.cwd, self.clock, on_launch=self._follow
+                self.config,
+                self.store,
+                self.run_id,
+                self.jobs,
+                self.folder,
+                self.cwd,
+                self.clock,
+                on_launch=self._follow,
             )
         self.guardian = Guardian(
             config=self.config,
