@@ -34,6 +34,7 @@ from guardian.rescue.ray_jobs import (
 from guardian.store import AttemptView, Store, StoredPlan
 
 T0 = 1_800_000_000.0
+REPO_ROOT = Path(__file__).resolve().parents[1]  # the demo trainer is imported from here by the job
 RUN = "ray-run-1"
 
 
@@ -326,3 +327,29 @@ def test_a_real_job_submitted_stopped_and_found_again(ray_head: str, tmp_path: P
         f"\nray jobs: submit->RUNNING {to_running:.2f}s, then 2 metrics lines {to_first_line:.2f}s, "
         f"stop->STOPPED {to_terminal:.2f}s"
     )
+
+
+@pytest.mark.slow
+def test_the_demo_collapse_guarded_as_ray_jobs(ray_head: str, tmp_path: Path) -> None:
+    """guardian run --ray-address: the collapse is stopped with stop_job, rolled back, patched and resubmitted."""
+    from test_run_e2e import collapse_command, config_for
+
+    from guardian.commands.run import RunRequest, run_guarded
+    from guardian.rescue.policy import State
+
+    home, ckpt = tmp_path / "home", tmp_path / "ckpt"
+    config = config_for(home)
+    request = RunRequest(tuple(collapse_command(ckpt)), REPO_ROOT, "ray-collapse", ray_address=ray_head)
+    started = time.monotonic()
+    assert run_guarded(config, request) == 0
+    with Store.open(config.database_url()) as store:
+        (intervention,) = [i for i in store.interventions("ray-collapse") if i.state != State.RELAPSED]
+        assert intervention.state == State.RESOLVED
+        attempts = store.attempts("ray-collapse")
+    client = connect(ray_head)
+    assert len(attempts) >= 2
+    assert str(client.get_job_info(submission_id("ray-collapse", 1)).status) == "STOPPED"
+    assert str(client.get_job_info(submission_id("ray-collapse", len(attempts))).status) == "SUCCEEDED"
+    record = json.loads((home / "runs/ray-collapse/attempt-2/command.json").read_text())
+    assert f"trainer.resume_from_path={ckpt}/global_step_{intervention.target_step}" in record["argv"]
+    print(f"\nray jobs demo: collapse -> resolved in {time.monotonic() - started:.1f}s, {len(attempts)} jobs")
