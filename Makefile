@@ -19,7 +19,9 @@ install: $(BIN)/guardian
 # tests are not collected): the CPU build of torch, transformers in verl 0.9.1's range, Ray and the rest of verl's
 # import chain (the agent loop's: pillow, datasets, cachetools)
 gpu-test-deps: install
-	$(BIN)/pip install --quiet torch==2.13.0 'transformers>=5.5.3,<5.11' pyarrow ray==2.60.0 tensordict==0.10.0 codetiming \
+	# ray[default]: the dashboard and its Jobs API (tests/test_ray_jobs.py, guardian run --ray-address);
+	# packaging<26: tensordict's pyvers refuses the newer one ray[default]'s virtualenv pulls in
+	$(BIN)/pip install --quiet torch==2.13.0 'transformers>=5.5.3,<5.11' pyarrow 'ray[default]==2.60.0' 'packaging>=25,<26' tensordict==0.10.0 codetiming \
 		pillow 'datasets==5.2.0' cachetools
 
 demo: install

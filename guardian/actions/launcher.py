@@ -55,24 +55,38 @@ def launch_attempt(
 ) -> TrainerHandle:
     """Launch attempt ``number``, or attach to it if an earlier guardian already launched it (its runner
     left a start record): a restarted guardian never starts a second trainer for one attempt."""
-    attempt_dir = folder.attempt(number)
-    attempt_dir.mkdir(parents=True, exist_ok=True)
+    folder.attempt(number).mkdir(parents=True, exist_ok=True)
     exit_file = folder.exit_file(number)
     existing = attach_attempt(control, folder, number, argv=argv)
     if existing is not None:
         return existing
-    write_atomically(
-        attempt_dir / "command.json",
-        orjson.dumps({"argv": list(argv), "env": dict(extra_env), "cwd": str(cwd)}, option=orjson.OPT_INDENT_2),
-    )
-    overrides = [a for a in argv if "=" in a and not a.startswith("-")]
-    write_atomically(attempt_dir / "overrides.txt", ("\n".join(overrides) + "\n").encode())
-    folder.metrics(number).touch()  # verl does not create the logger file's parent; the file marks the attempt
+    attempt_dir = prepare_attempt(folder, number, argv=argv, extra_env=extra_env, cwd=cwd)
     handle = control.launch(
         argv, env={**env, **extra_env}, cwd=cwd, stdout_path=folder.stdout(number), exit_file=exit_file
     )
     log.info(event("attempt_launched", {"attempt": number, "pid": handle.pid, "dir": attempt_dir}))
     return handle
+
+
+def prepare_attempt(
+    folder: RunFolder,
+    number: int,
+    *,
+    argv: Sequence[str],
+    extra_env: Mapping[str, str],
+    cwd: Path,
+    record: Mapping[str, object] | None = None,
+) -> Path:
+    """Attempt ``number``'s folder before its launch: what it runs (command.json, with ``record``'s fields; its
+    Hydra overrides) and its empty metrics file. Returns the folder."""
+    attempt_dir = folder.attempt(number)
+    attempt_dir.mkdir(parents=True, exist_ok=True)
+    command = {"argv": list(argv), "env": dict(extra_env), "cwd": str(cwd), **(record or {})}
+    write_atomically(attempt_dir / "command.json", orjson.dumps(command, option=orjson.OPT_INDENT_2))
+    overrides = [a for a in argv if "=" in a and not a.startswith("-")]
+    write_atomically(attempt_dir / "overrides.txt", ("\n".join(overrides) + "\n").encode())
+    folder.metrics(number).touch()  # verl does not create the logger file's parent; the file marks the attempt
+    return attempt_dir
 
 
 def attach_attempt(

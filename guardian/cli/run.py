@@ -22,6 +22,11 @@ def register(add: AddCommand) -> None:
     p.add_argument("--dry-run", action="store_true", help="print the command the first attempt would run, and exit")
     p.add_argument("--no-live", action="store_true", help="no live terminal view (logs only)")
     p.add_argument("--export", type=int, metavar="PORT", help="serve Prometheus metrics on 127.0.0.1:PORT")
+    p.add_argument(
+        "--ray-address",
+        metavar="ADDR",
+        help="submit the trainer as Ray Jobs to this cluster's dashboard (http://HEAD:8265) instead of a local process",
+    )
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- python -m verl.trainer.main_ppo key=value ...")
     p.set_defaults(func=cmd_run)
 
@@ -61,6 +66,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         attach=bool(args.attach),
         dry_run=args.dry_run,
         live=sys.stdout.isatty() and not args.no_live,
+        ray_address=args.ray_address,
     )
     return run_guarded(config, request)
 

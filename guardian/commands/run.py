@@ -31,6 +31,7 @@ from guardian.loop.guard import guard
 from guardian.loop.outlets import outlets
 from guardian.loop.pace import PollPace
 from guardian.notify.setup import check_sinks
+from guardian.rescue.ray_jobs import JobsClient, RayJobsError, connect
 from guardian.rescue.supervisor import Supervisor
 from guardian.sinks.snapshot import GuardianSource
 from guardian.store import Store
@@ -48,6 +49,7 @@ class RunRequest:
     attach: bool = False
     dry_run: bool = False
     live: bool = False
+    ray_address: str | None = None  # submit each attempt to this Ray cluster's Jobs API (http://HEAD:8265)
 
 
 def _die_after(state: str) -> Callable[[str], None]:
@@ -72,9 +74,11 @@ def local_supervisor(
     command: Sequence[str],
     cwd: Path,
     after_commit: Callable[[str], None] = lambda state: None,
+    jobs: JobsClient | None = None,
 ) -> Supervisor:
     """A supervisor for a trainer launched as a local process group, in this process's environment less
-    ``NOT_FOR_THE_TRAINER``."""
+    ``NOT_FOR_THE_TRAINER``; or, given ``jobs``, submitted as Ray jobs (the cluster's environment, plus the
+    attempt's own variables)."""
     return Supervisor(
         config=config,
         store=store,
@@ -85,11 +89,15 @@ def local_supervisor(
         control=LocalProcessControl(),
         clock=time.time,
         after_commit=after_commit,
+        jobs=jobs,
     )
 
 
-def register_run(store: Store, supervisor: Supervisor, *, name: str) -> None:
-    """Record a new run with what a later ``guardian run --attach`` needs: its command and cwd."""
+def register_run(store: Store, supervisor: Supervisor, *, name: str, ray_address: str | None = None) -> None:
+    """Record a new run with what a later ``guardian run --attach`` needs: its command, cwd and Ray address."""
+    saved: dict[str, object] = {"command": list(supervisor.command), "cwd": str(supervisor.cwd)}
+    if ray_address is not None:
+        saved["ray_address"] = ray_address
     store.ensure_run(
         supervisor.run_id,
         name=name,
@@ -98,7 +106,7 @@ def register_run(store: Store, supervisor: Supervisor, *, name: str) -> None:
         checkpoints_dir=str(supervisor.checkpoint_dir),
         mode=supervisor.config.mode,
         now=time.time(),
-        config_json=orjson.dumps({"command": list(supervisor.command), "cwd": str(supervisor.cwd)}).decode(),
+        config_json=orjson.dumps(saved).decode(),
     )
 
 
@@ -154,7 +162,7 @@ def run_guarded(config: GuardianConfig, request: RunRequest, *, stop: threading.
     check_sinks(config, os.environ)  # a missing webhook URL or token refuses before anything is written
     with Store.open(config.database_url(), busy_timeout_s=config.store.busy_timeout_s) as store:
         known = store.get_run(request.run_id)
-        command, cwd = request.command, request.cwd
+        command, cwd, ray_address = request.command, request.cwd, request.ray_address
         if known is not None and known.status in ("finished", "gave_up") and not request.attach:
             # a new run under a fresh id; the request's flags (--dry-run above all) stay as asked
             fresh = f"{request.run_id[: MAX_RUN_ID - 15]}-{time.strftime('%Y%m%d%H%M%S')}"
@@ -163,11 +171,19 @@ def run_guarded(config: GuardianConfig, request: RunRequest, *, stop: threading.
         if known is not None:
             saved = orjson.loads(known.config_json or "{}")
             command, cwd = tuple(saved.get("command") or command), Path(saved.get("cwd") or cwd)
+            ray_address = ray_address or saved.get("ray_address")
         elif request.attach:
             log.error(event("error", {"message": f"no run {request.run_id!r} in {store.url}"}))
             return 1
         hook = _die_after(os.environ[DIE_AFTER_ENV]) if os.environ.get(DIE_AFTER_ENV) else (lambda s: None)
-        supervisor = local_supervisor(config, store, run_id=request.run_id, command=command, cwd=cwd, after_commit=hook)
+        try:
+            jobs = connect(ray_address) if ray_address else None
+        except RayJobsError as exc:
+            log.error(event("ray_unavailable", {"run": request.run_id, "address": ray_address, "message": str(exc)}))
+            return 1
+        supervisor = local_supervisor(
+            config, store, run_id=request.run_id, command=command, cwd=cwd, after_commit=hook, jobs=jobs
+        )
         if request.dry_run:
             files = supervisor.files.prepare(command)
             sys.stdout.write(
@@ -184,7 +200,7 @@ def run_guarded(config: GuardianConfig, request: RunRequest, *, stop: threading.
                 log.error(event("checkpoint_dir_locked", {"run": request.run_id, "message": str(exc)}))
                 return 1
             if known is None:
-                register_run(store, supervisor, name=" ".join(command)[:200])
+                register_run(store, supervisor, name=" ".join(command)[:200], ray_address=ray_address)
             # with the live view a person reads the terminal: warnings there, every line in the run's guardian.log
             log_file = held.enter_context(
                 logging_to_file(supervisor.folder.root / "guardian.log", quiet_terminal=request.live)

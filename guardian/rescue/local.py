@@ -73,6 +73,10 @@ class LocalTrainer:
             return None
         return self.control.exit_status(self.attempt.handle)
 
+    def launched_at(self) -> float | None:
+        """When the followed trainer was launched (or attached to); None without one."""
+        return self.attempt.started_at if self.attempt is not None and self.attempt.handle is not None else None
+
     def argv(self, default: Sequence[str]) -> tuple[str, ...]:
         """The current attempt's command (``default`` before any launch)."""
         return self.attempt.argv if self.attempt is not None else tuple(default)

@@ -44,6 +44,7 @@ from guardian.rescue.executor import Executor
 from guardian.rescue.local import LocalCheckpoints, LocalPlanner, LocalTrainer
 from guardian.rescue.outcome import Outcome, measure_outcome
 from guardian.rescue.pinner import Pinner
+from guardian.rescue.ray_jobs import JobsClient, RayJobsTrainer
 from guardian.rescue.snapshot import RescueSnapshot, StandingFinding, TrainerFacts
 from guardian.sources.checkpoints import resumable, scan_checkpoints
 from guardian.sources.jsonl import MetricsFile
@@ -69,23 +70,38 @@ class Supervisor:
     after_commit: Callable[[str], None] = lambda state: None
     # sends an alert straight to the notifiers, bypassing the store (Dispatcher.announce)
     announce: Callable[[Alert], None] = lambda alert: None
+    # the Jobs API of a Ray cluster: each attempt is submitted there as a Ray job instead of a local process group
+    jobs: JobsClient | None = None
 
     def __post_init__(self) -> None:
         self.folder = RunFolder(self.config.home.resolve() / "runs" / self.run_id)
         self.files = self._run_files(1)
         first = self.files.prepare(self.command)
         self.checkpoint_dir = first.checkpoint_dir
-        self.trainer = LocalTrainer(
-            self.config,
-            self.store,
-            self.run_id,
-            self.control,
-            self.folder,
-            self.env,
-            self.cwd,
-            self.clock,
-            on_launch=self._follow,
-        )
+        self.trainer: LocalTrainer | RayJobsTrainer
+        if self.jobs is None:
+            self.trainer = LocalTrainer(
+                self.config,
+                self.store,
+                self.run_id,
+                self.control,
+                self.folder,
+                self.env,
+                self.cwd,
+                self.clock,
+                on_launch=self._follow,
+            )
+        else:
+            self.trainer = RayJobsTrainer(
+                self.config,
+                self.store,
+                self.run_id,
+                self.jobs,
+                self.folder,
+                self.cwd,
+                self.clock,
+                on_launch=self._follow,
+            )
         self.guardian = Guardian(
             config=self.config,
             store=self.store,
@@ -220,7 +236,7 @@ class Supervisor:
             mode=Mode(self.config.mode),
             trainer=TrainerFacts(
                 attempt_id=attempt.id if attempt else None,
-                launched_at=attempt.started_at if attempt and attempt.handle else None,
+                launched_at=self.trainer.launched_at(),
                 exit_status=exit_status,
                 stopped_in_outage=attempt is not None and attempt.id == self.trainer.stopped_in_outage,
             ),

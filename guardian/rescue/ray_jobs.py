@@ -1,0 +1,301 @@
+"""The rescue's ``TrainerPort`` for a trainer submitted to a Ray cluster as a Ray Job (the Jobs API of the cluster's
+dashboard, ``ray.job_submission.JobSubmissionClient``), in place of a local process group (``rescue.local``).
+
+Each attempt is one job whose submission id is derived from the run id and the attempt's number, so a guardian
+started again finds the job an earlier one submitted instead of submitting a second trainer: ``launch`` and
+``attach`` read the job first and submit only when the cluster has none of that id. The job's metadata names the
+attempt's store row; a job of the same id from another store (a reused run id) is refused, never adopted.
+
+Stopping is the Jobs API's own: ``stop_job`` makes the job's supervisor send ``RAY_JOB_STOP_SIGNAL`` (set to SIGINT
+through the job's env_vars) to the driver's process tree, then SIGKILL after ``RAY_JOB_STOP_WAIT_TIME_S`` (the
+config's SIGINT + SIGTERM waits); the guardian polls until the job is terminal, allowing the SIGKILL wait on top.
+There is nothing stronger to escalate to through the API (``delete_job`` only deletes terminal jobs): a job still
+live then is reported with its driver's node, and the guardian refuses to relaunch (never two trainers at once).
+
+What is not covered: Ray actors the driver left running (detached actors) and workers of other drivers; the metrics
+file, rollout dumps and checkpoints must be on a file system the guardian reads (a local head, or a shared one).
+Ray is imported only by ``connect``: guardian imports and runs without it.
+"""
+
+from __future__ import annotations
+
+import math
+import shlex
+import signal
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from guardian.actions.launcher import RunFolder, prepare_attempt
+from guardian.actions.process import LOST, ExitStatus
+from guardian.config import GuardianConfig
+from guardian.logs import event, get_logger
+from guardian.rescue.local import OUTPUT_TAIL_BYTES, StopFailedError
+from guardian.store import AttemptView, Store, StoredPlan
+
+log = get_logger("ray_jobs")
+
+RAY_INSTALL = "pip install 'ray[default]==2.60.0'"
+LIVE = frozenset({"PENDING", "RUNNING"})
+STOP_SIGNAL = signal.SIGINT  # what stop_job sends first (RAY_JOB_STOP_SIGNAL); a STOPPED job reads as killed by it
+POLL_S = 0.2
+NOT_FOUND = "status code 404"  # JobSubmissionClient raises RuntimeError with the HTTP status in its text
+
+
+class RayJobsError(RuntimeError):
+    """The Ray cluster or its Jobs API cannot do what the guardian needs; the message says what to do."""
+
+
+class JobInfo(Protocol):
+    """What the guardian reads of ``JobSubmissionClient.get_job_info`` (ray's ``JobDetails``)."""
+
+    @property
+    def status(self) -> str: ...  # a JobStatus, a str enum
+    @property
+    def message(self) -> str | None: ...
+    @property
+    def driver_exit_code(self) -> int | None: ...
+    @property
+    def driver_node_id(self) -> str | None: ...
+    @property
+    def metadata(self) -> dict[str, str] | None: ...
+
+
+class JobsClient(Protocol):
+    """The few methods of ``ray.job_submission.JobSubmissionClient`` the guardian calls."""
+
+    def submit_job(
+        self, *, entrypoint: str, submission_id: str, runtime_env: dict[str, object], metadata: dict[str, str]
+    ) -> str: ...
+    def stop_job(self, job_id: str) -> bool: ...
+    def get_job_info(self, job_id: str) -> JobInfo: ...
+    def get_job_logs(self, job_id: str) -> str: ...
+
+
+def connect(address: str) -> JobsClient:
+    """A Jobs API client for the cluster at ``address`` (``http://HEAD:8265``). Raises ``RayJobsError`` when ray
+    is not installed or the cluster's dashboard does not answer."""
+    try:
+        from ray.job_submission import JobSubmissionClient
+    except ImportError as exc:
+        raise RayJobsError(f"--ray-address needs ray with its Jobs API: {RAY_INSTALL} ({exc})") from exc
+    try:
+        client: JobsClient = JobSubmissionClient(address)
+    except (ConnectionError, RuntimeError, ValueError) as exc:
+        raise RayJobsError(
+            f"the Ray Jobs API at {address} does not answer ({exc}): is the head up with its dashboard "
+            "(ray start --head --include-dashboard=true) and is this its dashboard address (port 8265 by default)?"
+        ) from exc
+    return client
+
+
+def submission_id(run_id: str, number: int) -> str:
+    """The job id of a run's attempt: the same for every guardian of that run, so a restart finds its job."""
+    return f"guardian-{run_id}-{number}"
+
+
+def entrypoint(argv: Sequence[str], cwd: Path) -> str:
+    """The job's shell command: ``argv`` quoted word by word, run in ``cwd`` (the driver's own working directory is
+    a Ray session folder, and the user's command may name relative paths)."""
+    return f"cd {shlex.quote(str(cwd))} && exec {shlex.join(argv)}"
+
+
+def exit_status_of(info: JobInfo) -> ExitStatus | None:
+    """How a job ended: None while it is live; SUCCEEDED exit 0; FAILED the driver's exit code (1 when Ray knows
+    none, e.g. its supervisor died); STOPPED killed by the stop signal."""
+    status = str(info.status)
+    if status in LIVE:
+        return None
+    if status == "SUCCEEDED":
+        return ExitStatus(0, None)
+    if status == "STOPPED":
+        return ExitStatus(None, STOP_SIGNAL)
+    code = info.driver_exit_code
+    if code is None or code == 0:
+        return ExitStatus(1, None)
+    return ExitStatus.from_returncode(code)
+
+
+def not_found(exc: RuntimeError) -> bool:
+    return NOT_FOUND in str(exc)
+
+
+@dataclass
+class JobAttempt:
+    """The attempt this guardian follows, as a Ray job."""
+
+    id: int
+    number: int
+    argv: tuple[str, ...]
+    submission_id: str
+    started_at: float
+    ended: ExitStatus | None = None  # a terminal status, once seen (it never changes)
+
+
+@dataclass
+class RayJobsTrainer:
+    """``TrainerPort`` (and what the supervisor reads: ``alive``, ``exit_status``) for a trainer run as Ray Jobs."""
+
+    config: GuardianConfig
+    store: Store
+    run_id: str
+    client: JobsClient
+    folder: RunFolder
+    cwd: Path
+    clock: Callable[[], float]
+    on_launch: Callable[[int, int, tuple[str, ...]], None] = lambda attempt_id, number, argv: None
+    wait: Callable[[float], None] = time.sleep
+    monotonic: Callable[[], float] = time.monotonic
+    attempt: JobAttempt | None = None
+    stopped_in_outage: int | None = None
+
+    # -- what the snapshot reads ----------------------------------------------------------------------
+    def alive(self) -> bool | None:
+        if self.attempt is None:
+            return None
+        return self.exit_status() is None
+
+    def exit_status(self) -> ExitStatus | None:
+        if self.attempt is None:
+            return None
+        if self.attempt.ended is None:
+            info = self._info(self.attempt.submission_id)
+            self.attempt.ended = LOST if info is None else exit_status_of(info)
+        return self.attempt.ended
+
+    def launched_at(self) -> float | None:
+        return self.attempt.started_at if self.attempt is not None else None
+
+    def argv(self, default: Sequence[str]) -> tuple[str, ...]:
+        return self.attempt.argv if self.attempt is not None else tuple(default)
+
+    # -- launching -------------------------------------------------------------------------------------
+    def launch(self, attempt: AttemptView, plan: StoredPlan) -> None:
+        self.start(attempt.id, attempt.number, plan.argv, plan.env)
+
+    def start(self, attempt_id: int, number: int, argv: Sequence[str], extra_env: Mapping[str, str]) -> None:
+        """Submit the attempt's job, or follow it when the cluster already has it (an earlier guardian submitted it)."""
+        sid = submission_id(self.run_id, number)
+        fields: dict[str, object] = {"run": self.run_id, "attempt": number, "job": sid}
+        info = self._info(sid)
+        if info is None:
+            line = entrypoint(argv, self.cwd)
+            prepare_attempt(
+                self.folder,
+                number,
+                argv=argv,
+                extra_env=extra_env,
+                cwd=self.cwd,
+                record={"ray_job": sid, "entrypoint": line},
+            )
+            started = self.monotonic()
+            self.client.submit_job(
+                entrypoint=line,
+                submission_id=sid,
+                runtime_env={"env_vars": self._env_vars(sid, extra_env)},
+                metadata={"guardian_run": self.run_id, "guardian_attempt_id": str(attempt_id)},
+            )
+            log.warning(event("job_submitted", {**fields, "seconds": round(self.monotonic() - started, 3)}))
+        else:
+            self._check_owner(sid, info, attempt_id)
+            log.warning(event("job_attached", {**fields, "status": str(info.status)}))
+        self.attempt = JobAttempt(attempt_id, number, tuple(argv), sid, self.clock())
+        self.on_launch(attempt_id, number, tuple(argv))
+
+    def attach(self, attempt: AttemptView, argv: Sequence[str]) -> None:
+        """Follow the job an earlier guardian submitted for ``attempt``; a job the cluster no longer knows (the cluster
+        was restarted, the job deleted) reads as ended with its status lost."""
+        sid = submission_id(self.run_id, attempt.number)
+        info = self._info(sid)
+        if info is not None:
+            self._check_owner(sid, info, attempt.id)
+        fields = {"run": self.run_id, "attempt": attempt.number, "job": sid}
+        log.warning(event("job_attached", {**fields, "status": str(info.status) if info else "unknown to the cluster"}))
+        self.attempt = JobAttempt(attempt.id, attempt.number, tuple(argv), sid, self.clock())
+
+    def _env_vars(self, sid: str, extra_env: Mapping[str, str]) -> dict[str, str]:
+        ic = self.config.intervention
+        return {
+            **extra_env,
+            "GUARDIAN_TRAINER": sid,
+            "RAY_JOB_STOP_SIGNAL": STOP_SIGNAL.name,
+            # Ray reads an integer: SIGKILL follows this many seconds after the stop signal
+            "RAY_JOB_STOP_WAIT_TIME_S": str(max(1, math.ceil(ic.stop_sigint_s + ic.stop_sigterm_s))),
+        }
+
+    def _check_owner(self, sid: str, info: JobInfo, attempt_id: int) -> None:
+        owner = (info.metadata or {}).get("guardian_attempt_id")
+        if owner != str(attempt_id):
+            raise RayJobsError(
+                f"Ray job {sid} ({info.status}) belongs to another guardian store (its attempt id {owner}, this "
+                f"store's {attempt_id}): the run id is reused on this cluster. Pick another --run-id, or remove the "
+                f"old job: ray job stop {sid}; ray job delete {sid}"
+            )
+
+    # -- stopping --------------------------------------------------------------------------------------
+    def stop(self, *, reason: str) -> None:
+        if self.attempt is None:
+            return
+        self.halt(reason=reason)
+        self._record_end(self.exit_status())
+
+    def halt(self, *, reason: str) -> None:
+        """Stop the attempt's job and wait until it is terminal (nothing is stored: also while the store is down)."""
+        if self.attempt is None or self.exit_status() is not None:
+            return
+        sid, ic = self.attempt.submission_id, self.config.intervention
+        started = self.monotonic()
+        self.client.stop_job(sid)
+        deadline = started + ic.stop_sigint_s + ic.stop_sigterm_s + ic.stop_sigkill_s
+        info = self._info(sid)
+        while info is not None and str(info.status) in LIVE and self.monotonic() < deadline:
+            self.wait(POLL_S)
+            info = self._info(sid)
+        if info is None or str(info.status) not in LIVE:
+            self.attempt.ended = LOST if info is None else exit_status_of(info)
+        status = str(info.status) if info is not None else "unknown to the cluster"
+        fields = {"run": self.run_id, "attempt": self.attempt.number, "job": sid, "reason": reason}
+        log.warning(
+            event("trainer_stopped", {**fields, "status": status, "seconds": round(self.monotonic() - started, 3)})
+        )
+        if info is not None and status in LIVE:
+            node = f" (driver on node {info.driver_node_id})" if info.driver_node_id else ""
+            raise StopFailedError(
+                f"Ray job {sid}{node} is still {status} {self.monotonic() - started:.0f}s after stop_job; refusing to "
+                "relaunch (never two trainers at once). Look with ray job status/logs " + sid + ", stop its driver "
+                f"(ray job stop {sid}, or ray stop --force on that node), then guardian run --attach {self.run_id}"
+            )
+
+    def halt_in_outage(self, *, reason: str) -> None:
+        self.halt(reason=reason)
+        self.stopped_in_outage = self.attempt.id if self.attempt is not None else None
+
+    def finish(self, status: ExitStatus) -> None:
+        self._record_end(status)
+
+    def _record_end(self, status: ExitStatus | None) -> None:
+        if self.attempt is not None:
+            exit_code = status.exit_code if status else None
+            self.store.end_attempt(self.attempt.id, exit_code=exit_code, now=self.clock())
+
+    def output_tail(self) -> str:
+        if self.attempt is None:
+            return ""
+        try:
+            logs = self.client.get_job_logs(self.attempt.submission_id)
+        except RuntimeError as exc:
+            if not_found(exc):
+                return ""
+            raise OSError(f"Ray job {self.attempt.submission_id}'s logs cannot be read: {exc}") from exc
+        return logs[-OUTPUT_TAIL_BYTES:].strip()
+
+    def _info(self, sid: str) -> JobInfo | None:
+        """The job's details, None when the cluster has no job of that id."""
+        try:
+            return self.client.get_job_info(sid)
+        except RuntimeError as exc:
+            if not_found(exc):
+                return None
+            raise
