@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import re
 import sys
+import threading
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
@@ -38,13 +39,18 @@ def init_logging(level: str | None = None) -> None:
 
 
 @contextmanager
-def logging_to_file(path: Path, *, quiet_terminal: bool, quiet_level: int = logging.WARNING) -> Iterator[Path]:
+def logging_to_file(
+    path: Path, *, quiet_terminal: bool, quiet_level: int = logging.WARNING, only_run: str | None = None
+) -> Iterator[Path]:
     """Every log line of the block also goes to ``path`` (appended). With ``quiet_terminal`` - a person reads the
     story the command prints - the terminal shows lines from ``quiet_level`` up only (warnings and errors by
-    default), unless ``--log-level`` chose its level."""
+    default), unless ``--log-level`` chose its level. ``only_run``: several runs are guarded in this process, the
+    file takes the lines of this thread and the lines naming that run (``run=ID``) only."""
     path.parent.mkdir(parents=True, exist_ok=True)
     handler = logging.FileHandler(path, encoding="utf-8")
     handler.setFormatter(logging.Formatter(FORMAT))
+    if only_run is not None:
+        handler.addFilter(_RunLines(threading.get_ident(), only_run))
     root = logging.getLogger(LOGGER_NAME)
     root.addHandler(handler)
     terminal, before = _terminal, _terminal.level if _terminal is not None else logging.NOTSET
@@ -57,6 +63,18 @@ def logging_to_file(path: Path, *, quiet_terminal: bool, quiet_level: int = logg
         handler.close()
         if terminal is not None:
             terminal.setLevel(before)
+
+
+class _RunLines(logging.Filter):
+    """The lines of one run among several guarded in one process: its guard thread's, and any naming it."""
+
+    def __init__(self, thread: int, run_id: str) -> None:
+        super().__init__()
+        self._thread = thread
+        self._field = re.compile(f"(?:^| )run={re.escape(_quote(run_id))}(?: |$)")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.thread == self._thread or self._field.search(record.getMessage()) is not None
 
 
 def get_logger(name: str) -> logging.Logger:

@@ -28,7 +28,7 @@ from guardian.exits import EXIT_INTERRUPTED
 from guardian.ids import MAX_RUN_ID, checked_run_id
 from guardian.logs import event, get_logger, logging_to_file
 from guardian.loop.guard import guard
-from guardian.loop.outlets import outlets
+from guardian.loop.outlets import Outlets, outlets
 from guardian.loop.pace import PollPace
 from guardian.notify.setup import check_sinks
 from guardian.rescue.ray_jobs import JobsClient, RayJobsError, connect
@@ -158,7 +158,28 @@ def _render(supervisor: Supervisor) -> Group:
 
 
 def run_guarded(config: GuardianConfig, request: RunRequest, *, stop: threading.Event | None = None) -> int:
+    """``guardian run``: guard one run in this (the main) thread; Ctrl-C or SIGTERM stop the guardian."""
     stop = stop or threading.Event()
+    previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        return guard_request(config, request, stop)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def guard_request(
+    config: GuardianConfig,
+    request: RunRequest,
+    stop: threading.Event,
+    *,
+    join_fleet: Callable[[Outlets], None] | None = None,
+) -> int:
+    """Open the store, start or re-attach the request's run and guard it until it ends (its exit code) or ``stop``
+    is set (``EXIT_INTERRUPTED``, the trainer left running). ``join_fleet``: the run is one of several this process
+    guards (``guardian fleet``, each in its own thread): it serves no exporter of its own but hands its outlets to
+    the fleet's, which serves every run's snapshots, and its guardian.log takes its own lines only."""
+    fleet = join_fleet is not None
     check_sinks(config, os.environ)  # a missing webhook URL or token refuses before anything is written
     with Store.open(config.database_url(), busy_timeout_s=config.store.busy_timeout_s) as store:
         known = store.get_run(request.run_id)
@@ -203,7 +224,11 @@ def run_guarded(config: GuardianConfig, request: RunRequest, *, stop: threading.
                 register_run(store, supervisor, name=" ".join(command)[:200], ray_address=ray_address)
             # with the live view a person reads the terminal: warnings there, every line in the run's guardian.log
             log_file = held.enter_context(
-                logging_to_file(supervisor.folder.root / "guardian.log", quiet_terminal=request.live)
+                logging_to_file(
+                    supervisor.folder.root / "guardian.log",
+                    quiet_terminal=request.live,
+                    only_run=request.run_id if fleet else None,
+                )
             )
             if request.live:
                 sys.stderr.write(f"guardian: every event line of run {request.run_id} goes to {log_file}\n")
@@ -220,20 +245,25 @@ def run_guarded(config: GuardianConfig, request: RunRequest, *, stop: threading.
                     },
                 )
             )
-            previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
-            try:
-                # the outlets first: a bad webhook setting or a busy port fails before the trainer starts
-                with outlets(config, store, supervisor.guardian, time.time, stop, views_read_store=request.live) as out:
-                    supervisor.announce = out.announce
-                    supervisor.start()
-                    code = guard_loop(
-                        supervisor, stop, config.sources.poll_interval_s, live=request.live, snapshots=out.snapshots
-                    )
-                if code is not None:
-                    return code
-            finally:
-                for sig, handler in previous.items():
-                    signal.signal(sig, handler)
+            # the outlets first: a bad webhook setting or a busy port fails before the trainer starts
+            own = config.model_copy(update={"exporter": config.exporter.model_copy(update={"enabled": False})})
+            with outlets(
+                own if fleet else config,
+                store,
+                supervisor.guardian,
+                time.time,
+                stop,
+                views_read_store=request.live or fleet,
+            ) as out:
+                if join_fleet is not None:
+                    join_fleet(out)
+                supervisor.announce = out.announce
+                supervisor.start()
+                code = guard_loop(
+                    supervisor, stop, config.sources.poll_interval_s, live=request.live, snapshots=out.snapshots
+                )
+            if code is not None:
+                return code
             log.warning(
                 event(
                     "guardian_stopped",

@@ -1,0 +1,93 @@
+"""``guardian fleet FILE``: one guardian process guards every run of a fleet file, each in its own thread.
+
+Each run is guarded exactly as ``guardian run`` guards one (``commands.run.guard_request``: its own config, sources,
+ladder, budget, trainer and notifiers) and writes to the fleet's store. One run's trouble stays its own: a stop
+that takes its full escalation, a source that fails every tick, a refused config or a bug in its guard loop holds
+or ends that run's thread only, and the others keep ticking. The exporter is the fleet's: one ``/metrics`` with
+every run's series under its ``run_id`` label; a run that ended stays there with ``guardian_up 0`` until the
+fleet ends. Ctrl-C or SIGTERM stop every run's guardian, never a trainer (``guardian fleet FILE`` again, or
+``guardian run --attach RUN_ID``, picks them up).
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+from collections.abc import Sequence
+from contextlib import nullcontext
+
+from guardian.actions.verl_keys import PatchError
+from guardian.commands.run import RunRequest, guard_request
+from guardian.config import ConfigError, GuardianConfig
+from guardian.exits import EXIT_ERROR, EXIT_USAGE
+from guardian.faults import fault_fields
+from guardian.fleet.outcome import fleet_exit, meaning
+from guardian.fleet.spec import FleetRun
+from guardian.logs import event, get_logger
+from guardian.sinks.export import FleetSource, serving
+from guardian.store import StoreError, mask_url
+
+log = get_logger("fleet")
+JOIN_POLL_S = 0.5  # the main thread wakes this often while runs are guarded (signals are handled there)
+
+
+def run_fleet(fleet_config: GuardianConfig, runs: Sequence[FleetRun], *, stop: threading.Event | None = None) -> int:
+    """Guard ``runs`` until each ends or the guardian is told to stop; prints one summary line per run."""
+    stop = stop or threading.Event()
+    previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        codes = guard_fleet(fleet_config, runs, stop)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    width = max(len(run.run_id) for run in runs)
+    for run in runs:
+        code = codes[run.run_id]
+        sys.stdout.write(f"{run.run_id:<{width}}  exit {code:<3}  {meaning(code)}\n")
+    return fleet_exit(codes, interrupted=stop.is_set())
+
+
+def guard_fleet(fleet_config: GuardianConfig, runs: Sequence[FleetRun], stop: threading.Event) -> dict[str, int]:
+    """Guard each run in its own thread, serving their snapshots on the fleet's exporter; each run's exit code."""
+    source = FleetSource()
+    codes: dict[str, int] = {}
+    served = (
+        serving(source, fleet_config.exporter, stop, {"runs": len(runs)})
+        if fleet_config.exporter.enabled
+        else nullcontext()
+    )
+    with served:
+        log.info(event("fleet", {"runs": len(runs), "db": mask_url(fleet_config.database_url())}))
+        threads = [
+            threading.Thread(
+                target=_guard_one, args=(run, stop, source, codes), name=f"guard-{run.run_id}", daemon=True
+            )
+            for run in runs
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            while thread.is_alive():
+                thread.join(JOIN_POLL_S)
+    return codes
+
+
+def _guard_one(run: FleetRun, stop: threading.Event, source: FleetSource, codes: dict[str, int]) -> None:
+    """One run's thread: guard it, record its exit code. Nothing it raises reaches another run."""
+    request = RunRequest(command=run.command, cwd=run.cwd, run_id=run.run_id, ray_address=run.ray_address)
+    code = EXIT_ERROR
+    try:
+        code = guard_request(run.config, request, stop, join_fleet=lambda out: source.join(run.run_id, out.snapshots))
+    except (ConfigError, PatchError) as exc:  # this run's settings or command are wrong: the others go on
+        code = EXIT_USAGE
+        log.error(event("fleet_run_refused", {"run": run.run_id, "message": str(exc)}))
+    except StoreError as exc:
+        log.error(event("store_error", {"run": run.run_id, "message": str(exc)}))
+    except Exception as exc:  # a bug in this run's set-up or loop: the other runs go on
+        fields = {"run": run.run_id, **fault_fields(exc), "message": str(exc), "others": "still guarded"}
+        log.error(event("fleet_run_failed", fields), exc_info=True)
+    finally:
+        codes[run.run_id] = code
+        source.stopped(run.run_id)
+        log.warning(event("fleet_run_ended", {"run": run.run_id, "exit": code, "meaning": meaning(code)}))

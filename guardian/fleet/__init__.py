@@ -1,0 +1,1 @@
+"""Several runs guarded by one guardian process (``guardian fleet``)."""

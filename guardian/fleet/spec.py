@@ -1,0 +1,147 @@
+"""The fleet file of ``guardian fleet FILE``: the runs one guardian process guards, each with its own command,
+working directory, guardian.yaml (checks, ladder, budget, mode) and trainer control (a local process group, or
+Ray Jobs at ``ray_address``). The store and the exporter are the fleet's: one database, one ``/metrics``.
+
+    runs:
+      - run_id: search-r1-lr1e6
+        command: [python, -m, verl.trainer.main_ppo, trainer.experiment_name=lr1e6, ...]
+        cwd: /data/search-r1          # default: the fleet file's folder
+        config: guardian-strict.yaml  # default: the fleet's own --config (or the built-in defaults)
+        mode: advise                  # default: that config's mode
+        ray_address: http://head:8265 # default: a local process group
+
+Relative ``cwd`` and ``config`` paths are read from the fleet file's folder. ``command`` is a list of words or
+one shell-quoted string.
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from guardian.config import ConfigError, GuardianConfig, load_config, read_small_text
+from guardian.ids import checked_run_id
+
+MAX_FLEET_BYTES = 1 << 20
+MAX_RUNS = 64  # threads, trainers and store connections of one process: a bigger fleet is several guardians
+
+
+class RunEntry(BaseModel):
+    """One run of the fleet file, as written."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    run_id: str = Field(description="The run's id in the store, metrics (run_id label) and run folder.")
+    command: list[str] | str = Field(description="The training command: a list of words or one shell string.")
+    cwd: Path | None = Field(None, description="Where the command runs; default the fleet file's folder.")
+    config: Path | None = Field(None, description="This run's guardian.yaml; default the fleet's.")
+    mode: Literal["observe", "advise", "enforce"] | None = Field(None, description="Overrides the config's mode.")
+    ray_address: str | None = Field(None, description="Submit the run as Ray Jobs to this dashboard address.")
+
+    @field_validator("run_id")
+    @classmethod
+    def _run_id(cls, value: str) -> str:
+        try:
+            return checked_run_id(value)
+        except ValueError as exc:
+            raise ValueError(str(exc)) from None
+
+    @field_validator("command")
+    @classmethod
+    def _command(cls, value: list[str] | str) -> list[str]:
+        words = shlex.split(value) if isinstance(value, str) else list(value)
+        if not words:
+            raise ValueError("the training command is empty")
+        return words
+
+
+class FleetFile(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    runs: list[RunEntry] = Field(min_length=1, max_length=MAX_RUNS)
+
+
+@dataclass(frozen=True, slots=True)
+class FleetRun:
+    """One run to guard: its id, command, folder, guardian.yaml as loaded, and trainer control."""
+
+    run_id: str
+    command: tuple[str, ...]
+    cwd: Path
+    config: GuardianConfig
+    ray_address: str | None
+
+
+def load_fleet(path: Path, fleet_config: GuardianConfig) -> list[FleetRun]:
+    """The runs of the fleet file at ``path``; ``ConfigError`` naming the file, the run and the field when the file
+    or a run's guardian.yaml is wrong, or two runs share an id. Every run writes to the fleet's store
+    (``fleet_config``'s database, whatever its own guardian.yaml says)."""
+    text = read_small_text(path, f"fleet file {path}", limit=MAX_FLEET_BYTES, expected="a fleet YAML file")
+    try:
+        loaded: Any = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"fleet file {path} is not valid YAML: {exc}") from None
+    try:
+        fleet = FleetFile.model_validate(loaded if loaded is not None else {})
+    except ValidationError as exc:
+        raise ConfigError(_validation_text(path, loaded, exc)) from None
+    _refuse_repeats(path, [entry.run_id for entry in fleet.runs])
+    folder = path.resolve().parent
+    return [_resolved(entry, folder, fleet_config) for entry in fleet.runs]
+
+
+def _resolved(entry: RunEntry, folder: Path, fleet_config: GuardianConfig) -> FleetRun:
+    if entry.config is None:
+        config = fleet_config
+    else:
+        own = entry.config if entry.config.is_absolute() else folder / entry.config
+        try:
+            config = load_config(own)
+        except ConfigError as exc:
+            raise ConfigError(f"run {entry.run_id} of the fleet: {exc}") from None
+    update: dict[str, object] = {"db_url": fleet_config.database_url()}
+    if entry.mode is not None:
+        update["mode"] = entry.mode
+    cwd = entry.cwd if entry.cwd is None or entry.cwd.is_absolute() else folder / entry.cwd
+    return FleetRun(
+        run_id=entry.run_id,
+        command=tuple(entry.command),
+        cwd=(cwd or folder).resolve(),
+        config=config.model_copy(update=update),
+        ray_address=entry.ray_address,
+    )
+
+
+def _refuse_repeats(path: Path, run_ids: Sequence[str]) -> None:
+    seen: set[str] = set()
+    for number, run_id in enumerate(run_ids, start=1):
+        if run_id in seen:
+            raise ConfigError(f"fleet file {path}: runs[{number}] repeats run_id {run_id!r}; each run needs its own")
+        seen.add(run_id)
+
+
+def _validation_text(path: Path, loaded: Any, err: ValidationError) -> str:
+    lines = [f"invalid fleet file {path}:"]
+    for e in err.errors():
+        loc = list(e["loc"])
+        where = "".join(f"[{part + 1}]" if isinstance(part, int) else f".{part}" for part in loc).lstrip(".")
+        if len(loc) >= 2 and loc[0] == "runs" and isinstance(loc[1], int):
+            run_id = _run_id_at(loaded, loc[1])
+            where += f" (run {run_id})" if run_id else ""
+        reason = "unknown key" if e["type"] == "extra_forbidden" else e["msg"].removeprefix("Value error, ")
+        lines.append(f"  {where or '(top level)'}: {reason}")
+    return "\n".join(lines)
+
+
+def _run_id_at(loaded: Any, index: int) -> str | None:
+    try:
+        value = loaded["runs"][index]["run_id"]
+    except (KeyError, IndexError, TypeError):
+        return None
+    return value if isinstance(value, str) else None
