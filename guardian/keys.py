@@ -179,6 +179,7 @@ PROM_LABEL_RESULT = "result"
 PROM_UP = "guardian_up"
 PROM_LAST_POLL_SUCCESS = "guardian_last_poll_success"
 PROM_LAST_POLL_TIMESTAMP = "guardian_last_poll_timestamp_seconds"
+PROM_TICK_DURATION = "guardian_tick_duration_seconds"
 PROM_RUN_INFO = "guardian_run_info"
 PROM_STEP = "guardian_step"
 PROM_LAST_STEP_AGE = "guardian_last_step_age_seconds"
@@ -225,6 +226,7 @@ PROM_METRIC_NAMES: frozenset[str] = frozenset(
         PROM_UP,
         PROM_LAST_POLL_SUCCESS,
         PROM_LAST_POLL_TIMESTAMP,
+        PROM_TICK_DURATION,
         PROM_RUN_INFO,
         PROM_STEP,
         PROM_LAST_STEP_AGE,

@@ -386,3 +386,20 @@ def test_a_fleet_source_keeps_a_run_that_ended_as_down() -> None:
     fleet.stopped("a")
     fleet.stopped("never-joined")
     assert [(snap.run_id, snap.up) for snap in fleet.snapshot()] == [("a", False), ("b", True)]
+
+
+def test_a_guarded_tick_measures_itself_raised_or_not() -> None:
+    from guardian.loop.outage import TickFailures
+    from guardian.loop.ticks import GuardedTick
+
+    now = [10.0]
+
+    def tick(seconds: float, fail: bool = False) -> str:
+        now[0] += seconds
+        if fail:
+            raise OSError("metrics file gone")
+        return "ok"
+
+    guarded = GuardedTick("r", TickFailures(limit=3), timer=lambda: now[0])
+    assert guarded(lambda: tick(0.5)) == (True, "ok") and guarded.last_seconds == pytest.approx(0.5)
+    assert guarded(lambda: tick(2.0, fail=True)) == (False, None) and guarded.last_seconds == pytest.approx(2.0)

@@ -83,6 +83,7 @@ RUN_A = RunSnapshot(
     notifications={("webhook", "sent"): 3, ("webhook", "dropped"): 1, ("grafana", "sent"): 4},
     last_poll_success=True,
     last_poll_success_at=1_764_000_000.0,
+    tick_seconds=0.031,
     pinned_checkpoints=3,
     pinned_bytes=5 << 30,  # one copied pin of 5 GiB (hard links add none)
 )
@@ -130,6 +131,7 @@ def test_values_and_labels_of_one_run() -> None:
         ("guardian_up", run): 1.0,
         ("guardian_last_poll_success", run): 1.0,
         ("guardian_last_poll_timestamp_seconds", run): 1_764_000_000.0,
+        ("guardian_tick_duration_seconds", run): 0.031,
         ("guardian_step", run): 120.0,
         ("guardian_last_step_age_seconds", run): 7.5,
         ("guardian_step_time_seconds", run): 95.0,
@@ -623,10 +625,10 @@ def test_scrapes_serve_the_snapshot_of_the_last_tick(tmp_path: Path) -> None:
         assert source.snapshot()[0] is first
 
         clock[0] = 1_011.0
-        source.record_poll(True)
+        source(True, 0.25)  # what the guard loop calls after a tick: ok, and the tick's duration
         source.stopped()
         [fresh] = source.snapshot()
-    assert (fresh.step, fresh.last_step_age_seconds, fresh.up) == (5, 1.0, False)
+    assert (fresh.step, fresh.last_step_age_seconds, fresh.up, fresh.tick_seconds) == (5, 1.0, False, 0.25)
     assert (fresh.last_poll_success, fresh.last_poll_success_at) == (True, 1_011.0)
 
 

@@ -126,9 +126,9 @@ def guard_loop(
     if stop.is_set():  # told to stop before the first tick: nothing is ticked
         return None
 
-    def record_poll(ok: bool) -> None:
+    def record_poll(ok: bool, seconds: float) -> None:
         if snapshots is not None:
-            snapshots(ok)
+            snapshots(ok, seconds)
         after_tick(ok)
 
     with ExitStack() as held:

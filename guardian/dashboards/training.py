@@ -168,6 +168,16 @@ def _overview() -> list[Json]:
             width=6,
             height=7,
         ),
+        timeseries(
+            "Guardian tick duration",
+            "How long each guard-loop tick of the run took: reading its sources, judging, acting, storing. Far below "
+            "the poll interval when the guardian keeps up; a tick holding a stop or a pin copy runs long for that "
+            "run only (with guardian fleet every run ticks in its own thread).",
+            "s",
+            [target(selector(keys.PROM_TICK_DURATION))],
+            width=12,
+            height=7,
+        ),
     ]
 
 

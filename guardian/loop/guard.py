@@ -1,12 +1,12 @@
 """The one guard loop: ``guardian run``, ``guardian watch`` and ``guardian demo`` each hand it what they tick.
 
 Each pass: the guarded tick (``ticks.GuardedTick``: a tick that raises is logged and the loop goes on), then
-``record_poll(ok)`` - the exporter's poll status, which publishes the tick's one ``RunSnapshot`` - then, once
-``failure_limit`` ticks in a row failed, the ticked object's ``cannot_continue``, then ``show(ok)`` - the views,
-drawn from that same snapshot. Both hooks are side shows: their failure is logged and never fails a tick. The
-loop ends with the tick's code (the run is over, or it gave up) or, when ``wait`` says the guardian was told
-to stop, with None. The wait is injected, so tests drive the loop through time without sleeping; ``pace``
-says how long each wait is.
+``record_poll(ok, seconds)`` - the exporter's poll status and the tick's duration, which publishes the tick's one
+``RunSnapshot`` - then, once ``failure_limit`` ticks in a row failed, the ticked object's ``cannot_continue``,
+then ``show(ok)`` - the views, drawn from that same snapshot. Both hooks are side shows: their failure is logged
+and never fails a tick. The loop ends with the tick's code (the run is over, or it gave up) or, when ``wait``
+says the guardian was told to stop, with None. The wait is injected, so tests drive the loop through time
+without sleeping; ``pace`` says how long each wait is.
 """
 
 from __future__ import annotations
@@ -49,6 +49,10 @@ def _nothing(ok: bool) -> None:
     return None
 
 
+def _no_poll(ok: bool, seconds: float) -> None:
+    return None
+
+
 def guard(
     ticking: Ticking[Code],
     *,
@@ -56,7 +60,7 @@ def guard(
     wait: Callable[[float], bool],
     failure_limit: int,
     resume: str,
-    record_poll: Callable[[bool], None] = _nothing,
+    record_poll: Callable[[bool, float], None] = _no_poll,
     show: Callable[[bool], None] = _nothing,
     passthrough: tuple[type[Exception], ...] = (),
 ) -> Code | None:
@@ -65,7 +69,7 @@ def guard(
     guarded = GuardedTick(ticking.run_id, TickFailures(limit=failure_limit))
     while True:
         ok, code = guarded(ticking.tick, passthrough=passthrough)
-        aside(ticking.run_id, "exporter", partial(record_poll, ok))
+        aside(ticking.run_id, "exporter", partial(record_poll, ok, guarded.last_seconds))
         if guarded.exhausted:
             code = ticking.cannot_continue(cause=guarded.cause(), fix=FIX + resume)
         aside(ticking.run_id, "view", partial(show, ok))

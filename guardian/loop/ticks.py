@@ -9,8 +9,9 @@ show (``aside``): its failure is logged, never counted as a failed tick, and nev
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TypeVar
 
 from guardian.faults import failure_text, fault_fields, is_outage
@@ -26,23 +27,28 @@ class GuardedTick:
     run_id: str
     failures: TickFailures
     last_error: str = ""
+    timer: Callable[[], float] = field(default=time.perf_counter, repr=False)
+    last_seconds: float = 0.0  # how long the last tick took, raised or not (guardian_tick_duration_seconds)
 
     def __call__(
         self, tick: Callable[[], T], *, passthrough: tuple[type[Exception], ...] = ()
     ) -> tuple[bool, T | None]:
         """Run ``tick``: (True, its result), or (False, None) when it raised (``passthrough`` exceptions are
         re-raised: they end the loop on purpose)."""
+        started = self.timer()
         try:
             result = tick()
         except passthrough:
             raise
         except Exception as exc:
+            self.last_seconds = self.timer() - started
             self.last_error = failure_text(exc)
             if self.failures.failed():
                 kind = "outage" if is_outage(exc) else "bug"
                 fields = {"run": self.run_id, "kind": kind, **fault_fields(exc), "next": "retrying every tick"}
                 log.error(event("tick_failed", fields), exc_info=True)
             return False, None
+        self.last_seconds = self.timer() - started
         if self.failures.count:
             log.warning(event("tick_recovered", {"run": self.run_id, "failed_ticks": self.failures.succeeded()}))
         return True, result

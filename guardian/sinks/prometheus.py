@@ -20,6 +20,7 @@ metric                                 type     value
 guardian_up                            gauge    1 while the guardian guards the run (0: it stopped)
 guardian_last_poll_success             gauge    1 if the last poll of the run's sources worked, else 0
 guardian_last_poll_timestamp_seconds   gauge    Unix time of the last *successful* poll
+guardian_tick_duration_seconds         gauge    how long the guard loop's last tick took (read, judge, act, store)
 guardian_run_info                      info     1, labels ``attempt``, ``mode``, ``version``
 guardian_step                          gauge    last training step of the active timeline
 guardian_last_step_age_seconds         gauge    seconds since that step's first line arrived
@@ -153,6 +154,11 @@ class _Families:
         self.poll_timestamp = _gauge(
             keys.PROM_LAST_POLL_TIMESTAMP, "Unix time of the guardian's last successful poll of the run.", "seconds"
         )
+        self.tick_duration = _gauge(
+            keys.PROM_TICK_DURATION,
+            "How long the guard loop's last tick of the run took: reading its sources, judging, acting, storing.",
+            "seconds",
+        )
         self.info = InfoMetricFamily(
             keys.PROM_RUN_INFO.removesuffix("_info"),
             "The run's current attempt number, guardian mode and guardian version.",
@@ -230,6 +236,7 @@ class _Families:
             self.up,
             self.poll_success,
             self.poll_timestamp,
+            self.tick_duration,
             self.info,
             self.step,
             self.step_age,
@@ -256,6 +263,8 @@ class _Families:
         polled_at = snap.last_poll_success_at
         if polled_at is not None and math.isfinite(polled_at):
             self.poll_timestamp.add_metric(run, float(polled_at))
+        if snap.tick_seconds is not None and math.isfinite(snap.tick_seconds):
+            self.tick_duration.add_metric(run, float(snap.tick_seconds))
         attempt = str(snap.attempt) if snap.attempt is not None else ""
         self.info.add_metric(run, {"attempt": attempt, "mode": snap.mode, "version": __version__})
         if snap.step is not None:

@@ -70,6 +70,7 @@ class RunSnapshot:
     up: bool = True
     last_poll_success: bool | None = None
     last_poll_success_at: float | None = None
+    tick_seconds: float | None = None  # how long the guard loop's last tick took (None before the first)
     store_degraded: bool = False
     store_pending_writes: int = 0
     store_dropped_writes: int = 0
@@ -257,13 +258,16 @@ class GuardianSource:
     reads_store: bool = True
     _poll_ok: bool | None = field(default=None, init=False)
     _poll_ok_at: float | None = field(default=None, init=False)
+    _tick_seconds: float | None = field(default=None, init=False)
     _latest: tuple[RunSnapshot, ...] = field(default=(), init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.publish()
 
-    def __call__(self, ok: bool) -> None:
-        """After a tick of the guard loop: note whether it succeeded and publish the run's snapshot as of now."""
+    def __call__(self, ok: bool, seconds: float | None = None) -> None:
+        """After a tick of the guard loop: note whether it succeeded (and how long it took) and publish the run's
+        snapshot as of now."""
+        self._tick_seconds = seconds
         self.record_poll(ok)
 
     def record_poll(self, ok: bool, at: float | None = None) -> None:
@@ -283,7 +287,7 @@ class GuardianSource:
         run_id = self.guardian.run_id
         last = self._latest[0] if self._latest else RunSnapshot(run_id, self.experiment or run_id, store_read=False)
         if not self.reads_store:
-            self._latest = (from_memory(last, self.guardian, now, *poll),)
+            self._latest = (replace(from_memory(last, self.guardian, now, *poll), tick_seconds=self._tick_seconds),)
             return
         try:
             latest = snapshot_from(
@@ -300,7 +304,7 @@ class GuardianSource:
             if not unavailable(exc):
                 raise
             latest = from_memory(replace(last, store_read=False), self.guardian, now, *poll)
-        self._latest = (latest,)
+        self._latest = (replace(latest, tick_seconds=self._tick_seconds),)
 
     def stopped(self) -> None:
         """The guardian stopped guarding the run: from now on scrapes read ``guardian_up 0`` over the last state
