@@ -102,7 +102,7 @@ def open_engine(url: str, *, busy_timeout_s: float = BUSY_TIMEOUT_S) -> Engine:
         else:
             engine = create_engine(parsed, pool_pre_ping=True, hide_parameters=True)
         _upgrade(engine, parsed)
-    except (SQLAlchemyError, CommandError, OSError, ImportError, ValueError) as exc:
+    except (SQLAlchemyError, CommandError, StoreError, OSError, ImportError, ValueError) as exc:
         if engine is not None:
             engine.dispose()
         raise StoreError(f"cannot open store at {masked}: {reason(exc, parsed)}") from None
@@ -120,15 +120,48 @@ def _alembic_config(url: URL | None) -> Config:
 
 
 def _upgrade(engine: Engine, url: URL) -> None:
-    """``alembic upgrade head`` inside one write transaction on the store's own connection."""
+    """``alembic upgrade head`` inside one write transaction on the store's own connection.
+
+    On SQLite the migration runs with foreign keys off (a revision that rebuilds a table drops the old one, which
+    the rows referring to it would refuse) and checks them all before it commits: SQLite's own procedure for
+    altering a table. The setting cannot change inside a transaction, so it is made on the driver's connection."""
     config = _alembic_config(url)
     with engine.connect() as connection:
         connection.execution_options(**{WRITE_OPTION: True})
-        with connection.begin():
-            if connection.dialect.name == "postgresql":
-                connection.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _PG_MIGRATION_LOCK})
-            config.attributes["connection"] = connection
-            command.upgrade(config, "head")
+        sqlite = connection.dialect.name == "sqlite"
+        if sqlite:
+            _sqlite_foreign_keys(connection, on=False)
+        try:
+            with connection.begin():
+                if connection.dialect.name == "postgresql":
+                    connection.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _PG_MIGRATION_LOCK})
+                config.attributes["connection"] = connection
+                command.upgrade(config, "head")
+                if sqlite:
+                    _sqlite_check_foreign_keys(connection)
+        finally:
+            if sqlite and not connection.invalidated:
+                _sqlite_foreign_keys(connection, on=True)
+
+
+def _sqlite_foreign_keys(connection: Connection, *, on: bool) -> None:
+    raw = connection.connection.dbapi_connection
+    assert raw is not None
+    cursor = raw.cursor()
+    try:
+        cursor.execute(f"PRAGMA foreign_keys={'ON' if on else 'OFF'}")
+    finally:
+        cursor.close()
+
+
+def _sqlite_check_foreign_keys(connection: Connection) -> None:
+    broken = connection.exec_driver_sql("PRAGMA foreign_key_check").all()
+    if broken:
+        tables = sorted({str(row[0]) for row in broken})
+        raise StoreError(
+            f"the migration left {len(broken)} rows referring to rows that do not exist (tables {tables}); nothing "
+            "of it was kept: report it with the database file"
+        )
 
 
 def _sqlite_on_connect(busy_timeout_s: float) -> Callable[[sqlite3.Connection, object], None]:

@@ -29,13 +29,14 @@ from sqlalchemy.orm import Session, sessionmaker
 from guardian.checks.findings import Finding
 from guardian.config import BUSY_TIMEOUT_S
 from guardian.history.timeline import StepRecord
+from guardian.ids import MAX_RUN_ID
 from guardian.states import CLOSED_INCIDENT_STATUSES, IncidentStatus, RunStatus
 from guardian.store.deliveries import DeliveryRecords
 from guardian.store.engine import WRITE_OPTION, current_revision, mask_url, open_engine
 from guardian.store.errors import NotFoundError, StoreError
 from guardian.store.evaluations import EvaluationRecords
 from guardian.store.interventions import InterventionRecords
-from guardian.store.models import Attempt, Checkpoint, FindingRow, Incident, Run, Step
+from guardian.store.models import Attempt, Checkpoint, FindingRow, Incident, Run, Step, path_key
 from guardian.store.pins import PinRecords
 from guardian.store.views import (
     MODES,
@@ -192,6 +193,11 @@ class Store(InterventionRecords, DeliveryRecords, EvaluationRecords, PinRecords)
         returned unchanged)."""
         if mode not in MODES:
             raise ValueError(f"mode must be one of {sorted(MODES)}, not {mode!r}")
+        if not 1 <= len(run_id) <= MAX_RUN_ID:
+            raise ValueError(
+                f"run id of {len(run_id)} characters: the store keeps ids of 1-{MAX_RUN_ID} "
+                "(guardian.ids.checked_run_id is the rule the command line applies)"
+            )
         with self._write() as session, session.begin():
             row = session.get(Run, run_id)
             if row is None:
@@ -486,11 +492,14 @@ class Store(InterventionRecords, DeliveryRecords, EvaluationRecords, PinRecords)
         if verdict not in VERDICTS:
             raise ValueError(f"verdict must be one of {sorted(VERDICTS)}, not {verdict!r}")
         with self._write() as session, session.begin():
+            key = path_key(path)
             row = session.scalars(
-                select(Checkpoint).where(Checkpoint.run_id == run_id, Checkpoint.path == path)
+                select(Checkpoint).where(Checkpoint.run_id == run_id, Checkpoint.path_key == key)
             ).first()
             if row is None:
-                row = Checkpoint(run_id=run_id, step=step, path=path, found_at=at_utc(now), verdict=verdict, note=note)
+                row = Checkpoint(
+                    run_id=run_id, step=step, path=path, path_key=key, found_at=at_utc(now), verdict=verdict, note=note
+                )
                 session.add(row)
             else:
                 row.step = step
