@@ -16,6 +16,9 @@ from sqlalchemy import create_engine
 from guardian.checks.findings import Finding, Severity
 from guardian.history.timeline import MAX_STEP, StepRecord
 from guardian.ids import MAX_RUN_ID
+from guardian.sources.checkpoints import read_tracker, scan_checkpoints
+from guardian.sources.console import ConsoleFile
+from guardian.sources.jsonl import MetricsFile
 from guardian.store import Store, head_revision
 from guardian.store.engine import _alembic_config
 from guardian.store.models import path_key
@@ -180,3 +183,49 @@ def test_a_0005_database_with_history_upgrades_without_losing_a_row(db_url: str)
     for table in set(TABLES) - {"steps", "checkpoints"}:
         assert after[table] == before[table], table
     assert rows(db_url, "SELECT path_key FROM checkpoints") == [(path_key("/ckpt/global_step_5"),)]
+
+
+@pytest.mark.parametrize("kind", ["jsonl", "console"])
+def test_a_step_out_of_range_is_a_bad_line_of_its_file_and_3e9_reaches_the_store(
+    kind: str, db_url: str, tmp_path: Path
+) -> None:
+    """Past 2**63 - 1 a step would overflow the store's 64-bit column (both backends): the source reports the line
+    with its file and number and reads on; a step of 3,000,000,000 is kept."""
+    lines = {
+        "jsonl": [
+            '{"step":3000000000,"data":{"x":1.0}}',
+            '{"step":9223372036854775808,"data":{"x":2.0}}',
+            '{"step":-5,"data":{"x":3.0}}',
+            '{"step":3000000001,"data":{"x":4.0}}',
+        ],
+        "console": ["step:3000000000 - x:1.0", "step:9223372036854775808 - x:2.0", "noise", "step:3000000001 - x:4.0"],
+    }[kind]
+    path = tmp_path / f"metrics.{kind}"
+    path.write_text("\n".join(lines) + "\n")
+    source = ConsoleFile(path) if kind == "console" else MetricsFile(path)
+    batch = source.poll(final=True)
+    records = [item for item in batch.items if isinstance(item, StepRecord)]
+    assert [r.step for r in records] == [BIG_STEP, BIG_STEP + 1]
+    expected = {
+        "jsonl": [
+            f"{path}:2 (segment 0): 'step' must be between 0 and {MAX_STEP}, got 9223372036854775808",
+            f"{path}:3 (segment 0): 'step' must be between 0 and {MAX_STEP}, got -5",
+        ],
+        "console": [f"{path}:2 (segment 0): step 9223372036854775808 is past {MAX_STEP}, the largest step kept"],
+    }[kind]
+    assert [str(report) for report in batch.bad_lines] == expected
+    with Store.open(db_url) as store:
+        run_id = _run(store)
+        attempt = store.start_attempt(run_id, metrics_path=str(path), now=T0)
+        store.write_steps(run_id, attempt.id, 0, records, T0)
+        assert store.active_records(run_id) == records
+
+
+def test_a_checkpoint_folder_or_tracker_past_the_largest_step_is_not_a_checkpoint(tmp_path: Path) -> None:
+    for step in (BIG_STEP, MAX_STEP + 1):
+        (tmp_path / f"global_step_{step}").mkdir()
+    (tmp_path / "latest_checkpointed_iteration.txt").write_text(str(MAX_STEP + 1))
+    assert [c.step for c in scan_checkpoints(tmp_path)] == [BIG_STEP]
+    assert read_tracker(tmp_path) is None
+    (tmp_path / "latest_checkpointed_iteration.txt").write_text("²")  # str.isdigit() says yes, int() says no
+    assert read_tracker(tmp_path) is None
