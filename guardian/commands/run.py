@@ -160,7 +160,11 @@ def _render(supervisor: Supervisor) -> Group:
 def run_guarded(config: GuardianConfig, request: RunRequest, *, stop: threading.Event | None = None) -> int:
     stop = stop or threading.Event()
     check_sinks(config, os.environ)  # a missing webhook URL or token refuses before anything is written
-    with Store.open(config.database_url(), busy_timeout_s=config.store.busy_timeout_s) as store:
+    with Store.open(
+        config.database_url(),
+        busy_timeout_s=config.store.busy_timeout_s,
+        statement_timeout_s=config.store.statement_timeout_s,
+    ) as store:
         known = store.get_run(request.run_id)
         command, cwd, ray_address = request.command, request.cwd, request.ray_address
         if known is not None and known.status in ("finished", "gave_up") and not request.attach:

@@ -27,7 +27,7 @@ from sqlalchemy import Connection, Engine, func, insert, select, text, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from guardian.checks.findings import Finding
-from guardian.config import BUSY_TIMEOUT_S
+from guardian.config import BUSY_TIMEOUT_S, STATEMENT_TIMEOUT_S
 from guardian.history.timeline import StepRecord
 from guardian.ids import MAX_RUN_ID
 from guardian.states import CLOSED_INCIDENT_STATUSES, IncidentStatus, RunStatus
@@ -124,14 +124,18 @@ class Store(InterventionRecords, DeliveryRecords, EvaluationRecords, PinRecords)
     # ----------------------------------------------------------------------------------- lifecycle
 
     @classmethod
-    def open(cls, url: str, *, busy_timeout_s: float = BUSY_TIMEOUT_S) -> Store:
+    def open(
+        cls, url: str, *, busy_timeout_s: float = BUSY_TIMEOUT_S, statement_timeout_s: float = STATEMENT_TIMEOUT_S
+    ) -> Store:
         """Connect to ``url`` (SQLite or PostgreSQL), bring the schema to the newest revision, and return the store
-        (a write waits up to ``busy_timeout_s`` for another connection's lock, then fails).
+        (a write waits up to ``busy_timeout_s`` for another connection's lock, then fails; on PostgreSQL a round trip
+        the server does not answer within ``statement_timeout_s`` fails as an outage).
 
         Raises ``StoreError`` (URL shown with its password masked) when the URL is invalid, its driver
         is missing, the database cannot be reached or created, or the migration fails.
         """
-        return cls(open_engine(url, busy_timeout_s=busy_timeout_s), mask_url(url))
+        engine = open_engine(url, busy_timeout_s=busy_timeout_s, statement_timeout_s=statement_timeout_s)
+        return cls(engine, mask_url(url))
 
     @contextmanager
     def transaction(self) -> Iterator[Store]:
