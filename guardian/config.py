@@ -23,6 +23,7 @@ from guardian.sources.jsonl import MAX_KEYS_PER_STEP, MAX_LINE_BYTES
 # defaults the store and the guard loops start from when no configuration is given (store/engine.py,
 # store/writebehind.py, outage.py import them; nothing here imports the store)
 BUSY_TIMEOUT_S = 5.0
+STATEMENT_TIMEOUT_S = 30.0
 MAX_PENDING_WRITES = 10_000
 STORE_WAIT_S = 600.0
 TICK_FAILURE_LIMIT = 5
@@ -322,6 +323,14 @@ class StoreConfig(_Section):
         description="Wait this long for another connection's lock before a write counts as refused (SQLite's busy "
         "timeout, PostgreSQL's lock_timeout).",
     )
+    statement_timeout_s: float = Field(
+        STATEMENT_TIMEOUT_S,
+        gt=0,
+        description="PostgreSQL: a round trip to the server (a statement, a commit, the pool's check) that gets no "
+        "answer within this long fails as an outage and its connection is closed - a server that is hung (its "
+        "process stopped, the machine paused) or cut off then holds up a tick this long, not for ever. Above "
+        "busy_timeout_s, so that a wait for a lock fails as a lock timeout first. Migrations are not bounded.",
+    )
     max_pending_writes: int = Field(
         MAX_PENDING_WRITES,
         ge=1,
@@ -334,6 +343,15 @@ class StoreConfig(_Section):
         description="A rescue holds after its stop while the store refuses writes; past this long with no trainer "
         "running the guardian gives up in one line (exit 1; guardian run --attach resumes).",
     )
+
+    @model_validator(mode="after")
+    def _statement_outlasts_lock_wait(self) -> StoreConfig:
+        if self.statement_timeout_s <= self.busy_timeout_s:
+            raise ValueError(
+                f"statement_timeout_s ({self.statement_timeout_s:g}) must be above busy_timeout_s "
+                f"({self.busy_timeout_s:g}): a statement may wait that long for a lock before the server answers"
+            )
+        return self
 
 
 class InterventionConfig(_Section):

@@ -62,6 +62,9 @@ def test_integral_float_step_is_accepted() -> None:
     assert parse_metrics_line(b'{"step":3.0,"data":{}}') == StepRecord(step=3, data={})
 
 
+OUT_OF_RANGE = "'step' must be between 0 and 9223372036854775807, got "
+
+
 @pytest.mark.parametrize(
     ("line", "reason"),
     [
@@ -74,7 +77,9 @@ def test_integral_float_step_is_accepted() -> None:
         (b'{"step":3.5,"data":{}}', "'step' must be an integer, got 3.5"),
         (b'{"step":NaN,"data":{}}', "'step' must be an integer, got nan"),
         (b'{"step":null,"data":{}}', "'step' must be an integer, got None"),
-        (b'{"step":-1,"data":{}}', "'step' must be >= 0, got -1"),
+        (b'{"step":-1,"data":{}}', f"{OUT_OF_RANGE}-1"),
+        (b'{"step":9223372036854775808,"data":{}}', f"{OUT_OF_RANGE}9223372036854775808"),
+        (b'{"step":1e300,"data":{}}', f"{OUT_OF_RANGE}100000000000000005250476025520442024870446858110815915491..."),
         (b'{"step":1}', "no 'data' field"),
         (b'{"step":1,"data":[1]}', "'data' must be an object, got [1]"),
         (b'{"step":1,"data":null}', "'data' must be an object, got None"),

@@ -80,7 +80,7 @@ def _finding(
 
 
 def test_open_creates_the_schema_at_head(db_url: str, store: Store) -> None:
-    assert store.schema_version() == head_revision() == "0005"
+    assert store.schema_version() == head_revision() == "0006"
     engine = create_engine(db_url)
     try:
         tables = set(inspect(engine).get_table_names())

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import sqlite3
 import subprocess
 import sys
@@ -387,6 +388,99 @@ def test_a_postgresql_server_stopped_mid_unit_is_an_outage_the_write_behind_outl
     assert "replayed=2" in recovered
 
 
+HUNG_S = 1.0  # the store's statement timeout here (above BUSY_S, as the configuration requires)
+CONNECT_S = 2  # the URL's connect_timeout here: a new connection to a stopped postmaster gives up after this
+SLACK_S = 1.5  # a loaded 2-core machine: the wait's 0.1 s polling, closing the connection, SQLAlchemy's handling
+
+
+def cluster_pids(server: PostgresServer) -> list[int]:
+    """The postmaster and its children (backends, checkpointer, ...: each leads a session of its own, so they are not
+    in the postmaster's process group), found by their parent in /proc."""
+    assert server.process is not None
+    postmaster = server.process.pid
+    children = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()  # after "pid (comm)": state, ppid, ...
+        except OSError:
+            continue  # gone meanwhile
+        if int(fields[1]) == postmaster:
+            children.append(int(stat.parent.name))
+    return [postmaster, *children]
+
+
+def stop_answering(server: PostgresServer) -> list[int]:
+    """Every process of the cluster stopped (SIGSTOP): connected sockets stay open and the kernel still acknowledges
+    what is sent, nothing answers; the postmaster accepts no connection. Returns the pids for ``answer_again``."""
+    stopped = cluster_pids(server)
+    for pid in stopped:
+        os.kill(pid, signal.SIGSTOP)
+    return stopped
+
+
+def answer_again(stopped: list[int]) -> None:
+    for pid in stopped:
+        os.kill(pid, signal.SIGCONT)
+
+
+def test_a_postgresql_server_that_stops_answering_mid_unit_is_an_outage_within_the_statement_timeout(
+    own_postgres: PostgresServer, logs: pytest.LogCaptureFixture
+) -> None:
+    """The server's processes are stopped between two statements of a unit: the second gets no answer, and after
+    ``statement_timeout_s`` it fails as an outage (not a hang of the guard loop); its connection is closed, the unit
+    is queued whole. While the server stays stopped a direct call fails within the connect timeout. Once it runs
+    again the queue is replayed: each step stored once, nothing of the cut-off transaction kept twice."""
+    url = f"{own_postgres.database()}?connect_timeout={CONNECT_S}"
+    clock = ManualClock(1000.0)
+    took: dict[str, float] = {}
+    with Store.open(url, busy_timeout_s=BUSY_S, statement_timeout_s=HUNG_S) as store:
+        _ensure(store, "r")
+        attempt = store.start_attempt("r", metrics_path="m", now=1.0)
+        writes = WriteBehind(store, lambda: clock.now)
+
+        def step(s: Store, n: int) -> None:
+            s.write_steps("r", attempt.id, 0, [StepRecord(n, {"x": float(n)})], clock.now)
+
+        stopped: list[int] = []
+
+        def hung_halfway(s: Store) -> None:  # the first time only: its replay goes through
+            step(s, 1)
+            if not stopped:
+                stopped.extend(stop_answering(own_postgres))
+            started = time.monotonic()
+            try:
+                step(s, 2)
+            finally:
+                took.setdefault("statement", time.monotonic() - started)
+
+        try:
+            writes.submit("tick", hung_halfway)
+            assert writes.degraded and writes.pending == 1
+            assert "no answer within 1 s (store.statement_timeout_s)" in (writes.error or "")
+            started = time.monotonic()
+            with pytest.raises(OperationalError) as refused:
+                store.get_run("r")  # a new connection: the postmaster is stopped too
+            took["connect"] = time.monotonic() - started
+            assert "connection timeout expired" in str(refused.value)
+            assert unavailable(refused.value) and is_outage(refused.value)
+        finally:
+            answer_again(stopped)
+        clock.now += RETRY_MAX_S
+        writes.retry()
+        assert not writes.degraded and writes.pending == 0 and writes.failed_units == 0
+        assert store.get_run("r") is not None
+    print(
+        f"hung server: statement failed after {took['statement']:.2f} s, new connection after {took['connect']:.2f} s"
+    )
+    assert HUNG_S <= took["statement"] < HUNG_S + SLACK_S
+    assert CONNECT_S <= took["connect"] < CONNECT_S + SLACK_S
+    assert stored_steps(url, attempt.id) == {1, 2}
+    (down,) = events(logs, "store_unavailable")
+    assert "NoAnswer: the PostgreSQL server gave no answer within 1 s" in down
+    (recovered,) = events(logs, "store_recovered")
+    assert "replayed=1" in recovered
+
+
 def test_the_password_reaches_no_log_line_error_or_row(
     own_postgres: PostgresServer, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -664,3 +758,9 @@ def test_an_exception_in_a_tick_is_logged_once_and_only_a_repeat_gives_up(
         (line,) = events(logs, "guardian_cannot_continue")
         assert f"{TICK_FAILURE_LIMIT} ticks in a row failed: RuntimeError: poll exploded" in line
         assert "UNGUARDED" in line, "a healthy-looking trainer is left running, and the line says so"
+
+
+def test_a_statement_timeout_not_above_the_lock_wait_is_refused_with_both_values() -> None:
+    with pytest.raises(ValueError, match=r"statement_timeout_s \(5\) must be above busy_timeout_s \(5\)"):
+        GuardianConfig.model_validate({"store": {"busy_timeout_s": 5, "statement_timeout_s": 5}})
+    assert GuardianConfig().store.statement_timeout_s > GuardianConfig().store.busy_timeout_s

@@ -26,6 +26,7 @@ from typing import Final, Literal
 
 from guardian.actions.checkpoints import QUARANTINE_DIR, CheckpointError, free_name, move_no_overwrite
 from guardian.atomic import fsync_dir
+from guardian.history.timeline import valid_step
 from guardian.sources.checkpoints import STEP_DIR
 from guardian.states import PinMode
 
@@ -96,8 +97,9 @@ def pinned_steps(ckpt_dir: Path) -> dict[int, Path]:
         return {}
     found = {}
     for entry in entries:
-        if (match := STEP_DIR.match(entry.name)) and entry.is_dir() and not entry.is_symlink():
-            found[int(match.group(1))] = entry
+        match = STEP_DIR.match(entry.name)
+        if match and valid_step(step := int(match.group(1))) and entry.is_dir() and not entry.is_symlink():
+            found[step] = entry
     return dict(sorted(found.items()))
 
 

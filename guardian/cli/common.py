@@ -71,7 +71,11 @@ def resolved_config(args: argparse.Namespace) -> GuardianConfig:
 
 
 def open_store(config: GuardianConfig) -> Store:
-    return Store.open(config.database_url(), busy_timeout_s=config.store.busy_timeout_s)
+    return Store.open(
+        config.database_url(),
+        busy_timeout_s=config.store.busy_timeout_s,
+        statement_timeout_s=config.store.statement_timeout_s,
+    )
 
 
 def file_problem(path: Path, what: str) -> str | None:

@@ -168,7 +168,11 @@ def run_demo(config: GuardianConfig, *, scenario: str, json_output: bool) -> int
         logging_to_file(
             root / "guardian.log", quiet_terminal=console.is_terminal, quiet_level=logging.CRITICAL
         ) as log_file,
-        Store.open(config.database_url(), busy_timeout_s=config.store.busy_timeout_s) as store,
+        Store.open(
+            config.database_url(),
+            busy_timeout_s=config.store.busy_timeout_s,
+            statement_timeout_s=config.store.statement_timeout_s,
+        ) as store,
     ):
         console.print(f"  every event line: {log_file}")
         supervisor = local_supervisor(config, store, run_id=run_id, command=command, cwd=files.root)

@@ -46,7 +46,11 @@ def diagnose(config_path: str | None) -> list[Check]:
         return [*report, Check("config", "error", str(exc))]
     report.append(Check("config", "ok", config_path or "built-in defaults"))
     try:
-        with Store.open(config.database_url(), busy_timeout_s=config.store.busy_timeout_s) as store:
+        with Store.open(
+            config.database_url(),
+            busy_timeout_s=config.store.busy_timeout_s,
+            statement_timeout_s=config.store.statement_timeout_s,
+        ) as store:
             version = store.schema_version()
             status = "ok" if version == head_revision() else "error"
             report.append(Check("store", status, f"{store.url} schema {version} (head {head_revision()})"))

@@ -181,7 +181,11 @@ def guard_request(
     the fleet's, which serves every run's snapshots, and its guardian.log takes its own lines only."""
     fleet = join_fleet is not None
     check_sinks(config, os.environ)  # a missing webhook URL or token refuses before anything is written
-    with Store.open(config.database_url(), busy_timeout_s=config.store.busy_timeout_s) as store:
+    with Store.open(
+        config.database_url(),
+        busy_timeout_s=config.store.busy_timeout_s,
+        statement_timeout_s=config.store.statement_timeout_s,
+    ) as store:
         known = store.get_run(request.run_id)
         command, cwd, ray_address = request.command, request.cwd, request.ray_address
         if known is not None and known.status in ("finished", "gave_up") and not request.attach:

@@ -7,6 +7,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from guardian.history.timeline import valid_step
+
 TRACKER_FILE = "latest_checkpointed_iteration.txt"
 STEP_DIR = re.compile(r"^global_step_(\d+)$")
 
@@ -26,8 +28,8 @@ def scan_checkpoints(root: Path) -> list[CheckpointDir]:
     found = []
     for entry in entries:
         match = STEP_DIR.match(entry.name)
-        if match and entry.is_dir():
-            found.append(CheckpointDir(int(match.group(1)), entry.resolve()))
+        if match and valid_step(step := int(match.group(1))) and entry.is_dir():
+            found.append(CheckpointDir(step, entry.resolve()))
     return sorted(found, key=lambda c: c.step)
 
 
@@ -44,4 +46,4 @@ def read_tracker(root: Path) -> int | None:
         text = (root / TRACKER_FILE).read_text(encoding="utf-8").strip()
     except (FileNotFoundError, NotADirectoryError):
         return None
-    return int(text) if text.isdigit() else None
+    return int(text) if text.isascii() and text.isdigit() and valid_step(int(text)) else None

@@ -13,7 +13,7 @@ import math
 import re
 from pathlib import Path
 
-from guardian.history.timeline import StepRecord
+from guardian.history.timeline import MAX_STEP, StepRecord, valid_step
 from guardian.sources.jsonl import BadLine, MetricsFile, Pieces, read_in_pieces
 from guardian.sources.tail import MAX_LINE_BYTES, MAX_POLL_BYTES, OversizedLine
 
@@ -40,7 +40,8 @@ def console_value(text: str) -> float | None:
 
 
 def parse_console_line(line: str) -> StepRecord | None:
-    """The metrics of one console line, or None if the line is not a ``step:N - ...`` line."""
+    """The metrics of one console line, or None if the line is not a ``step:N - ...`` line; ``BadLine`` when its step
+    is past ``MAX_STEP``."""
     text = _ANSI.sub("", line).rstrip("\r\n")
     text = text.rsplit("\r", 1)[-1].strip()  # a carriage return redraws the line: the last part shows
     prefix = _RAY_PREFIX.match(text)
@@ -49,6 +50,9 @@ def parse_console_line(line: str) -> StepRecord | None:
     head = _STEP.match(text)
     if head is None:
         return None
+    step = int(head.group(1))
+    if not valid_step(step):
+        raise BadLine(f"step {head.group(1)[:40]} is past {MAX_STEP}, the largest step kept")
     data: dict[str, float] = {}
     for pair in text[head.end() :].split(_PAIR_SEPARATOR):
         key, colon, raw = pair.rpartition(":")
@@ -58,7 +62,7 @@ def parse_console_line(line: str) -> StepRecord | None:
         value = console_value(raw)
         if value is not None:
             data[key] = value
-    return StepRecord(step=int(head.group(1)), data=data)
+    return StepRecord(step=step, data=data)
 
 
 class ConsoleFile(MetricsFile):

@@ -34,7 +34,7 @@ from typing import Any, Final
 
 import orjson
 
-from guardian.history.timeline import StepRecord
+from guardian.history.timeline import MAX_STEP, StepRecord, valid_step
 from guardian.keys import CHECKED_KEYS, CHECKED_PREFIXES
 from guardian.logs import event, get_logger
 from guardian.sources.tail import CHUNK_BYTES, MAX_LINE_BYTES, MAX_POLL_BYTES, LineTail, NewSegment, OversizedLine
@@ -141,8 +141,8 @@ def _step(value: object) -> int:
         step = int(value)
     else:
         raise BadLine(f"'step' must be an integer, got {_excerpt(value)}")
-    if step < 0:
-        raise BadLine(f"'step' must be >= 0, got {step}")
+    if not valid_step(step):
+        raise BadLine(f"'step' must be between 0 and {MAX_STEP}, got {_excerpt(step)}")
     return step
 
 

@@ -20,6 +20,7 @@ from typing import BinaryIO
 
 import orjson
 
+from guardian.history.timeline import valid_step
 from guardian.keys import (
     ALL_ONE_KEY,
     ALL_ZERO_KEY,
@@ -218,7 +219,7 @@ class RolloutDir:
             return found  # the directory appears with the first dump
         for entry in entries:
             stem, dot, ext = entry.name.rpartition(".")
-            if not dot or ext != "jsonl" or not (stem.isascii() and stem.isdigit()):
+            if not dot or ext != "jsonl" or not (stem.isascii() and stem.isdigit()) or not valid_step(int(stem)):
                 continue
             try:
                 st = entry.stat()

@@ -13,6 +13,7 @@ from pathlib import Path
 import orjson
 
 from guardian.sources.console import parse_console_line
+from guardian.sources.jsonl import BadLine
 
 SAMPLE_BYTES = 1 << 20  # the head of the file that is looked at
 # text with more undecodable characters than this share is not a log: binary
@@ -52,6 +53,14 @@ class TraceShape:
         }[self.kind]
 
 
+def _console_step_line(row: bytes) -> bool:
+    """Whether ``row`` is a console ``step:N - ...`` line (one whose step is out of range is one too: a bad line)."""
+    try:
+        return parse_console_line(row.decode("utf-8", errors="replace")) is not None
+    except BadLine:
+        return True
+
+
 def sniff(sample: bytes, *, truncated: bool = False) -> TraceShape:
     """Classify the first bytes of a file (``truncated``: the file goes on after them)."""
     if not sample.strip():
@@ -71,7 +80,7 @@ def sniff(sample: bytes, *, truncated: bool = False) -> TraceShape:
         if isinstance(value, dict):
             json_objects += 1
             step_objects += "step" in value
-        elif parse_console_line(row.decode("utf-8", errors="replace")) is not None:
+        elif _console_step_line(row):
             console_steps += 1
     if step_objects:
         kind = TraceKind.METRICS_JSONL

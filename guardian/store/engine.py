@@ -13,18 +13,21 @@ readers never block the writer and two writers queue on the lock instead of fail
 PostgreSQL (``postgresql+psycopg://``; a plain ``postgresql://`` gets the same driver, psycopg 3) needs none of that:
 its row locks let guardians of different runs write at once. Every connection gets ``lock_timeout`` = the busy
 timeout (a statement waits that long for another session's lock, then fails), a connect timeout
-(``PG_CONNECT_TIMEOUT_S`` unless the URL sets ``connect_timeout``) and a pre-ping when the pool hands it out (a server
-restarted since is reconnected to). The migration holds a transaction-scoped advisory lock, so guardians opening one
-new database together create its schema once.
+(``PG_CONNECT_TIMEOUT_S`` unless the URL sets ``connect_timeout``), a pre-ping when the pool hands it out (a server
+restarted since is reconnected to), and a bound on every round trip: a server that gives no answer within
+``statement_timeout_s`` fails the call as an outage (``guardian.store.postgres``; not during a migration). The
+migration holds a transaction-scoped advisory lock, so guardians opening one new database together create its schema
+once.
 """
 
 from __future__ import annotations
 
 import re
 import sqlite3
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Final
+from typing import Any, Final, cast
 
 from alembic import command
 from alembic.config import Config
@@ -37,7 +40,10 @@ from sqlalchemy.engine.interfaces import DBAPIConnection
 from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 from sqlalchemy.pool import StaticPool
 
-from guardian.config import BUSY_TIMEOUT_S  # a write waits this long for another writer's lock
+from guardian.config import (
+    BUSY_TIMEOUT_S,  # a write waits this long for another writer's lock
+    STATEMENT_TIMEOUT_S,  # PostgreSQL: a round trip without an answer fails after this
+)
 from guardian.store.errors import StoreError
 
 MIGRATIONS_DIR: Final = Path(__file__).resolve().parent / "migrations"
@@ -81,9 +87,12 @@ def current_revision(engine: Engine) -> str | None:
     return revision
 
 
-def open_engine(url: str, *, busy_timeout_s: float = BUSY_TIMEOUT_S) -> Engine:
+def open_engine(
+    url: str, *, busy_timeout_s: float = BUSY_TIMEOUT_S, statement_timeout_s: float = STATEMENT_TIMEOUT_S
+) -> Engine:
     """An engine on ``url`` with the schema brought to the newest revision (a write waits up to ``busy_timeout_s``
-    for another connection's lock: SQLite's busy timeout, PostgreSQL's ``lock_timeout``).
+    for another connection's lock: SQLite's busy timeout, PostgreSQL's ``lock_timeout``; on PostgreSQL a round trip
+    the server does not answer within ``statement_timeout_s`` fails as an outage: ``guardian.store.postgres``).
 
     Raises ``StoreError`` (URL shown with its password masked) when the URL is invalid, its driver
     is missing, the database cannot be reached or created, or the migration fails.
@@ -98,11 +107,11 @@ def open_engine(url: str, *, busy_timeout_s: float = BUSY_TIMEOUT_S) -> Engine:
             engine = _sqlite_engine(parsed, busy_timeout_s)
         elif backend == "postgresql":
             parsed = parsed.set(drivername="postgresql+psycopg") if parsed.drivername == backend else parsed
-            engine = _postgresql_engine(parsed, busy_timeout_s)
+            engine = _postgresql_engine(parsed, busy_timeout_s, statement_timeout_s)
         else:
             engine = create_engine(parsed, pool_pre_ping=True, hide_parameters=True)
         _upgrade(engine, parsed)
-    except (SQLAlchemyError, CommandError, OSError, ImportError, ValueError) as exc:
+    except (SQLAlchemyError, CommandError, StoreError, OSError, ImportError, ValueError) as exc:
         if engine is not None:
             engine.dispose()
         raise StoreError(f"cannot open store at {masked}: {reason(exc, parsed)}") from None
@@ -120,15 +129,64 @@ def _alembic_config(url: URL | None) -> Config:
 
 
 def _upgrade(engine: Engine, url: URL) -> None:
-    """``alembic upgrade head`` inside one write transaction on the store's own connection."""
+    """``alembic upgrade head`` inside one write transaction on the store's own connection.
+
+    On SQLite the migration runs with foreign keys off (a revision that rebuilds a table drops the old one, which
+    the rows referring to it would refuse) and checks them all before it commits: SQLite's own procedure for
+    altering a table. The setting cannot change inside a transaction, so it is made on the driver's connection."""
     config = _alembic_config(url)
     with engine.connect() as connection:
         connection.execution_options(**{WRITE_OPTION: True})
-        with connection.begin():
-            if connection.dialect.name == "postgresql":
-                connection.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _PG_MIGRATION_LOCK})
-            config.attributes["connection"] = connection
-            command.upgrade(config, "head")
+        sqlite = connection.dialect.name == "sqlite"
+        if sqlite:
+            _sqlite_foreign_keys(connection, on=False)
+        try:
+            with connection.begin():
+                if connection.dialect.name == "postgresql":
+                    connection.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _PG_MIGRATION_LOCK})
+                config.attributes["connection"] = connection
+                with _unbounded(connection):  # rewriting a large table may take longer than one statement may
+                    command.upgrade(config, "head")
+                if sqlite:
+                    _sqlite_check_foreign_keys(connection)
+        finally:
+            if sqlite and not connection.invalidated:
+                _sqlite_foreign_keys(connection, on=True)
+
+
+@contextmanager
+def _unbounded(connection: Connection) -> Iterator[None]:
+    """No ``statement_timeout_s`` bound on ``connection``'s round trips inside the block (PostgreSQL)."""
+    raw: Any = connection.connection.dbapi_connection  # a postgres.BoundedConnection, or another driver's
+    bound = getattr(raw, "answer_timeout_s", None)
+    if bound is None:
+        yield
+        return
+    raw.answer_timeout_s = None
+    try:
+        yield
+    finally:
+        raw.answer_timeout_s = bound
+
+
+def _sqlite_foreign_keys(connection: Connection, *, on: bool) -> None:
+    raw = connection.connection.dbapi_connection
+    assert raw is not None
+    cursor = raw.cursor()
+    try:
+        cursor.execute(f"PRAGMA foreign_keys={'ON' if on else 'OFF'}")
+    finally:
+        cursor.close()
+
+
+def _sqlite_check_foreign_keys(connection: Connection) -> None:
+    broken = connection.exec_driver_sql("PRAGMA foreign_key_check").all()
+    if broken:
+        tables = sorted({str(row[0]) for row in broken})
+        raise StoreError(
+            f"the migration left {len(broken)} rows referring to rows that do not exist (tables {tables}); nothing "
+            "of it was kept: report it with the database file"
+        )
 
 
 def _sqlite_on_connect(busy_timeout_s: float) -> Callable[[sqlite3.Connection, object], None]:
@@ -168,9 +226,20 @@ def _sqlite_engine(url: URL, busy_timeout_s: float) -> Engine:
     return engine
 
 
-def _postgresql_engine(url: URL, lock_timeout_s: float) -> Engine:
+def _postgresql_engine(url: URL, lock_timeout_s: float, answer_timeout_s: float) -> Engine:
+    from guardian.store.postgres import BoundedConnection, bounded_waits_supported
+
+    if not bounded_waits_supported():
+        raise ImportError("this psycopg cannot bound a wait for the server's answer: install psycopg >= 3.3")
     connect_args = {} if "connect_timeout" in url.query else {"connect_timeout": PG_CONNECT_TIMEOUT_S}
     engine = create_engine(url, pool_pre_ping=True, hide_parameters=True, connect_args=connect_args)
+
+    def connect(_dialect: object, _record: object, cargs: list[object], cparams: dict[str, Any]) -> DBAPIConnection:
+        connection = BoundedConnection.connect(*cargs, **cparams)  # type: ignore[arg-type]
+        connection.answer_timeout_s = answer_timeout_s
+        return cast(DBAPIConnection, connection)
+
+    event.listen(engine, "do_connect", connect)
     event.listen(engine, "connect", _postgresql_on_connect(lock_timeout_s))
     return engine
 

@@ -7,11 +7,21 @@ Timestamps are timezone-aware UTC ``DateTime`` columns. A step's metric values l
 step (``orjson`` bytes of ``{key: float | null}``), never a row per value, so 10,000 steps × 300 keys
 stay small and fast to write. Free text (``StoredText``: messages, notes, a crashed trainer's output, JSON) keeps
 everything but NUL, which PostgreSQL's ``text`` refuses and SQLite would keep: both store U+FFFD in its place.
+
+Widths: PostgreSQL enforces a ``String(n)`` width that SQLite ignores, so only values the code bounds before writing
+are ``String(n)``: run ids (``guardian.ids.MAX_RUN_ID``, checked by ``Store.ensure_run``), the names of checks, sinks,
+states and the like (the code's own words), evaluation names (``EVAL_NAME_MAX``, checked). Anything a run, a person or
+another service chooses - a run's name, a path, an id a notifier got back, a message - is ``StoredText`` (revision
+0006). Step numbers are ``BigInteger`` (``guardian.history.timeline.MAX_STEP``): a logger's step may pass 2**31.
+A checkpoint is unique by ``(run_id, path_key)``, a digest of its path: PostgreSQL's b-tree refuses an index entry
+over ~2.7 kB, and a path may be 4 kB.
 """
 
 from __future__ import annotations
 
+import hashlib
 from datetime import datetime
+from typing import Final
 
 from sqlalchemy import (
     BigInteger,
@@ -29,6 +39,10 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from sqlalchemy.types import TypeDecorator
+
+from guardian.ids import MAX_RUN_ID
+
+PATH_KEY_LENGTH: Final = 64  # hex digits of a SHA-256
 
 NAMING_CONVENTION = {
     "ix": "ix_%(table_name)s_%(column_0_N_name)s",
@@ -60,13 +74,18 @@ class StoredText(TypeDecorator[str]):
         return value.replace("\x00", "\ufffd") if value is not None else None
 
 
+def path_key(path: str) -> str:
+    """The key a checkpoint is unique by within its run: the SHA-256 of its path, in hex (a path of any length)."""
+    return hashlib.sha256(path.encode("utf-8", errors="surrogatepass")).hexdigest()
+
+
 class Run(Base):
     """One guarded training run."""
 
     __tablename__ = "runs"
 
-    id: Mapped[str] = mapped_column(String(128), primary_key=True)
-    name: Mapped[str] = mapped_column(String(255))
+    id: Mapped[str] = mapped_column(String(MAX_RUN_ID), primary_key=True)
+    name: Mapped[str] = mapped_column(StoredText)
     created_at: Mapped[datetime] = mapped_column(_utc())
     metrics_path: Mapped[str] = mapped_column(StoredText)
     rollouts_dir: Mapped[str] = mapped_column(StoredText)
@@ -106,7 +125,7 @@ class Step(Base):
     run_id: Mapped[str] = mapped_column(ForeignKey("runs.id"))
     attempt_id: Mapped[int] = mapped_column(ForeignKey("attempts.id"))
     branch: Mapped[int] = mapped_column(Integer)
-    step: Mapped[int] = mapped_column(Integer)
+    step: Mapped[int] = mapped_column(BigInteger)
     recorded_at: Mapped[datetime] = mapped_column(_utc())
     metrics: Mapped[bytes] = mapped_column(LargeBinary)
 
@@ -115,12 +134,13 @@ class Checkpoint(Base):
     """A checkpoint folder the guardian has seen, with its health verdict."""
 
     __tablename__ = "checkpoints"
-    __table_args__ = (UniqueConstraint("run_id", "path"),)
+    __table_args__ = (UniqueConstraint("run_id", "path_key"),)
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     run_id: Mapped[str] = mapped_column(ForeignKey("runs.id"))
-    step: Mapped[int] = mapped_column(Integer)
-    path: Mapped[str] = mapped_column(String(1024))
+    step: Mapped[int] = mapped_column(BigInteger)
+    path: Mapped[str] = mapped_column(StoredText)
+    path_key: Mapped[str] = mapped_column(String(PATH_KEY_LENGTH))  # see path_key()
     found_at: Mapped[datetime] = mapped_column(_utc())
     verdict: Mapped[str] = mapped_column(String(16))
     note: Mapped[str | None] = mapped_column(StoredText)
@@ -135,7 +155,7 @@ class Pin(Base):
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     run_id: Mapped[str] = mapped_column(ForeignKey("runs.id"))
-    step: Mapped[int] = mapped_column(Integer)
+    step: Mapped[int] = mapped_column(BigInteger)
     source_path: Mapped[str] = mapped_column(Text)
     pinned_path: Mapped[str] = mapped_column(Text)
     mode: Mapped[str] = mapped_column(String(8))
@@ -157,11 +177,11 @@ class Incident(Base):
     severity: Mapped[str] = mapped_column(String(16))
     status: Mapped[str] = mapped_column(String(32))
     opened_at: Mapped[datetime] = mapped_column(_utc())
-    opened_step: Mapped[int | None] = mapped_column(Integer)
-    onset_step: Mapped[int | None] = mapped_column(Integer)
+    opened_step: Mapped[int | None] = mapped_column(BigInteger)
+    onset_step: Mapped[int | None] = mapped_column(BigInteger)
     updated_at: Mapped[datetime] = mapped_column(_utc())
     closed_at: Mapped[datetime | None] = mapped_column(_utc())
-    closed_step: Mapped[int | None] = mapped_column(Integer)
+    closed_step: Mapped[int | None] = mapped_column(BigInteger)
     message: Mapped[str] = mapped_column(StoredText)
     evidence_json: Mapped[str] = mapped_column(StoredText)
     note: Mapped[str | None] = mapped_column(StoredText)
@@ -181,8 +201,8 @@ class FindingRow(Base):
     attempt_id: Mapped[int | None] = mapped_column(ForeignKey("attempts.id"))
     check: Mapped[str] = mapped_column(String(64))
     severity: Mapped[str] = mapped_column(String(16))
-    step: Mapped[int | None] = mapped_column(Integer)
-    onset_step: Mapped[int | None] = mapped_column(Integer)
+    step: Mapped[int | None] = mapped_column(BigInteger)
+    onset_step: Mapped[int | None] = mapped_column(BigInteger)
     message: Mapped[str] = mapped_column(StoredText)
     evidence_json: Mapped[str] = mapped_column(StoredText)
     created_at: Mapped[datetime] = mapped_column(_utc())
@@ -209,7 +229,7 @@ class Intervention(Base):
     state: Mapped[str] = mapped_column(String(32))
     from_attempt_id: Mapped[int | None] = mapped_column(ForeignKey("attempts.id"))
     to_attempt_id: Mapped[int | None] = mapped_column(ForeignKey("attempts.id"))
-    target_step: Mapped[int | None] = mapped_column(Integer)
+    target_step: Mapped[int | None] = mapped_column(BigInteger)
     target_path: Mapped[str | None] = mapped_column(StoredText)
     plan_json: Mapped[str | None] = mapped_column(StoredText)
     created_at: Mapped[datetime] = mapped_column(_utc())
@@ -246,7 +266,7 @@ class Delivery(Base):
     status: Mapped[str] = mapped_column(String(16))
     attempts: Mapped[int] = mapped_column(Integer)
     updated_at: Mapped[datetime] = mapped_column(_utc())
-    external_id: Mapped[str | None] = mapped_column(String(128))
+    external_id: Mapped[str | None] = mapped_column(StoredText)
     last_error: Mapped[str | None] = mapped_column(StoredText)
 
 
@@ -261,5 +281,5 @@ class Evaluation(Base):
     run_id: Mapped[str] = mapped_column(ForeignKey("runs.id"))
     name: Mapped[str] = mapped_column(String(128))
     value: Mapped[float] = mapped_column(Float)
-    step: Mapped[int | None] = mapped_column(Integer)  # the run's newest step when it was recorded
+    step: Mapped[int | None] = mapped_column(BigInteger)  # the run's newest step when it was recorded
     recorded_at: Mapped[datetime] = mapped_column(_utc())

@@ -27,15 +27,16 @@ from sqlalchemy import Connection, Engine, func, insert, select, text, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from guardian.checks.findings import Finding
-from guardian.config import BUSY_TIMEOUT_S
+from guardian.config import BUSY_TIMEOUT_S, STATEMENT_TIMEOUT_S
 from guardian.history.timeline import StepRecord
+from guardian.ids import MAX_RUN_ID
 from guardian.states import CLOSED_INCIDENT_STATUSES, IncidentStatus, RunStatus
 from guardian.store.deliveries import DeliveryRecords
 from guardian.store.engine import WRITE_OPTION, current_revision, mask_url, open_engine
 from guardian.store.errors import NotFoundError, StoreError
 from guardian.store.evaluations import EvaluationRecords
 from guardian.store.interventions import InterventionRecords
-from guardian.store.models import Attempt, Checkpoint, FindingRow, Incident, Run, Step
+from guardian.store.models import Attempt, Checkpoint, FindingRow, Incident, Run, Step, path_key
 from guardian.store.pins import PinRecords
 from guardian.store.views import (
     MODES,
@@ -123,14 +124,18 @@ class Store(InterventionRecords, DeliveryRecords, EvaluationRecords, PinRecords)
     # ----------------------------------------------------------------------------------- lifecycle
 
     @classmethod
-    def open(cls, url: str, *, busy_timeout_s: float = BUSY_TIMEOUT_S) -> Store:
+    def open(
+        cls, url: str, *, busy_timeout_s: float = BUSY_TIMEOUT_S, statement_timeout_s: float = STATEMENT_TIMEOUT_S
+    ) -> Store:
         """Connect to ``url`` (SQLite or PostgreSQL), bring the schema to the newest revision, and return the store
-        (a write waits up to ``busy_timeout_s`` for another connection's lock, then fails).
+        (a write waits up to ``busy_timeout_s`` for another connection's lock, then fails; on PostgreSQL a round trip
+        the server does not answer within ``statement_timeout_s`` fails as an outage).
 
         Raises ``StoreError`` (URL shown with its password masked) when the URL is invalid, its driver
         is missing, the database cannot be reached or created, or the migration fails.
         """
-        return cls(open_engine(url, busy_timeout_s=busy_timeout_s), mask_url(url))
+        engine = open_engine(url, busy_timeout_s=busy_timeout_s, statement_timeout_s=statement_timeout_s)
+        return cls(engine, mask_url(url))
 
     @contextmanager
     def transaction(self) -> Iterator[Store]:
@@ -192,6 +197,11 @@ class Store(InterventionRecords, DeliveryRecords, EvaluationRecords, PinRecords)
         returned unchanged)."""
         if mode not in MODES:
             raise ValueError(f"mode must be one of {sorted(MODES)}, not {mode!r}")
+        if not 1 <= len(run_id) <= MAX_RUN_ID:
+            raise ValueError(
+                f"run id of {len(run_id)} characters: the store keeps ids of 1-{MAX_RUN_ID} "
+                "(guardian.ids.checked_run_id is the rule the command line applies)"
+            )
         with self._write() as session, session.begin():
             row = session.get(Run, run_id)
             if row is None:
@@ -486,11 +496,14 @@ class Store(InterventionRecords, DeliveryRecords, EvaluationRecords, PinRecords)
         if verdict not in VERDICTS:
             raise ValueError(f"verdict must be one of {sorted(VERDICTS)}, not {verdict!r}")
         with self._write() as session, session.begin():
+            key = path_key(path)
             row = session.scalars(
-                select(Checkpoint).where(Checkpoint.run_id == run_id, Checkpoint.path == path)
+                select(Checkpoint).where(Checkpoint.run_id == run_id, Checkpoint.path_key == key)
             ).first()
             if row is None:
-                row = Checkpoint(run_id=run_id, step=step, path=path, found_at=at_utc(now), verdict=verdict, note=note)
+                row = Checkpoint(
+                    run_id=run_id, step=step, path=path, path_key=key, found_at=at_utc(now), verdict=verdict, note=note
+                )
                 session.add(row)
             else:
                 row.step = step
