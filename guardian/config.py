@@ -27,6 +27,7 @@ STATEMENT_TIMEOUT_S = 30.0
 MAX_PENDING_WRITES = 10_000
 STORE_WAIT_S = 600.0
 TICK_FAILURE_LIMIT = 5
+OUTAGE_LIMIT_S = 900.0
 MAX_CONFIG_BYTES = 1 << 20  # a guardian.yaml is a few KiB; a larger file is the wrong file
 
 
@@ -624,6 +625,14 @@ class GuardianConfig(_Section):
         ge=1,
         description="Ticks of the guard loop failing in a row (the first is logged with its traceback) before the "
         "guardian gives up in one line (exit 1).",
+    )
+    outage_limit_s: float = Field(
+        OUTAGE_LIMIT_S,
+        gt=0,
+        description="How long ticks may keep failing when every failure is an outage (a Ray cluster's Jobs API, the "
+        "network, a server that does not answer: each passes on its own) before the guardian gives up; a streak "
+        "with a bug in it ends after tick_failure_limit ticks. A tick keeps reading and judging the metrics while "
+        "the trainer's control does not answer.",
     )
     sources: SourcesConfig = SourcesConfig()
     store: StoreConfig = StoreConfig()

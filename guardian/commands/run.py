@@ -137,6 +137,7 @@ def guard_loop(
             pace=PollPace(poll_s, supervisor.config.sources.idle_poll_max_s),
             wait=stop.wait,
             failure_limit=supervisor.config.tick_failure_limit,
+            outage_limit_s=supervisor.config.outage_limit_s,
             resume=f"guardian run --attach {supervisor.run_id}",
             record_poll=record_poll,
             show=_live_view(held, supervisor, snapshots) if live else lambda ok: None,

@@ -59,6 +59,7 @@ def guard(
     pace: Pace,
     wait: Callable[[float], bool],
     failure_limit: int,
+    outage_limit_s: float,
     resume: str,
     record_poll: Callable[[bool, float], None] = _no_poll,
     show: Callable[[bool], None] = _nothing,
@@ -66,7 +67,7 @@ def guard(
 ) -> Code | None:
     """Tick until a tick's code (returned) or a stop (``wait`` returned True: None). ``resume`` ends the give-up
     line's fix (how to guard the run again); ``passthrough`` exceptions of a tick end the loop (raised)."""
-    guarded = GuardedTick(ticking.run_id, TickFailures(limit=failure_limit))
+    guarded = GuardedTick(ticking.run_id, TickFailures(limit=failure_limit, outage_limit_s=outage_limit_s))
     while True:
         ok, code = guarded(ticking.tick, passthrough=passthrough)
         aside(ticking.run_id, "exporter", partial(record_poll, ok, guarded.last_seconds))

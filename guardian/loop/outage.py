@@ -9,7 +9,8 @@ what these return.
 - The guardian can wait for the store as long as a trainer runs: it guards it from memory. Once no
   trainer runs, every next move needs the store, and past ``STORE_WAIT_S`` of that the guardian gives up.
 - A tick that raises an unexpected exception is logged once with its traceback and the loop goes on; after
-  ``TICK_FAILURE_LIMIT`` failed ticks in a row the guardian gives up.
+  ``TICK_FAILURE_LIMIT`` failed ticks in a row the guardian gives up, or, when every one of them failed on an
+  outage (``guardian.faults``), once they have failed for ``OUTAGE_LIMIT_S``.
 - Giving up is one ``event=guardian_cannot_continue`` line naming the cause, what became of the trainer
   and what to do, and exit status ``EXIT_ERROR`` (guardian/exits.py). The trainer: stopped if enforce mode sees it
   collapsing; otherwise left running and the line says UNGUARDED.
@@ -19,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from guardian.config import STORE_WAIT_S, TICK_FAILURE_LIMIT
+from guardian.config import OUTAGE_LIMIT_S, STORE_WAIT_S, TICK_FAILURE_LIMIT
 
 
 def stop_while_store_down(*, mode: str, running: bool, collapsing: bool) -> bool:
@@ -56,19 +57,31 @@ class StoreWait:
 
 @dataclass
 class TickFailures:
-    """Failed ticks in a row."""
+    """Failed ticks in a row, and when the streak began. A streak of outages only (each passes on its own: the
+    network, a cluster's API, a server that does not answer) is given ``outage_limit_s``; a streak with a bug in
+    it ends after ``limit`` ticks."""
 
     limit: int = TICK_FAILURE_LIMIT
+    outage_limit_s: float = OUTAGE_LIMIT_S
     count: int = 0
+    outages_only: bool = True
+    since: float = 0.0
+    last: float = 0.0
 
-    def failed(self) -> bool:
-        """Count a failed tick; True for the first of a streak (the one to log with its traceback)."""
+    def failed(self, *, outage: bool = False, now: float = 0.0) -> bool:
+        """Count a failed tick at ``now``; True for the first of a streak (the one to log with its traceback)."""
         self.count += 1
+        if self.count == 1:
+            self.since, self.outages_only = now, outage
+        self.outages_only = self.outages_only and outage
+        self.last = now
         return self.count == 1
 
     @property
     def exhausted(self) -> bool:
-        return self.count >= self.limit
+        if self.count < self.limit:
+            return False
+        return not self.outages_only or self.last - self.since > self.outage_limit_s
 
     def succeeded(self) -> int:
         """A tick went through: the streak ends; returns how many ticks it had failed."""

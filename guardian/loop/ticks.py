@@ -43,8 +43,9 @@ class GuardedTick:
         except Exception as exc:
             self.last_seconds = self.timer() - started
             self.last_error = failure_text(exc)
-            if self.failures.failed():
-                kind = "outage" if is_outage(exc) else "bug"
+            outage = is_outage(exc)
+            if self.failures.failed(outage=outage, now=self.timer()):
+                kind = "outage" if outage else "bug"
                 fields = {"run": self.run_id, "kind": kind, **fault_fields(exc), "next": "retrying every tick"}
                 log.error(event("tick_failed", fields), exc_info=True)
             return False, None
@@ -59,7 +60,9 @@ class GuardedTick:
 
     def cause(self) -> str:
         """Why the guarding ends after a streak, for the one give-up line."""
-        return f"{self.failures.count} ticks in a row failed: {self.last_error}"
+        failures = self.failures
+        lasting = f" over {failures.last - failures.since:.0f} s" if failures.outages_only else ""
+        return f"{failures.count} ticks in a row failed{lasting}: {self.last_error}"
 
 
 def aside(run_id: str, what: str, action: Callable[[], object]) -> None:

@@ -34,7 +34,7 @@ from guardian.checks.findings import Severity
 from guardian.checks.stall import typical_step_seconds
 from guardian.config import GuardianConfig
 from guardian.exits import EXIT_ERROR
-from guardian.faults import fault_fields, unavailable
+from guardian.faults import failure_text, fault_fields, is_outage, unavailable
 from guardian.incidents.guardian import Clock, Guardian
 from guardian.logs import event, get_logger
 from guardian.loop.outage import StoreWait, stop_while_store_down, trainer_fate
@@ -178,7 +178,15 @@ class Supervisor:
         """One pass; returns the exit code once the run is over, else None."""
         # the exit status first: a trainer that ended before this poll has written its last lines already,
         # so a crash is dated at the step it really reached
-        exit_status = self.trainer.exit_status()
+        try:
+            exit_status = self.trainer.exit_status()
+        except Exception as exc:
+            if not is_outage(exc):
+                raise
+            # the trainer's control does not answer (a Ray cluster's Jobs API): the metrics are still read and judged
+            # (findings, incidents, alerts), the rescue waits, and the tick fails as an outage (outage_limit_s)
+            self.guardian.tick()
+            raise
         moved = self.guardian.tick()
         self.busy = bool(moved.new_steps or moved.transitions or moved.bad_lines)
         if not self.guardian.store_degraded:
@@ -299,9 +307,17 @@ class Supervisor:
 
     def cannot_continue(self, *, cause: str, fix: str) -> int:
         """Give up guarding (see ``guardian.loop.outage``): one line with the cause, the trainer's fate and the fix."""
-        running = self.trainer.alive() is True
+        try:
+            running = self.trainer.alive() is True
+        except Exception as exc:  # its control does not answer either: say so, and leave it
+            log.error(event("trainer_status_unknown", {"run": self.run_id, **fault_fields(exc)}))
+            running, unknown = False, f"unknown, UNGUARDED: its control does not answer ({failure_text(exc)})"
+        else:
+            unknown = ""
         fate = trainer_fate(mode=self.config.mode, running=running, collapsing=self._collapsing())
-        trainer = {"none": "not running", "leave": "left running, UNGUARDED"}.get(fate, "stopped: it was collapsing")
+        trainer = unknown or {"none": "not running", "leave": "left running, UNGUARDED"}.get(
+            fate, "stopped: it was collapsing"
+        )
         if fate == "stop":
             try:
                 self.trainer.halt(reason="the guardian cannot continue")

@@ -101,6 +101,7 @@ class WatchLoop:
                 pace=DrainPace(g.config.sources.poll_interval_s),
                 wait=self._wait,
                 failure_limit=g.config.tick_failure_limit,
+                outage_limit_s=g.config.outage_limit_s,
                 resume=RESUME,
                 record_poll=snapshots,
                 show=partial(self._show, snapshots),
