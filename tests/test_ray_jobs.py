@@ -31,6 +31,10 @@ from guardian.rescue.ray_jobs import (
     exit_status_of,
     submission_id,
 )
+from guardian.rescue.ray_logs import JOB_LOG, JobLogMirror, JobLogsSource, Reading, choose
+from guardian.rescue.ray_survivors import Survivor, kill_command, per_node, verdict
+from guardian.sources.console import ConsoleFile
+from guardian.sources.jsonl import MetricsFile
 from guardian.store import AttemptView, Store, StoredPlan
 
 T0 = 1_800_000_000.0
@@ -45,6 +49,7 @@ class Info:
     driver_exit_code: int | None = None
     driver_node_id: str | None = "node-a"
     metadata: dict[str, str] | None = None
+    job_id: str | None = "02000000"
 
 
 @dataclass
@@ -122,7 +127,39 @@ class Clock:
         self.now += seconds
 
 
-def _trainer(tmp_path: Path, store: Store, client: JobsClient, clock: Clock | None = None) -> RayJobsTrainer:
+@dataclass
+class FakeCluster:
+    """The State API: the job's live actors, read by read (the last answer repeats); ``down`` raises."""
+
+    answers: list[list[Survivor]] = field(default_factory=list)
+    address: str = "http://head:8265"
+    down: bool = False
+    reads: int = 0
+
+    def survivors(self, job_id: str) -> list[Survivor]:
+        self.reads += 1
+        if self.down:
+            raise RuntimeError("Ray's State API at http://head:8265 did not answer: connection refused")
+        return self.answers[min(self.reads, len(self.answers)) - 1] if self.answers else []
+
+    def node_totals(self) -> dict[str, dict[str, float]]:
+        return {"10.0.0.5": {"CPU": 16.0, "GPU": 8.0}}
+
+
+GPU_KEEPER = Survivor(
+    "a1b2c3d4e5f6a7b8", "Keeper", "ALIVE", True, "keeper", "ns", "n1", "10.0.0.5", 4242, {"CPU": 1.0, "GPU": 2.0}
+)
+CPU_HELPER = Survivor("ffeeddccbbaa0099", "Helper", "ALIVE", True, None, "ns", "n1", "10.0.0.5", 77, {"CPU": 0.5})
+OWNED = Survivor("0011223344556677", "Worker", "ALIVE", False, None, "ns", "n1", "10.0.0.5", 99, {"GPU": 1.0})
+
+
+def _trainer(
+    tmp_path: Path,
+    store: Store,
+    client: JobsClient,
+    clock: Clock | None = None,
+    cluster: FakeCluster | None = None,
+) -> RayJobsTrainer:
     clock = clock or Clock()
     return RayJobsTrainer(
         _config(tmp_path),
@@ -134,6 +171,7 @@ def _trainer(tmp_path: Path, store: Store, client: JobsClient, clock: Clock | No
         clock=lambda: T0,
         wait=clock.sleep,
         monotonic=clock,
+        cluster=cluster,
     )
 
 
@@ -239,6 +277,142 @@ def test_output_tail_and_a_job_the_cluster_forgot(tmp_path: Path, store: Store) 
     status = forgot.exit_status()
     assert forgot.alive() is False and status is not None and status.lost
     assert forgot.output_tail() == ""
+
+
+# -- survivors of a stopped job ---------------------------------------------------------------------------------------
+def test_what_a_survivor_holds_decides_the_relaunch() -> None:
+    in_group = Survivor("a" * 16, "W", "ALIVE", True, resources={"GPU_group_0_ab": 1.0, "GPU_group_ab": 1.0})
+    assert in_group.held() == {"GPU": 1.0} and in_group.blocking() == {"GPU": 1.0}
+    assert CPU_HELPER.blocking() == {}
+    assert verdict([CPU_HELPER]).relaunch and not verdict([CPU_HELPER, GPU_KEEPER]).relaunch
+    assert verdict([CPU_HELPER, GPU_KEEPER]).blocking == (GPU_KEEPER,)
+    assert per_node([CPU_HELPER, GPU_KEEPER]) == {"10.0.0.5": {"CPU": 1.5, "GPU": 2.0}}
+    named = kill_command(GPU_KEEPER, "http://head:8265")
+    assert named.startswith("ray job submit --address http://head:8265 -- python -c ")
+    assert named.endswith("""'import ray; ray.init(); ray.kill(ray.get_actor("keeper", namespace="ns"))'""")
+    assert kill_command(CPU_HELPER, "http://head:8265") == "kill -9 77 on 10.0.0.5"
+
+
+def test_a_survivor_holding_gpus_refuses_the_relaunch_until_it_is_gone(
+    tmp_path: Path, store: Store, caplog: pytest.LogCaptureFixture
+) -> None:
+    jobs, cluster = FakeJobs(), FakeCluster([[GPU_KEEPER, CPU_HELPER]])
+    trainer = _trainer(tmp_path, store, jobs, cluster=cluster)
+    trainer.launch(_attempt(store, tmp_path), PLAN)
+    with pytest.raises(StopFailedError, match=r"Keeper 'keeper' \(detached actor a1b2c3d4e5f6.*GPU=2.*Refusing"):
+        trainer.stop(reason="collapse")
+    line = next(r.getMessage() for r in caplog.records if "event=job_survivors" in r.getMessage())
+    assert "relaunch=refused" in line and "ray_job=02000000" in line and "GPU=2/8" in line
+    ended = store.latest_attempt(RUN)
+    assert ended is not None and ended.ended_at is not None  # the job's end is recorded before the refusal
+    # the loop retries the stop: the job is not stopped twice, the survivors are read again
+    with pytest.raises(StopFailedError):
+        trainer.stop(reason="collapse")
+    cluster.answers.append([])  # killed by hand
+    trainer.stop(reason="collapse")
+    assert [c for c in jobs.calls if c[0] == "stop"] == [("stop", submission_id(RUN, 1))]
+
+
+def test_cpu_only_survivors_are_reported_and_the_relaunch_goes_ahead(
+    tmp_path: Path, store: Store, caplog: pytest.LogCaptureFixture
+) -> None:
+    trainer = _trainer(tmp_path, store, FakeJobs(), cluster=FakeCluster([[CPU_HELPER]]))
+    trainer.launch(_attempt(store, tmp_path), PLAN)
+    trainer.stop(reason="collapse")
+    line = next(r.getMessage() for r in caplog.records if "event=job_survivors" in r.getMessage())
+    assert "relaunch=goes_ahead" in line and "kill -9 77 on 10.0.0.5" in line
+
+
+def test_owned_actors_are_given_the_grace_to_die_with_their_driver(tmp_path: Path, store: Store) -> None:
+    clock, cluster = Clock(), FakeCluster([[OWNED], [OWNED], []])
+    trainer = _trainer(tmp_path, store, FakeJobs(), clock, cluster)
+    trainer.launch(_attempt(store, tmp_path), PLAN)
+    trainer.stop(reason="collapse")  # an owned GPU actor that dies a moment later is no survivor
+    assert cluster.reads == 3
+    stuck = FakeCluster([[OWNED]])
+    trainer = _trainer(tmp_path, store, FakeJobs(), clock, stuck)
+    trainer.launch(_attempt(store, tmp_path), PLAN)
+    started = clock.now
+    with pytest.raises(StopFailedError, match="owned actor"):
+        trainer.stop(reason="collapse")
+    assert clock.now - started >= 10.0  # intervention.ray_survivor_grace_s
+
+
+def test_a_state_api_that_does_not_answer_does_not_hold_the_relaunch(
+    tmp_path: Path, store: Store, caplog: pytest.LogCaptureFixture
+) -> None:
+    trainer = _trainer(tmp_path, store, FakeJobs(), cluster=FakeCluster(down=True))
+    trainer.launch(_attempt(store, tmp_path), PLAN)
+    trainer.stop(reason="collapse")
+    line = next(r.getMessage() for r in caplog.records if "event=job_survivors_unknown" in r.getMessage())
+    assert (
+        "connection refused" in line and "ray list actors --address http://head:8265 --filter job_id=02000000" in line
+    )
+
+
+def test_a_job_that_ended_by_itself_has_its_survivors_reported_not_refused(
+    tmp_path: Path, store: Store, caplog: pytest.LogCaptureFixture
+) -> None:
+    jobs = FakeJobs()
+    trainer = _trainer(tmp_path, store, jobs, cluster=FakeCluster([[GPU_KEEPER]]))
+    trainer.launch(_attempt(store, tmp_path), PLAN)
+    jobs.jobs[submission_id(RUN, 1)].status = "SUCCEEDED"
+    trainer.finish(ExitStatus(0, None))
+    line = next(r.getMessage() for r in caplog.records if "event=job_survivors" in r.getMessage())
+    assert "relaunch=none_needed" in line and not [c for c in jobs.calls if c[0] == "stop"]
+
+
+# -- the job's logs: mirror and metrics source ------------------------------------------------------------------------
+def test_choose_the_metrics_source() -> None:
+    assert choose("never", metrics_file_exists=False, logs_have_steps=True) is Reading.METRICS_FILE
+    assert choose("always", metrics_file_exists=True, logs_have_steps=False) is Reading.JOB_LOGS
+    assert choose("auto", metrics_file_exists=True, logs_have_steps=True) is Reading.METRICS_FILE
+    assert choose("auto", metrics_file_exists=False, logs_have_steps=True) is Reading.JOB_LOGS
+    assert choose("auto", metrics_file_exists=False, logs_have_steps=False) is None
+
+
+def test_the_mirror_appends_only_what_is_new_and_reads_once_more_at_the_end(tmp_path: Path) -> None:
+    jobs, clock, ended = FakeJobs(), Clock(), [False]
+    jobs.jobs["j"] = Info("RUNNING")
+    path = tmp_path / "attempt-1" / JOB_LOG
+    mirror = JobLogMirror(jobs, "j", path, 1.0, lambda: ended[0], monotonic=clock)
+    jobs.logs = "config dump\n"
+    assert mirror.pull() == 12
+    jobs.logs += "step:1 - x:1\n"
+    assert mirror.pull() == 0  # within ray_job_logs_poll_s
+    clock.sleep(1.0)
+    assert mirror.pull() == 13
+    jobs.logs += "step:2 - x:2\n"
+    ended[0] = True
+    assert mirror.pull() == 13 and mirror.pull() == 0  # the last read, then no more
+    assert path.read_text() == "config dump\nstep:1 - x:1\nstep:2 - x:2\n"
+    # a guardian started again goes on from the file's size: nothing twice, nothing truncated
+    again = JobLogMirror(jobs, "j", path, 1.0, lambda: True, monotonic=clock)
+    jobs.logs += "done\n"
+    assert again.pull() == 5 and path.read_text().endswith("step:2 - x:2\ndone\n")
+    assert JobLogMirror(jobs, "gone", tmp_path / "g.log", 1.0, lambda: True).pull() == 0  # unknown to the cluster
+
+
+def test_auto_reads_the_job_logs_only_while_the_metrics_file_is_out_of_sight(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    log_path, metrics = tmp_path / JOB_LOG, tmp_path / "metrics.jsonl"
+    log_path.write_text("Total steps: 3\n(TaskRunner pid=12, ip=10.0.0.9) step:1 - critic/score/mean:np.float64(0.5)\n")
+    source = JobLogsSource(MetricsFile(metrics), ConsoleFile(log_path), None, "auto", RUN)
+    batch = source.poll()
+    assert [getattr(i, "step", None) for i in batch.items if hasattr(i, "step")] == [1]
+    assert source.reading is Reading.JOB_LOGS and source.path == log_path
+    assert any("event=metrics_from_job_logs" in r.getMessage() for r in caplog.records)
+    # the file seen from the start: the JSONL is read, the console lines are not
+    metrics.write_text('{"step": 1, "data": {"critic/score/mean": 0.5}}\n')
+    local = JobLogsSource(MetricsFile(metrics), ConsoleFile(log_path), None, "auto", RUN)
+    assert len([i for i in local.poll().items if hasattr(i, "step")]) == 1 and local.reading is Reading.METRICS_FILE
+    # neither yet: nothing, and undecided
+    (tmp_path / "empty.log").write_text("loading the model\n")
+    waiting = JobLogsSource(
+        MetricsFile(tmp_path / "none.jsonl"), ConsoleFile(tmp_path / "empty.log"), None, "auto", RUN
+    )
+    assert waiting.poll().items == [] and waiting.reading is None
 
 
 # -- a real Ray head -------------------------------------------------------------------------------------------------
