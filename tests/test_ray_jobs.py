@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -32,7 +33,7 @@ from guardian.rescue.ray_jobs import (
     submission_id,
 )
 from guardian.rescue.ray_logs import JOB_LOG, JobLogMirror, JobLogsSource, Reading, choose
-from guardian.rescue.ray_survivors import Survivor, kill_command, per_node, verdict
+from guardian.rescue.ray_survivors import StateApi, Survivor, kill_command, per_node, verdict
 from guardian.sources.console import ConsoleFile
 from guardian.sources.jsonl import MetricsFile
 from guardian.store import AttemptView, Store, StoredPlan
@@ -364,11 +365,11 @@ def test_a_job_that_ended_by_itself_has_its_survivors_reported_not_refused(
 
 # -- the job's logs: mirror and metrics source ------------------------------------------------------------------------
 def test_choose_the_metrics_source() -> None:
-    assert choose("never", metrics_file_exists=False, logs_have_steps=True) is Reading.METRICS_FILE
-    assert choose("always", metrics_file_exists=True, logs_have_steps=False) is Reading.JOB_LOGS
-    assert choose("auto", metrics_file_exists=True, logs_have_steps=True) is Reading.METRICS_FILE
-    assert choose("auto", metrics_file_exists=False, logs_have_steps=True) is Reading.JOB_LOGS
-    assert choose("auto", metrics_file_exists=False, logs_have_steps=False) is None
+    assert choose("never", metrics_file_written=False, logs_have_steps=True) is Reading.METRICS_FILE
+    assert choose("always", metrics_file_written=True, logs_have_steps=False) is Reading.JOB_LOGS
+    assert choose("auto", metrics_file_written=True, logs_have_steps=True) is Reading.METRICS_FILE
+    assert choose("auto", metrics_file_written=False, logs_have_steps=True) is Reading.JOB_LOGS
+    assert choose("auto", metrics_file_written=False, logs_have_steps=False) is None
 
 
 def test_the_mirror_appends_only_what_is_new_and_reads_once_more_at_the_end(tmp_path: Path) -> None:
@@ -398,7 +399,10 @@ def test_auto_reads_the_job_logs_only_while_the_metrics_file_is_out_of_sight(
 ) -> None:
     log_path, metrics = tmp_path / JOB_LOG, tmp_path / "metrics.jsonl"
     log_path.write_text("Total steps: 3\n(TaskRunner pid=12, ip=10.0.0.9) step:1 - critic/score/mean:np.float64(0.5)\n")
+    metrics.touch()  # the guardian prepares it empty
     source = JobLogsSource(MetricsFile(metrics), ConsoleFile(log_path), None, "auto", RUN)
+    held = source.poll()
+    assert held.items == [] and held.more and source.reading is None  # the file may yet get its line
     batch = source.poll()
     assert [getattr(i, "step", None) for i in batch.items if hasattr(i, "step")] == [1]
     assert source.reading is Reading.JOB_LOGS and source.path == log_path
@@ -407,6 +411,13 @@ def test_auto_reads_the_job_logs_only_while_the_metrics_file_is_out_of_sight(
     metrics.write_text('{"step": 1, "data": {"critic/score/mean": 0.5}}\n')
     local = JobLogsSource(MetricsFile(metrics), ConsoleFile(log_path), None, "auto", RUN)
     assert len([i for i in local.poll().items if hasattr(i, "step")]) == 1 and local.reading is Reading.METRICS_FILE
+    # the console line seen a moment before the file's: the file is read, nothing twice
+    raced = tmp_path / "raced.jsonl"
+    raced.touch()
+    racing = JobLogsSource(MetricsFile(raced), ConsoleFile(log_path), None, "auto", RUN)
+    assert racing.poll().items == []
+    raced.write_text('{"step": 1, "data": {"critic/score/mean": 0.5}}\n')
+    assert len([i for i in racing.poll().items if hasattr(i, "step")]) == 1 and racing.reading is Reading.METRICS_FILE
     # neither yet: nothing, and undecided
     (tmp_path / "empty.log").write_text("loading the model\n")
     waiting = JobLogsSource(
@@ -440,7 +451,9 @@ def ray_head(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     port = free_port()
     # token auth off: a head enables it when a token file from an earlier cluster is found in ~/.ray
     env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "RAY_TMPDIR": str(tmp), "RAY_AUTH_MODE": "disabled"}
-    head = [ray, "start", "--head", "--num-cpus", "2", "--include-dashboard=true", "--dashboard-host", "127.0.0.1"]
+    # one logical GPU (no device behind it): what a survivor holding a GPU holds
+    head = [ray, "start", "--head", "--num-cpus", "2", "--num-gpus", "1", "--include-dashboard=true"]
+    head += ["--dashboard-host", "127.0.0.1"]
     head += ["--dashboard-port", str(port), "--port", str(free_port()), "--temp-dir", str(tmp), "--disable-usage-stats"]
     started = subprocess.run(head, env=env, capture_output=True, text=True, timeout=120, check=False)
     if started.returncode != 0:
@@ -527,3 +540,112 @@ def test_the_demo_collapse_guarded_as_ray_jobs(ray_head: str, tmp_path: Path) ->
     record = json.loads((home / "runs/ray-collapse/attempt-2/command.json").read_text())
     assert f"trainer.resume_from_path={ckpt}/global_step_{intervention.target_step}" in record["argv"]
     print(f"\nray jobs demo: collapse -> resolved in {time.monotonic() - started:.1f}s, {len(attempts)} jobs")
+
+
+KEEPER = (
+    "import ray, time\n"
+    "ray.init()\n"
+    "@ray.remote(num_cpus=0.1, num_gpus=1)\n"
+    "class Keeper:\n"
+    "    def ping(self):\n"
+    "        return 1\n"
+    "@ray.remote(num_cpus=0.1)\n"
+    "class Owned:\n"
+    "    def ping(self):\n"
+    "        return 1\n"
+    "keeper = Keeper.options(lifetime='detached', name='keeper', namespace='guardian-test').remote()\n"
+    "owned = Owned.remote()\n"
+    "ray.get([keeper.ping.remote(), owned.ping.remote()])\n"
+    "print('actors up', flush=True)\n"
+    "while True:\n"
+    "    time.sleep(0.2)\n"
+)
+
+
+def _run_printed(command: str) -> None:
+    """Run a kill command as the guardian printed it, with this venv's ray and python."""
+    argv = shlex.split(command)
+    ray = shutil.which("ray", path=str(Path(sys.executable).parent))
+    assert argv[0] == "ray" and ray is not None and argv[argv.index("--") + 1] == "python"
+    argv[0], argv[argv.index("--") + 1] = ray, sys.executable
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+
+
+@pytest.mark.slow
+def test_a_detached_actor_holding_a_gpu_outlives_its_stopped_job_and_holds_the_relaunch(
+    ray_head: str, tmp_path: Path, store: Store, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A driver leaves a detached actor holding the head's (logical) GPU: the stop reports it and refuses the
+    relaunch with the command that kills it; once it is killed that way the stop goes through. The owned actor died
+    with its driver and is no survivor. The job is kept."""
+    client = connect(ray_head)
+    (tmp_path / "keeper.py").write_text(KEEPER)
+    config = _config(tmp_path, sigint=5.0, sigterm=2.0, sigkill=10.0)
+    trainer = RayJobsTrainer(
+        config,
+        store,
+        RUN,
+        client,
+        RunFolder(tmp_path / "run"),
+        tmp_path,
+        clock=time.time,
+        cluster=StateApi(ray_head),
+    )
+    attempt = _attempt(store, tmp_path)
+    trainer.launch(attempt, StoredPlan(argv=(sys.executable, "keeper.py"), env={}))
+    sid = submission_id(RUN, attempt.number)
+    _until(lambda: "actors up" in client.get_job_logs(sid), 90)
+    with pytest.raises(StopFailedError, match=r"Keeper 'keeper' \(detached actor .*GPU=1.*Refusing to relaunch") as err:
+        trainer.stop(reason="test")
+    line = next(r.getMessage() for r in caplog.records if "event=job_survivors " in r.getMessage())
+    assert "relaunch=refused" in line and "detached=1" in line and "Owned" not in line
+    job_id = str(client.get_job_info(sid).job_id)
+    (keeper,) = StateApi(ray_head).survivors(job_id)
+    kill = kill_command(keeper, ray_head)
+    assert kill in str(err.value)  # the log line carries it too, quoted
+    _run_printed(kill)
+    _until(lambda: not StateApi(ray_head).survivors(job_id), 30)
+    trainer.stop(reason="test")  # nothing left: the relaunch may go ahead
+    assert str(client.get_job_info(sid).status) == "STOPPED"  # kept, not deleted
+
+
+# the demo trainer as if on another node: its file logger writes where this guardian does not look
+OTHER_NODE = (
+    "import os, runpy, sys\n"
+    "hidden = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'other-node', 'metrics.jsonl')\n"
+    "key = '++ray_kwargs.ray_init.runtime_env.env_vars.VERL_FILE_LOGGER_PATH='\n"
+    "sys.argv = ['guardian.demo.trainer'] + [key + hidden if a.startswith(key) else a for a in sys.argv[1:]]\n"
+    "os.environ['VERL_FILE_LOGGER_PATH'] = hidden\n"
+    "sys.path.insert(0, os.getcwd())\n"
+    "runpy.run_module('guardian.demo.trainer', run_name='__main__')\n"
+)
+
+
+@pytest.mark.slow
+def test_the_collapse_guarded_from_the_job_logs_alone(ray_head: str, tmp_path: Path) -> None:
+    """The metrics file is on 'another node': the guardian reads verl's console lines from the mirrored job logs
+    (sources.ray_job_logs auto) and still stops, rolls back, patches and resolves the collapse."""
+    from test_run_e2e import collapse_command, config_for
+
+    from guardian.commands.run import RunRequest, run_guarded
+    from guardian.rescue.policy import State
+
+    home, ckpt = tmp_path / "home", tmp_path / "ckpt"
+    (tmp_path / "other-node").mkdir()
+    (tmp_path / "other_node.py").write_text(OTHER_NODE)
+    command = [sys.executable, str(tmp_path / "other_node.py"), *collapse_command(ckpt)[3:]]
+    config = config_for(home)
+    assert run_guarded(config, RunRequest(tuple(command), REPO_ROOT, "ray-logs", ray_address=ray_head)) == 0
+    with Store.open(config.database_url()) as store:
+        (intervention,) = [i for i in store.interventions("ray-logs") if i.state != State.RELAPSED]
+        assert intervention.state == State.RESOLVED
+        attempts = store.attempts("ray-logs")
+    run = home / "runs/ray-logs"
+    assert (tmp_path / "other-node/metrics.jsonl").stat().st_size > 0  # written, only not where the guardian looks
+    for attempt in attempts:
+        assert not (run / f"attempt-{attempt.number}/metrics.jsonl").read_bytes()  # prepared empty, never written
+        assert "step:1 - " in (run / f"attempt-{attempt.number}" / JOB_LOG).read_text() or attempt.number > 1
+    guardian_log = (run / "guardian.log").read_text()
+    assert guardian_log.count("event=metrics_from_job_logs") >= len(attempts)

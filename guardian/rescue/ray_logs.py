@@ -36,12 +36,13 @@ class Reading(StrEnum):
     JOB_LOGS = "job_logs"
 
 
-def choose(mode: str, *, metrics_file_exists: bool, logs_have_steps: bool) -> Reading | None:
-    """Which source an attempt's metrics come from; None while it cannot be told yet (auto: neither the metrics file
-    nor a step line in the job's logs so far)."""
+def choose(mode: str, *, metrics_file_written: bool, logs_have_steps: bool) -> Reading | None:
+    """Which source an attempt's metrics come from; None while it cannot be told yet (auto: the metrics file - which
+    the guardian creates empty - has no line yet, and the job's logs no step line either, or only since this poll:
+    verl prints the console line just before it writes the file's, so one more poll confirms the file stays empty)."""
     if mode == "always":
         return Reading.JOB_LOGS
-    if mode == "never" or metrics_file_exists:
+    if mode == "never" or metrics_file_written:
         return Reading.METRICS_FILE
     return Reading.JOB_LOGS if logs_have_steps else None
 
@@ -104,7 +105,8 @@ class JobLogsSource:
     ) -> None:
         self.metrics, self.console, self.mirror, self.mode, self.run_id = metrics, console, mirror, mode, run_id
         self.reading: Reading | None = None
-        if choose(mode, metrics_file_exists=False, logs_have_steps=False) is Reading.JOB_LOGS:
+        self._held: MetricsBatch | None = None  # the console's first step lines, until the file stayed empty a poll
+        if choose(mode, metrics_file_written=False, logs_have_steps=False) is Reading.JOB_LOGS:
             self._chose(Reading.JOB_LOGS)
 
     @property
@@ -118,14 +120,20 @@ class JobLogsSource:
             return self.metrics.poll(final=final)
         if self.reading is Reading.JOB_LOGS:
             return self.console.poll(final=final)
-        if self.metrics.path.exists():
+        written = self.metrics.path.exists() and self.metrics.path.stat().st_size > 0
+        if choose(self.mode, metrics_file_written=written, logs_have_steps=False) is Reading.METRICS_FILE:
             self._chose(Reading.METRICS_FILE)
+            self._held = None
             return self.metrics.poll(final=final)
-        batch = self.console.poll(final=final)
-        steps = any(isinstance(item, StepRecord) for item in batch.items)
-        if choose(self.mode, metrics_file_exists=False, logs_have_steps=steps) is Reading.JOB_LOGS:
+        if self._held is not None:  # the file stayed empty for a poll after the logs showed a step
             self._chose(Reading.JOB_LOGS)
-            return batch
+            held, self._held = self._held, None
+            batch = self.console.poll(final=final)
+            return MetricsBatch(held.items + batch.items, held.bad_lines + batch.bad_lines, more=batch.more)
+        batch = self.console.poll(final=final)
+        if any(isinstance(item, StepRecord) for item in batch.items):
+            self._held = batch
+            return MetricsBatch(items=[], bad_lines=[], more=True)  # poll again: a replay must not stop here
         return MetricsBatch(items=[], bad_lines=batch.bad_lines, more=batch.more)
 
     def _chose(self, reading: Reading) -> None:
