@@ -649,3 +649,121 @@ def test_the_collapse_guarded_from_the_job_logs_alone(ray_head: str, tmp_path: P
         assert "step:1 - " in (run / f"attempt-{attempt.number}" / JOB_LOG).read_text() or attempt.number > 1
     guardian_log = (run / "guardian.log").read_text()
     assert guardian_log.count("event=metrics_from_job_logs") >= len(attempts)
+
+
+@pytest.mark.slow
+def test_a_guardian_killed_while_its_job_runs_is_attached_again_and_submits_nothing_twice(
+    ray_head: str, tmp_path: Path
+) -> None:
+    """guardian run --ray-address, SIGKILLed while attempt 1 runs; guardian run --attach finds the running job
+    (event=job_attached), submits no second one for it, and guards the run to its end."""
+    from test_run_e2e import collapse_command
+
+    from guardian.rescue.policy import State
+
+    home, ckpt = tmp_path / "home", tmp_path / "ckpt"
+    (tmp_path / "guardian.yaml").write_text(
+        "sources: {poll_interval_s: 0.05}\n"
+        "intervention: {probation_steps: 15, stop_sigint_s: 5, stop_sigterm_s: 5, stop_sigkill_s: 5}\n"
+    )
+    guardian = [
+        sys.executable,
+        "-m",
+        "guardian",
+        "--log-level",
+        "WARNING",
+        "run",
+        "--config",
+        str(tmp_path / "guardian.yaml"),
+    ]
+    env = {**os.environ, "GUARDIAN_HOME": str(home), "PYTHONPATH": str(REPO_ROOT), "RAY_AUTH_MODE": "disabled"}
+    env.pop("GUARDIAN_DB_URL", None)
+    first_log = (tmp_path / "first.log").open("wb")
+    first = subprocess.Popen(
+        [*guardian, "--no-live", "--run-id", "ray-kill", "--ray-address", ray_head, "--", *collapse_command(ckpt)],
+        cwd=REPO_ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=first_log,
+    )
+    client = connect(ray_head)
+    sid = submission_id("ray-kill", 1)
+    metrics = home / "runs/ray-kill/attempt-1/metrics.jsonl"
+    try:
+        _until(lambda: metrics.exists() and metrics.read_text().count("\n") >= 3, 120)
+    finally:
+        first.kill()  # SIGKILL: no goodbye, the job goes on
+        first.wait(30)
+        first_log.close()
+    assert b"event=job_submitted run=ray-kill attempt=1" in (tmp_path / "first.log").read_bytes()
+    assert str(client.get_job_info(sid).status) == "RUNNING"
+    second = subprocess.run(
+        [*guardian, "--no-live", "--attach", "ray-kill"], cwd=REPO_ROOT, env=env, capture_output=True, timeout=400
+    )
+    stderr = second.stderr.decode()
+    assert second.returncode == 0, stderr[-3000:]
+    assert f"event=job_attached run=ray-kill attempt=1 job={sid} status=RUNNING" in stderr
+    with Store.open(f"sqlite:///{home / 'guardian.db'}") as store:
+        attempts = store.attempts("ray-kill")
+        interventions = store.interventions("ray-kill")
+    ours = sorted(
+        str(j.submission_id) for j in client.list_jobs() if str(j.submission_id).startswith("guardian-ray-kill-")
+    )  # type: ignore[attr-defined]
+    assert ours == sorted(submission_id("ray-kill", a.number) for a in attempts)  # one job per attempt, no second
+    assert any(i.state == State.RESOLVED for i in interventions)
+    assert stderr.count("event=job_submitted") == len(attempts) - 1  # the second guardian submitted only relaunches
+
+
+@pytest.mark.slow
+def test_measure_submit_to_first_step_and_stop_to_terminal(ray_head: str, tmp_path: Path, store: Store) -> None:
+    """The figures the report quotes (pytest -s): submit -> the first step the guardian's source returns (the
+    metrics file; the job logs' mirror), and stop_job -> terminal, 3 runs each."""
+    client = connect(ray_head)
+    config = _config(tmp_path, sigint=5.0, sigterm=2.0, sigkill=10.0)
+    (tmp_path / "ticker.py").write_text(CONSOLE_TICKER)
+    to_file: list[float] = []
+    to_logs: list[float] = []
+    to_terminal: list[float] = []
+    for run in range(3):
+        metrics = tmp_path / f"metrics-{run}.jsonl"
+        folder = RunFolder(tmp_path / f"run-{run}")
+        trainer = RayJobsTrainer(config, store, f"{RUN}-m{run}", client, folder, tmp_path, clock=time.time)
+        attempt = store.start_attempt(RUN, metrics_path=str(metrics), now=T0, command=["python"])
+        plan = StoredPlan(argv=(sys.executable, "ticker.py", str(metrics)), env={})
+        submitted = time.monotonic()
+        trainer.launch(attempt, plan)
+        file_source = MetricsFile(metrics)
+        mirror = trainer.log_mirror(attempt.number, folder.attempt(attempt.number) / JOB_LOG)
+        log_source = JobLogsSource(MetricsFile(tmp_path / "none"), ConsoleFile(mirror.path), mirror, "always", RUN)
+        seen: dict[str, float] = {}
+        while len(seen) < 2 and time.monotonic() - submitted < 120:
+            for name, source in (("file", file_source), ("logs", log_source)):
+                if name not in seen and any(hasattr(i, "step") for i in source.poll().items):
+                    seen[name] = time.monotonic() - submitted
+            time.sleep(0.05)
+        to_file.append(seen["file"])
+        to_logs.append(seen["logs"])
+        stopping = time.monotonic()
+        trainer.halt(reason="measure")
+        to_terminal.append(time.monotonic() - stopping)
+        assert trainer.exit_status() is not None
+
+    def span(values: list[float]) -> str:
+        return f"{min(values):.2f}-{max(values):.2f}s"
+
+    print(
+        f"\nray jobs, 3 runs: submit->first step from the metrics file {span(to_file)}, from the job logs "
+        f"{span(to_logs)} (ray_job_logs_poll_s {config.sources.ray_job_logs_poll_s}); "
+        f"stop->terminal {span(to_terminal)}"
+    )
+
+
+CONSOLE_TICKER = (
+    "import json, sys, time\n"
+    "path = sys.argv[1]\n"
+    "for step in range(1, 10_000):\n"
+    "    print(f'step:{step} - critic/score/mean:np.float64(0.1)', flush=True)\n"
+    "    with open(path, 'a') as f:\n"
+    "        f.write(json.dumps({'step': step, 'data': {'critic/score/mean': 0.1}}) + '\\n')\n"
+    "    time.sleep(0.2)\n"
+)
