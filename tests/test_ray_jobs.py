@@ -583,10 +583,12 @@ def test_a_detached_actor_holding_a_gpu_outlives_its_stopped_job_and_holds_the_r
     client = connect(ray_head)
     (tmp_path / "keeper.py").write_text(KEEPER)
     config = _config(tmp_path, sigint=5.0, sigterm=2.0, sigkill=10.0)
+    # its own job ids: the module's cluster keeps the jobs of the tests before (guardian-ray-run-1-1 among them)
+    run_id = "ray-survivor"
     trainer = RayJobsTrainer(
         config,
         store,
-        RUN,
+        run_id,
         client,
         RunFolder(tmp_path / "run"),
         tmp_path,
@@ -595,7 +597,7 @@ def test_a_detached_actor_holding_a_gpu_outlives_its_stopped_job_and_holds_the_r
     )
     attempt = _attempt(store, tmp_path)
     trainer.launch(attempt, StoredPlan(argv=(sys.executable, "keeper.py"), env={}))
-    sid = submission_id(RUN, attempt.number)
+    sid = submission_id(run_id, attempt.number)
     _until(lambda: "actors up" in client.get_job_logs(sid), 90)
     with pytest.raises(StopFailedError, match=r"Keeper 'keeper' \(detached actor .*GPU=1.*Refusing to relaunch") as err:
         trainer.stop(reason="test")

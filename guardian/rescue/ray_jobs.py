@@ -15,11 +15,11 @@ A terminal job is kept (its logs are evidence), never deleted.
 
 Once the job is terminal its survivors are read through Ray's State API (``rescue.ray_survivors``): actors of
 that Ray job still alive (detached actors outlive their driver). Survivors holding GPUs or other non-CPU resources
-refuse the relaunch (``StopFailedError``, naming each actor and how to kill it; the stop is tried again on the next
-poll, so killing them lets the rescue go on); CPU-only ones are reported and the relaunch goes ahead. Either way a
-line ``event=job_survivors`` says what is left; a State API that does not answer is reported
-(``event=job_survivors_unknown``) and does not hold the relaunch. A job that ended by itself has its survivors
-reported the same way at the run's end, never stopped.
+refuse the relaunch (``StopFailedError``, naming each actor and how to kill it; the stop is retried for the tick
+failure streak, then the guardian gives up; ``--attach`` after killing them goes on); CPU-only ones are reported
+and the relaunch goes ahead. Either way a line ``event=job_survivors`` says what is left; a State API that does
+not answer is reported (``event=job_survivors_unknown``) and does not hold the relaunch. A job that ended by
+itself has its survivors reported the same way at the run's end, never stopped.
 
 Each job's logs are mirrored into ``<run>/attempt-N/job.log`` and may be the metrics source (``rescue.ray_logs``);
 what is not covered: workers of other drivers, rollout dumps and checkpoints on a file system the guardian does
@@ -261,7 +261,7 @@ class RayJobsTrainer:
     # -- stopping --------------------------------------------------------------------------------------
     def stop(self, *, reason: str) -> None:
         """Stop the job, record its end, then refuse the relaunch while its survivors hold what a trainer needs (also
-        when the job had ended already: the stop of a rescue is retried until the survivors are gone)."""
+        when the job had ended already: a retried stop, or one after --attach, looks at the survivors again)."""
         if self.attempt is None:
             return
         self.halt(reason=reason)
@@ -348,9 +348,9 @@ class RayJobsTrainer:
         kills = "; ".join(kill_command(s, address) for s in found.blocking)
         return (
             f"Ray job {sid} is stopped, but {len(found.blocking)} of its actors are still alive and hold resources a "
-            f"resubmitted trainer would wait for: {held}. Refusing to relaunch. Stop them ({kills}); the guardian "
-            f"looks again on its next poll (after it gave up: guardian run --attach {self.run_id}). The job is kept: "
-            f"ray job logs {sid}"
+            f"resubmitted trainer would wait for: {held}. Refusing to relaunch. Stop them ({kills}), then guardian "
+            f"run --attach {self.run_id} (the stop is retried for tick_failure_limit polls, then the guardian gives "
+            f"up with this message). The job is kept: ray job logs {sid}"
         )
 
     def log_mirror(self, number: int, path: Path) -> JobLogMirror:
