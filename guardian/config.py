@@ -315,6 +315,19 @@ class SourcesConfig(_Section):
         ge=1024,
         description="A longer metrics line is skipped as unreadable, never held in memory whole.",
     )
+    ray_job_logs: Literal["auto", "always", "never"] = Field(
+        "auto",
+        description="guardian run --ray-address: mirror each job's logs (the Jobs API) into <run>/attempt-N/job.log "
+        "and read verl's console lines from it when the metrics file is on a node this machine cannot see. auto = "
+        "once the logs show a step line while the metrics file does not exist here; always = from the start; "
+        "never = neither mirror nor read them.",
+    )
+    ray_job_logs_poll_s: float = Field(
+        1.0,
+        gt=0,
+        description="Seconds between reads of a running job's logs for the mirror; each read fetches the whole log "
+        "(Ray 2.60's Jobs API has no offset), so a long log costs the dashboard more per read.",
+    )
 
 
 class StoreConfig(_Section):
@@ -381,6 +394,12 @@ class InterventionConfig(_Section):
     stop_sigint_s: float = Field(60.0, ge=0, description="Stop: wait this long after SIGINT to the process group.")
     stop_sigterm_s: float = Field(30.0, ge=0, description="... then after SIGTERM, before SIGKILL.")
     stop_sigkill_s: float = Field(10.0, ge=0, description="... then after SIGKILL, before reporting a failed stop.")
+    ray_survivor_grace_s: float = Field(
+        10.0,
+        ge=0,
+        description="Ray jobs: after a job is stopped, wait up to this long for its non-detached actors to die with "
+        "the driver before the ones left alive count as survivors (detached ones never die by themselves).",
+    )
 
 
 class CheckpointsConfig(_Section):

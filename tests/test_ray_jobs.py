@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -31,6 +32,10 @@ from guardian.rescue.ray_jobs import (
     exit_status_of,
     submission_id,
 )
+from guardian.rescue.ray_logs import JOB_LOG, JobLogMirror, JobLogsSource, Reading, choose
+from guardian.rescue.ray_survivors import StateApi, Survivor, kill_command, per_node, verdict
+from guardian.sources.console import ConsoleFile
+from guardian.sources.jsonl import MetricsFile
 from guardian.store import AttemptView, Store, StoredPlan
 
 T0 = 1_800_000_000.0
@@ -45,6 +50,7 @@ class Info:
     driver_exit_code: int | None = None
     driver_node_id: str | None = "node-a"
     metadata: dict[str, str] | None = None
+    job_id: str | None = "02000000"
 
 
 @dataclass
@@ -122,7 +128,39 @@ class Clock:
         self.now += seconds
 
 
-def _trainer(tmp_path: Path, store: Store, client: JobsClient, clock: Clock | None = None) -> RayJobsTrainer:
+@dataclass
+class FakeCluster:
+    """The State API: the job's live actors, read by read (the last answer repeats); ``down`` raises."""
+
+    answers: list[list[Survivor]] = field(default_factory=list)
+    address: str = "http://head:8265"
+    down: bool = False
+    reads: int = 0
+
+    def survivors(self, job_id: str) -> list[Survivor]:
+        self.reads += 1
+        if self.down:
+            raise RuntimeError("Ray's State API at http://head:8265 did not answer: connection refused")
+        return self.answers[min(self.reads, len(self.answers)) - 1] if self.answers else []
+
+    def node_totals(self) -> dict[str, dict[str, float]]:
+        return {"10.0.0.5": {"CPU": 16.0, "GPU": 8.0}}
+
+
+GPU_KEEPER = Survivor(
+    "a1b2c3d4e5f6a7b8", "Keeper", "ALIVE", True, "keeper", "ns", "n1", "10.0.0.5", 4242, {"CPU": 1.0, "GPU": 2.0}
+)
+CPU_HELPER = Survivor("ffeeddccbbaa0099", "Helper", "ALIVE", True, None, "ns", "n1", "10.0.0.5", 77, {"CPU": 0.5})
+OWNED = Survivor("0011223344556677", "Worker", "ALIVE", False, None, "ns", "n1", "10.0.0.5", 99, {"GPU": 1.0})
+
+
+def _trainer(
+    tmp_path: Path,
+    store: Store,
+    client: JobsClient,
+    clock: Clock | None = None,
+    cluster: FakeCluster | None = None,
+) -> RayJobsTrainer:
     clock = clock or Clock()
     return RayJobsTrainer(
         _config(tmp_path),
@@ -134,6 +172,7 @@ def _trainer(tmp_path: Path, store: Store, client: JobsClient, clock: Clock | No
         clock=lambda: T0,
         wait=clock.sleep,
         monotonic=clock,
+        cluster=cluster,
     )
 
 
@@ -241,6 +280,152 @@ def test_output_tail_and_a_job_the_cluster_forgot(tmp_path: Path, store: Store) 
     assert forgot.output_tail() == ""
 
 
+# -- survivors of a stopped job ---------------------------------------------------------------------------------------
+def test_what_a_survivor_holds_decides_the_relaunch() -> None:
+    in_group = Survivor("a" * 16, "W", "ALIVE", True, resources={"GPU_group_0_ab": 1.0, "GPU_group_ab": 1.0})
+    assert in_group.held() == {"GPU": 1.0} and in_group.blocking() == {"GPU": 1.0}
+    assert CPU_HELPER.blocking() == {}
+    assert verdict([CPU_HELPER]).relaunch and not verdict([CPU_HELPER, GPU_KEEPER]).relaunch
+    assert verdict([CPU_HELPER, GPU_KEEPER]).blocking == (GPU_KEEPER,)
+    assert per_node([CPU_HELPER, GPU_KEEPER]) == {"10.0.0.5": {"CPU": 1.5, "GPU": 2.0}}
+    named = kill_command(GPU_KEEPER, "http://head:8265")
+    assert named.startswith("ray job submit --address http://head:8265 -- python -c ")
+    assert named.endswith("""'import ray; ray.init(); ray.kill(ray.get_actor("keeper", namespace="ns"))'""")
+    assert kill_command(CPU_HELPER, "http://head:8265") == "kill -9 77 on 10.0.0.5"
+
+
+def test_a_survivor_holding_gpus_refuses_the_relaunch_until_it_is_gone(
+    tmp_path: Path, store: Store, caplog: pytest.LogCaptureFixture
+) -> None:
+    jobs, cluster = FakeJobs(), FakeCluster([[GPU_KEEPER, CPU_HELPER]])
+    trainer = _trainer(tmp_path, store, jobs, cluster=cluster)
+    trainer.launch(_attempt(store, tmp_path), PLAN)
+    with pytest.raises(StopFailedError, match=r"Keeper 'keeper' \(detached actor a1b2c3d4e5f6.*GPU=2.*Refusing"):
+        trainer.stop(reason="collapse")
+    line = next(r.getMessage() for r in caplog.records if "event=job_survivors" in r.getMessage())
+    assert "relaunch=refused" in line and "ray_job=02000000" in line and "GPU=2/8" in line
+    ended = store.latest_attempt(RUN)
+    assert ended is not None and ended.ended_at is not None  # the job's end is recorded before the refusal
+    # the loop retries the stop: the job is not stopped twice, the survivors are read again
+    with pytest.raises(StopFailedError):
+        trainer.stop(reason="collapse")
+    cluster.answers.append([])  # killed by hand
+    trainer.stop(reason="collapse")
+    assert [c for c in jobs.calls if c[0] == "stop"] == [("stop", submission_id(RUN, 1))]
+
+
+def test_cpu_only_survivors_are_reported_and_the_relaunch_goes_ahead(
+    tmp_path: Path, store: Store, caplog: pytest.LogCaptureFixture
+) -> None:
+    trainer = _trainer(tmp_path, store, FakeJobs(), cluster=FakeCluster([[CPU_HELPER]]))
+    trainer.launch(_attempt(store, tmp_path), PLAN)
+    trainer.stop(reason="collapse")
+    line = next(r.getMessage() for r in caplog.records if "event=job_survivors" in r.getMessage())
+    assert "relaunch=goes_ahead" in line and "kill -9 77 on 10.0.0.5" in line
+
+
+def test_owned_actors_are_given_the_grace_to_die_with_their_driver(tmp_path: Path, store: Store) -> None:
+    clock, cluster = Clock(), FakeCluster([[OWNED], [OWNED], []])
+    trainer = _trainer(tmp_path, store, FakeJobs(), clock, cluster)
+    trainer.launch(_attempt(store, tmp_path), PLAN)
+    trainer.stop(reason="collapse")  # an owned GPU actor that dies a moment later is no survivor
+    assert cluster.reads == 3
+    stuck = FakeCluster([[OWNED]])
+    trainer = _trainer(tmp_path, store, FakeJobs(), clock, stuck)
+    trainer.launch(_attempt(store, tmp_path), PLAN)
+    started = clock.now
+    with pytest.raises(StopFailedError, match="owned actor"):
+        trainer.stop(reason="collapse")
+    assert clock.now - started >= 10.0  # intervention.ray_survivor_grace_s
+
+
+def test_a_state_api_that_does_not_answer_does_not_hold_the_relaunch(
+    tmp_path: Path, store: Store, caplog: pytest.LogCaptureFixture
+) -> None:
+    trainer = _trainer(tmp_path, store, FakeJobs(), cluster=FakeCluster(down=True))
+    trainer.launch(_attempt(store, tmp_path), PLAN)
+    trainer.stop(reason="collapse")
+    line = next(r.getMessage() for r in caplog.records if "event=job_survivors_unknown" in r.getMessage())
+    assert (
+        "connection refused" in line and "ray list actors --address http://head:8265 --filter job_id=02000000" in line
+    )
+
+
+def test_a_job_that_ended_by_itself_has_its_survivors_reported_not_refused(
+    tmp_path: Path, store: Store, caplog: pytest.LogCaptureFixture
+) -> None:
+    jobs = FakeJobs()
+    trainer = _trainer(tmp_path, store, jobs, cluster=FakeCluster([[GPU_KEEPER]]))
+    trainer.launch(_attempt(store, tmp_path), PLAN)
+    jobs.jobs[submission_id(RUN, 1)].status = "SUCCEEDED"
+    trainer.finish(ExitStatus(0, None))
+    line = next(r.getMessage() for r in caplog.records if "event=job_survivors" in r.getMessage())
+    assert "relaunch=none_needed" in line and not [c for c in jobs.calls if c[0] == "stop"]
+
+
+# -- the job's logs: mirror and metrics source ------------------------------------------------------------------------
+def test_choose_the_metrics_source() -> None:
+    assert choose("never", metrics_file_written=False, logs_have_steps=True) is Reading.METRICS_FILE
+    assert choose("always", metrics_file_written=True, logs_have_steps=False) is Reading.JOB_LOGS
+    assert choose("auto", metrics_file_written=True, logs_have_steps=True) is Reading.METRICS_FILE
+    assert choose("auto", metrics_file_written=False, logs_have_steps=True) is Reading.JOB_LOGS
+    assert choose("auto", metrics_file_written=False, logs_have_steps=False) is None
+
+
+def test_the_mirror_appends_only_what_is_new_and_reads_once_more_at_the_end(tmp_path: Path) -> None:
+    jobs, clock, ended = FakeJobs(), Clock(), [False]
+    jobs.jobs["j"] = Info("RUNNING")
+    path = tmp_path / "attempt-1" / JOB_LOG
+    mirror = JobLogMirror(jobs, "j", path, 1.0, lambda: ended[0], monotonic=clock)
+    jobs.logs = "config dump\n"
+    assert mirror.pull() == 12
+    jobs.logs += "step:1 - x:1\n"
+    assert mirror.pull() == 0  # within ray_job_logs_poll_s
+    clock.sleep(1.0)
+    assert mirror.pull() == 13
+    jobs.logs += "step:2 - x:2\n"
+    ended[0] = True
+    assert mirror.pull() == 13 and mirror.pull() == 0  # the last read, then no more
+    assert path.read_text() == "config dump\nstep:1 - x:1\nstep:2 - x:2\n"
+    # a guardian started again goes on from the file's size: nothing twice, nothing truncated
+    again = JobLogMirror(jobs, "j", path, 1.0, lambda: True, monotonic=clock)
+    jobs.logs += "done\n"
+    assert again.pull() == 5 and path.read_text().endswith("step:2 - x:2\ndone\n")
+    assert JobLogMirror(jobs, "gone", tmp_path / "g.log", 1.0, lambda: True).pull() == 0  # unknown to the cluster
+
+
+def test_auto_reads_the_job_logs_only_while_the_metrics_file_is_out_of_sight(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    log_path, metrics = tmp_path / JOB_LOG, tmp_path / "metrics.jsonl"
+    log_path.write_text("Total steps: 3\n(TaskRunner pid=12, ip=10.0.0.9) step:1 - critic/score/mean:np.float64(0.5)\n")
+    metrics.touch()  # the guardian prepares it empty
+    source = JobLogsSource(MetricsFile(metrics), ConsoleFile(log_path), None, "auto", RUN)
+    held = source.poll()
+    assert held.items == [] and held.more and source.reading is None  # the file may yet get its line
+    batch = source.poll()
+    assert [getattr(i, "step", None) for i in batch.items if hasattr(i, "step")] == [1]
+    assert source.reading is Reading.JOB_LOGS and source.path == log_path
+    assert any("event=metrics_from_job_logs" in r.getMessage() for r in caplog.records)
+    # the file seen from the start: the JSONL is read, the console lines are not
+    metrics.write_text('{"step": 1, "data": {"critic/score/mean": 0.5}}\n')
+    local = JobLogsSource(MetricsFile(metrics), ConsoleFile(log_path), None, "auto", RUN)
+    assert len([i for i in local.poll().items if hasattr(i, "step")]) == 1 and local.reading is Reading.METRICS_FILE
+    # the console line seen a moment before the file's: the file is read, nothing twice
+    raced = tmp_path / "raced.jsonl"
+    raced.touch()
+    racing = JobLogsSource(MetricsFile(raced), ConsoleFile(log_path), None, "auto", RUN)
+    assert racing.poll().items == []
+    raced.write_text('{"step": 1, "data": {"critic/score/mean": 0.5}}\n')
+    assert len([i for i in racing.poll().items if hasattr(i, "step")]) == 1 and racing.reading is Reading.METRICS_FILE
+    # neither yet: nothing, and undecided
+    (tmp_path / "empty.log").write_text("loading the model\n")
+    waiting = JobLogsSource(
+        MetricsFile(tmp_path / "none.jsonl"), ConsoleFile(tmp_path / "empty.log"), None, "auto", RUN
+    )
+    assert waiting.poll().items == [] and waiting.reading is None
+
+
 # -- a real Ray head -------------------------------------------------------------------------------------------------
 TICKER = (
     "import json, sys, time\n"
@@ -266,7 +451,9 @@ def ray_head(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     port = free_port()
     # token auth off: a head enables it when a token file from an earlier cluster is found in ~/.ray
     env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "RAY_TMPDIR": str(tmp), "RAY_AUTH_MODE": "disabled"}
-    head = [ray, "start", "--head", "--num-cpus", "2", "--include-dashboard=true", "--dashboard-host", "127.0.0.1"]
+    # one logical GPU (no device behind it): what a survivor holding a GPU holds
+    head = [ray, "start", "--head", "--num-cpus", "2", "--num-gpus", "1", "--include-dashboard=true"]
+    head += ["--dashboard-host", "127.0.0.1"]
     head += ["--dashboard-port", str(port), "--port", str(free_port()), "--temp-dir", str(tmp), "--disable-usage-stats"]
     started = subprocess.run(head, env=env, capture_output=True, text=True, timeout=120, check=False)
     if started.returncode != 0:
@@ -353,3 +540,232 @@ def test_the_demo_collapse_guarded_as_ray_jobs(ray_head: str, tmp_path: Path) ->
     record = json.loads((home / "runs/ray-collapse/attempt-2/command.json").read_text())
     assert f"trainer.resume_from_path={ckpt}/global_step_{intervention.target_step}" in record["argv"]
     print(f"\nray jobs demo: collapse -> resolved in {time.monotonic() - started:.1f}s, {len(attempts)} jobs")
+
+
+KEEPER = (
+    "import ray, time\n"
+    "ray.init()\n"
+    "@ray.remote(num_cpus=0.1, num_gpus=1)\n"
+    "class Keeper:\n"
+    "    def ping(self):\n"
+    "        return 1\n"
+    "@ray.remote(num_cpus=0.1)\n"
+    "class Owned:\n"
+    "    def ping(self):\n"
+    "        return 1\n"
+    "keeper = Keeper.options(lifetime='detached', name='keeper', namespace='guardian-test').remote()\n"
+    "owned = Owned.remote()\n"
+    "ray.get([keeper.ping.remote(), owned.ping.remote()])\n"
+    "print('actors up', flush=True)\n"
+    "while True:\n"
+    "    time.sleep(0.2)\n"
+)
+
+
+def _run_printed(command: str) -> None:
+    """Run a kill command as the guardian printed it, with this venv's ray and python."""
+    argv = shlex.split(command)
+    ray = shutil.which("ray", path=str(Path(sys.executable).parent))
+    assert argv[0] == "ray" and ray is not None and argv[argv.index("--") + 1] == "python"
+    argv[0], argv[argv.index("--") + 1] = ray, sys.executable
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+
+
+@pytest.mark.slow
+def test_a_detached_actor_holding_a_gpu_outlives_its_stopped_job_and_holds_the_relaunch(
+    ray_head: str, tmp_path: Path, store: Store, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A driver leaves a detached actor holding the head's (logical) GPU: the stop reports it and refuses the
+    relaunch with the command that kills it; once it is killed that way the stop goes through. The owned actor died
+    with its driver and is no survivor. The job is kept."""
+    client = connect(ray_head)
+    (tmp_path / "keeper.py").write_text(KEEPER)
+    config = _config(tmp_path, sigint=5.0, sigterm=2.0, sigkill=10.0)
+    # its own job ids: the module's cluster keeps the jobs of the tests before (guardian-ray-run-1-1 among them)
+    run_id = "ray-survivor"
+    trainer = RayJobsTrainer(
+        config,
+        store,
+        run_id,
+        client,
+        RunFolder(tmp_path / "run"),
+        tmp_path,
+        clock=time.time,
+        cluster=StateApi(ray_head),
+    )
+    attempt = _attempt(store, tmp_path)
+    trainer.launch(attempt, StoredPlan(argv=(sys.executable, "keeper.py"), env={}))
+    sid = submission_id(run_id, attempt.number)
+    _until(lambda: "actors up" in client.get_job_logs(sid), 90)
+    with pytest.raises(StopFailedError, match=r"Keeper 'keeper' \(detached actor .*GPU=1.*Refusing to relaunch") as err:
+        trainer.stop(reason="test")
+    line = next(r.getMessage() for r in caplog.records if "event=job_survivors " in r.getMessage())
+    assert "relaunch=refused" in line and "detached=1" in line and "Owned" not in line
+    job_id = str(client.get_job_info(sid).job_id)
+    (keeper,) = StateApi(ray_head).survivors(job_id)
+    kill = kill_command(keeper, ray_head)
+    assert kill in str(err.value)  # the log line carries it too, quoted
+    _run_printed(kill)
+    _until(lambda: not StateApi(ray_head).survivors(job_id), 30)
+    trainer.stop(reason="test")  # nothing left: the relaunch may go ahead
+    assert str(client.get_job_info(sid).status) == "STOPPED"  # kept, not deleted
+
+
+# the demo trainer as if on another node: its file logger writes where this guardian does not look
+OTHER_NODE = (
+    "import os, runpy, sys\n"
+    "hidden = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'other-node', 'metrics.jsonl')\n"
+    "key = '++ray_kwargs.ray_init.runtime_env.env_vars.VERL_FILE_LOGGER_PATH='\n"
+    "sys.argv = ['guardian.demo.trainer'] + [key + hidden if a.startswith(key) else a for a in sys.argv[1:]]\n"
+    "os.environ['VERL_FILE_LOGGER_PATH'] = hidden\n"
+    "sys.path.insert(0, os.getcwd())\n"
+    "runpy.run_module('guardian.demo.trainer', run_name='__main__')\n"
+)
+
+
+@pytest.mark.slow
+def test_the_collapse_guarded_from_the_job_logs_alone(ray_head: str, tmp_path: Path) -> None:
+    """The metrics file is on 'another node': the guardian reads verl's console lines from the mirrored job logs
+    (sources.ray_job_logs auto) and still stops, rolls back, patches and resolves the collapse."""
+    from test_run_e2e import collapse_command, config_for
+
+    from guardian.commands.run import RunRequest, run_guarded
+    from guardian.rescue.policy import State
+
+    home, ckpt = tmp_path / "home", tmp_path / "ckpt"
+    (tmp_path / "other-node").mkdir()
+    (tmp_path / "other_node.py").write_text(OTHER_NODE)
+    command = [sys.executable, str(tmp_path / "other_node.py"), *collapse_command(ckpt)[3:]]
+    config = config_for(home)
+    assert run_guarded(config, RunRequest(tuple(command), REPO_ROOT, "ray-logs", ray_address=ray_head)) == 0
+    with Store.open(config.database_url()) as store:
+        (intervention,) = [i for i in store.interventions("ray-logs") if i.state != State.RELAPSED]
+        assert intervention.state == State.RESOLVED
+        attempts = store.attempts("ray-logs")
+    run = home / "runs/ray-logs"
+    assert (tmp_path / "other-node/metrics.jsonl").stat().st_size > 0  # written, only not where the guardian looks
+    for attempt in attempts:
+        assert not (run / f"attempt-{attempt.number}/metrics.jsonl").read_bytes()  # prepared empty, never written
+        assert "step:1 - " in (run / f"attempt-{attempt.number}" / JOB_LOG).read_text() or attempt.number > 1
+    guardian_log = (run / "guardian.log").read_text()
+    assert guardian_log.count("event=metrics_from_job_logs") >= len(attempts)
+
+
+@pytest.mark.slow
+def test_a_guardian_killed_while_its_job_runs_is_attached_again_and_submits_nothing_twice(
+    ray_head: str, tmp_path: Path
+) -> None:
+    """guardian run --ray-address, SIGKILLed while attempt 1 runs; guardian run --attach finds the running job
+    (event=job_attached), submits no second one for it, and guards the run to its end."""
+    from test_run_e2e import collapse_command
+
+    from guardian.rescue.policy import State
+
+    home, ckpt = tmp_path / "home", tmp_path / "ckpt"
+    (tmp_path / "guardian.yaml").write_text(
+        "sources: {poll_interval_s: 0.05}\n"
+        "intervention: {probation_steps: 15, stop_sigint_s: 5, stop_sigterm_s: 5, stop_sigkill_s: 5}\n"
+    )
+    guardian = [
+        sys.executable,
+        "-m",
+        "guardian",
+        "--log-level",
+        "WARNING",
+        "run",
+        "--config",
+        str(tmp_path / "guardian.yaml"),
+    ]
+    env = {**os.environ, "GUARDIAN_HOME": str(home), "PYTHONPATH": str(REPO_ROOT), "RAY_AUTH_MODE": "disabled"}
+    env.pop("GUARDIAN_DB_URL", None)
+    first_log = (tmp_path / "first.log").open("wb")
+    first = subprocess.Popen(
+        [*guardian, "--no-live", "--run-id", "ray-kill", "--ray-address", ray_head, "--", *collapse_command(ckpt)],
+        cwd=REPO_ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=first_log,
+    )
+    client = connect(ray_head)
+    sid = submission_id("ray-kill", 1)
+    metrics = home / "runs/ray-kill/attempt-1/metrics.jsonl"
+    try:
+        _until(lambda: metrics.exists() and metrics.read_text().count("\n") >= 3, 120)
+    finally:
+        first.kill()  # SIGKILL: no goodbye, the job goes on
+        first.wait(30)
+        first_log.close()
+    assert b"event=job_submitted run=ray-kill attempt=1" in (tmp_path / "first.log").read_bytes()
+    assert str(client.get_job_info(sid).status) == "RUNNING"
+    second = subprocess.run(
+        [*guardian, "--no-live", "--attach", "ray-kill"], cwd=REPO_ROOT, env=env, capture_output=True, timeout=400
+    )
+    stderr = second.stderr.decode()
+    assert second.returncode == 0, stderr[-3000:]
+    assert f"event=job_attached run=ray-kill attempt=1 job={sid} status=RUNNING" in stderr
+    with Store.open(f"sqlite:///{home / 'guardian.db'}") as store:
+        attempts = store.attempts("ray-kill")
+        interventions = store.interventions("ray-kill")
+    ours = sorted(
+        str(j.submission_id) for j in client.list_jobs() if str(j.submission_id).startswith("guardian-ray-kill-")
+    )  # type: ignore[attr-defined]
+    assert ours == sorted(submission_id("ray-kill", a.number) for a in attempts)  # one job per attempt, no second
+    assert any(i.state == State.RESOLVED for i in interventions)
+    assert stderr.count("event=job_submitted") == len(attempts) - 1  # the second guardian submitted only relaunches
+
+
+@pytest.mark.slow
+def test_measure_submit_to_first_step_and_stop_to_terminal(ray_head: str, tmp_path: Path, store: Store) -> None:
+    """The figures the report quotes (pytest -s): submit -> the first step the guardian's source returns (the
+    metrics file; the job logs' mirror), and stop_job -> terminal, 3 runs each."""
+    client = connect(ray_head)
+    config = _config(tmp_path, sigint=5.0, sigterm=2.0, sigkill=10.0)
+    (tmp_path / "ticker.py").write_text(CONSOLE_TICKER)
+    to_file: list[float] = []
+    to_logs: list[float] = []
+    to_terminal: list[float] = []
+    for run in range(3):
+        metrics = tmp_path / f"metrics-{run}.jsonl"
+        folder = RunFolder(tmp_path / f"run-{run}")
+        trainer = RayJobsTrainer(config, store, f"{RUN}-m{run}", client, folder, tmp_path, clock=time.time)
+        attempt = store.start_attempt(RUN, metrics_path=str(metrics), now=T0, command=["python"])
+        plan = StoredPlan(argv=(sys.executable, "ticker.py", str(metrics)), env={})
+        submitted = time.monotonic()
+        trainer.launch(attempt, plan)
+        file_source = MetricsFile(metrics)
+        mirror = trainer.log_mirror(attempt.number, folder.attempt(attempt.number) / JOB_LOG)
+        log_source = JobLogsSource(MetricsFile(tmp_path / "none"), ConsoleFile(mirror.path), mirror, "always", RUN)
+        seen: dict[str, float] = {}
+        while len(seen) < 2 and time.monotonic() - submitted < 120:
+            for name, source in (("file", file_source), ("logs", log_source)):
+                if name not in seen and any(hasattr(i, "step") for i in source.poll().items):
+                    seen[name] = time.monotonic() - submitted
+            time.sleep(0.05)
+        to_file.append(seen["file"])
+        to_logs.append(seen["logs"])
+        stopping = time.monotonic()
+        trainer.halt(reason="measure")
+        to_terminal.append(time.monotonic() - stopping)
+        assert trainer.exit_status() is not None
+
+    def span(values: list[float]) -> str:
+        return f"{min(values):.2f}-{max(values):.2f}s"
+
+    print(
+        f"\nray jobs, 3 runs: submit->first step from the metrics file {span(to_file)}, from the job logs "
+        f"{span(to_logs)} (ray_job_logs_poll_s {config.sources.ray_job_logs_poll_s}); "
+        f"stop->terminal {span(to_terminal)}"
+    )
+
+
+CONSOLE_TICKER = (
+    "import json, sys, time\n"
+    "path = sys.argv[1]\n"
+    "for step in range(1, 10_000):\n"
+    "    print(f'step:{step} - critic/score/mean:np.float64(0.1)', flush=True)\n"
+    "    with open(path, 'a') as f:\n"
+    "        f.write(json.dumps({'step': step, 'data': {'critic/score/mean': 0.1}}) + '\\n')\n"
+    "    time.sleep(0.2)\n"
+)

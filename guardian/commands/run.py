@@ -32,6 +32,7 @@ from guardian.loop.outlets import Outlets, outlets
 from guardian.loop.pace import PollPace
 from guardian.notify.setup import check_sinks
 from guardian.rescue.ray_jobs import JobsClient, RayJobsError, connect
+from guardian.rescue.ray_survivors import ClusterState, StateApi
 from guardian.rescue.supervisor import Supervisor
 from guardian.sinks.snapshot import GuardianSource
 from guardian.store import Store
@@ -75,6 +76,7 @@ def local_supervisor(
     cwd: Path,
     after_commit: Callable[[str], None] = lambda state: None,
     jobs: JobsClient | None = None,
+    cluster: ClusterState | None = None,
 ) -> Supervisor:
     """A supervisor for a trainer launched as a local process group, in this process's environment less
     ``NOT_FOR_THE_TRAINER``; or, given ``jobs``, submitted as Ray jobs (the cluster's environment, plus the
@@ -90,6 +92,7 @@ def local_supervisor(
         clock=time.time,
         after_commit=after_commit,
         jobs=jobs,
+        cluster=cluster,
     )
 
 
@@ -208,7 +211,14 @@ def guard_request(
             log.error(event("ray_unavailable", {"run": request.run_id, "address": ray_address, "message": str(exc)}))
             return 1
         supervisor = local_supervisor(
-            config, store, run_id=request.run_id, command=command, cwd=cwd, after_commit=hook, jobs=jobs
+            config,
+            store,
+            run_id=request.run_id,
+            command=command,
+            cwd=cwd,
+            after_commit=hook,
+            jobs=jobs,
+            cluster=StateApi(ray_address) if ray_address else None,
         )
         if request.dry_run:
             files = supervisor.files.prepare(command)

@@ -11,10 +11,20 @@ through the job's env_vars) to the driver's process tree, then SIGKILL after ``R
 config's SIGINT + SIGTERM waits); the guardian polls until the job is terminal, allowing the SIGKILL wait on top.
 There is nothing stronger to escalate to through the API (``delete_job`` only deletes terminal jobs): a job still
 live then is reported with its driver's node, and the guardian refuses to relaunch (never two trainers at once).
+A terminal job is kept (its logs are evidence), never deleted.
 
-What is not covered: Ray actors the driver left running (detached actors) and workers of other drivers; the metrics
-file, rollout dumps and checkpoints must be on a file system the guardian reads (a local head, or a shared one).
-Ray is imported only by ``connect``: guardian imports and runs without it.
+Once the job is terminal its survivors are read through Ray's State API (``rescue.ray_survivors``): actors of
+that Ray job still alive (detached actors outlive their driver). Survivors holding GPUs or other non-CPU resources
+refuse the relaunch (``StopFailedError``, naming each actor and how to kill it; the stop is retried for the tick
+failure streak, then the guardian gives up; ``--attach`` after killing them goes on); CPU-only ones are reported
+and the relaunch goes ahead. Either way a line ``event=job_survivors`` says what is left; a State API that does
+not answer is reported (``event=job_survivors_unknown``) and does not hold the relaunch. A job that ended by
+itself has its survivors reported the same way at the run's end, never stopped.
+
+Each job's logs are mirrored into ``<run>/attempt-N/job.log`` and may be the metrics source (``rescue.ray_logs``);
+what is not covered: workers of other drivers, rollout dumps and checkpoints on a file system the guardian does
+not read (a rollback needs the checkpoints: a local head, or a shared file system). Ray is imported only by
+``connect`` and ``ray_survivors.StateApi``: guardian imports and runs without it.
 """
 
 from __future__ import annotations
@@ -33,6 +43,16 @@ from guardian.actions.process import LOST, ExitStatus
 from guardian.config import GuardianConfig
 from guardian.logs import event, get_logger
 from guardian.rescue.local import OUTPUT_TAIL_BYTES, StopFailedError
+from guardian.rescue.ray_logs import JobLogMirror
+from guardian.rescue.ray_survivors import (
+    ClusterState,
+    Survivor,
+    Verdict,
+    fields_of,
+    kill_command,
+    still_settling,
+    verdict,
+)
 from guardian.store import AttemptView, Store, StoredPlan
 
 log = get_logger("ray_jobs")
@@ -53,6 +73,8 @@ class JobInfo(Protocol):
 
     @property
     def status(self) -> str: ...  # a JobStatus, a str enum
+    @property
+    def job_id(self) -> str | None: ...  # the Ray job id (hex) once the driver started; its actors carry it
     @property
     def message(self) -> str | None: ...
     @property
@@ -148,6 +170,8 @@ class RayJobsTrainer:
     on_launch: Callable[[int, int, tuple[str, ...]], None] = lambda attempt_id, number, argv: None
     wait: Callable[[float], None] = time.sleep
     monotonic: Callable[[], float] = time.monotonic
+    # the cluster's State API (survivors of a stopped job); None: not looked for
+    cluster: ClusterState | None = None
     attempt: JobAttempt | None = None
     stopped_in_outage: int | None = None
 
@@ -236,10 +260,15 @@ class RayJobsTrainer:
 
     # -- stopping --------------------------------------------------------------------------------------
     def stop(self, *, reason: str) -> None:
+        """Stop the job, record its end, then refuse the relaunch while its survivors hold what a trainer needs (also
+        when the job had ended already: a retried stop, or one after --attach, looks at the survivors again)."""
         if self.attempt is None:
             return
         self.halt(reason=reason)
         self._record_end(self.exit_status())
+        found = self._survivors()
+        if found is not None and not found.relaunch:
+            raise StopFailedError(self._refusal(found))
 
     def halt(self, *, reason: str) -> None:
         """Stop the attempt's job and wait until it is terminal (nothing is stored: also while the store is down)."""
@@ -273,7 +302,67 @@ class RayJobsTrainer:
         self.stopped_in_outage = self.attempt.id if self.attempt is not None else None
 
     def finish(self, status: ExitStatus) -> None:
+        """The job ended by itself: its survivors are reported (nothing is relaunched, nothing is killed)."""
+        self._survivors(relaunch=False)
         self._record_end(status)
+
+    # -- survivors --------------------------------------------------------------------------------------
+    def _survivors(self, *, relaunch: bool = True) -> Verdict | None:
+        """The stopped job's actors still alive, logged; None when there are none or the cluster cannot say."""
+        if self.cluster is None or self.attempt is None:
+            return None
+        sid = self.attempt.submission_id
+        info = self._info(sid)
+        job_id = info.job_id if info is not None else None
+        if not job_id:  # the driver never started (or the cluster forgot the job): nothing of it can be alive
+            return None
+        fields: dict[str, object] = {"run": self.run_id, "attempt": self.attempt.number, "job": sid, "ray_job": job_id}
+        try:
+            found = verdict(self._settled(job_id))
+            totals = self.cluster.node_totals() if found.survivors else {}
+        except RuntimeError as exc:
+            fix = f"look yourself: ray list actors --address {self.cluster.address} --filter job_id={job_id}"
+            log.warning(event("job_survivors_unknown", {**fields, "message": str(exc), "fix": fix}))
+            return None
+        if not found.survivors:
+            return None
+        decision = ("refused" if not found.relaunch else "goes_ahead") if relaunch else "none_needed"
+        fix = "; ".join(kill_command(s, self.cluster.address) for s in found.survivors)
+        log.warning(event("job_survivors", {**fields, **fields_of(found, totals), "relaunch": decision, "fix": fix}))
+        return found
+
+    def _settled(self, job_id: str) -> list[Survivor]:
+        """The job's live actors once its owned actors had ``ray_survivor_grace_s`` to die with the driver."""
+        assert self.cluster is not None
+        deadline = self.monotonic() + self.config.intervention.ray_survivor_grace_s
+        alive = self.cluster.survivors(job_id)
+        while still_settling(alive) and self.monotonic() < deadline:
+            self.wait(POLL_S)
+            alive = self.cluster.survivors(job_id)
+        return alive
+
+    def _refusal(self, found: Verdict) -> str:
+        assert self.attempt is not None and self.cluster is not None
+        sid, address = self.attempt.submission_id, self.cluster.address
+        held = ", ".join(s.label() for s in found.blocking)
+        kills = "; ".join(kill_command(s, address) for s in found.blocking)
+        return (
+            f"Ray job {sid} is stopped, but {len(found.blocking)} of its actors are still alive and hold resources a "
+            f"resubmitted trainer would wait for: {held}. Refusing to relaunch. Stop them ({kills}), then guardian "
+            f"run --attach {self.run_id} (the stop is retried for tick_failure_limit polls, then the guardian gives "
+            f"up with this message). The job is kept: ray job logs {sid}"
+        )
+
+    def log_mirror(self, number: int, path: Path) -> JobLogMirror:
+        """The mirror of attempt ``number``'s job logs into ``path`` (``rescue.ray_logs``)."""
+        sid = submission_id(self.run_id, number)
+
+        def ended() -> bool:
+            followed = self.attempt is not None and self.attempt.submission_id == sid
+            return not followed or self.attempt is None or self.attempt.ended is not None  # the tick read it first
+
+        poll_s = self.config.sources.ray_job_logs_poll_s
+        return JobLogMirror(self.client, sid, path, poll_s, ended, monotonic=self.monotonic)
 
     def _record_end(self, status: ExitStatus | None) -> None:
         if self.attempt is not None:

@@ -35,7 +35,7 @@ from guardian.checks.stall import typical_step_seconds
 from guardian.config import GuardianConfig
 from guardian.exits import EXIT_ERROR
 from guardian.faults import failure_text, fault_fields, is_outage, unavailable
-from guardian.incidents.guardian import Clock, Guardian
+from guardian.incidents.guardian import Clock, Guardian, MetricsSource
 from guardian.logs import event, get_logger
 from guardian.loop.outage import StoreWait, stop_while_store_down, trainer_fate
 from guardian.loop.ticks import aside
@@ -45,8 +45,11 @@ from guardian.rescue.local import LocalCheckpoints, LocalPlanner, LocalTrainer
 from guardian.rescue.outcome import Outcome, measure_outcome
 from guardian.rescue.pinner import Pinner
 from guardian.rescue.ray_jobs import JobsClient, RayJobsTrainer
+from guardian.rescue.ray_logs import JOB_LOG, JobLogsSource
+from guardian.rescue.ray_survivors import ClusterState
 from guardian.rescue.snapshot import RescueSnapshot, StandingFinding, TrainerFacts
 from guardian.sources.checkpoints import resumable, scan_checkpoints
+from guardian.sources.console import ConsoleFile
 from guardian.sources.jsonl import MetricsFile
 from guardian.sources.rollouts import RolloutDir
 from guardian.states import Kind, Mode, State
@@ -72,6 +75,8 @@ class Supervisor:
     announce: Callable[[Alert], None] = lambda alert: None
     # the Jobs API of a Ray cluster: each attempt is submitted there as a Ray job instead of a local process group
     jobs: JobsClient | None = None
+    # the cluster's State API beside the Jobs API: what a stopped job left alive
+    cluster: ClusterState | None = None
 
     def __post_init__(self) -> None:
         self.folder = RunFolder(self.config.home.resolve() / "runs" / self.run_id)
@@ -101,12 +106,13 @@ class Supervisor:
                 self.cwd,
                 self.clock,
                 on_launch=self._follow,
+                cluster=self.cluster,
             )
         self.guardian = Guardian(
             config=self.config,
             store=self.store,
             run_id=self.run_id,
-            metrics=self._metrics_file(first.metrics_path),
+            metrics=self._metrics_source(first.metrics_path, 1),
             clock=self.clock,
             rollouts=RolloutDir(first.rollout_dir),
             checkpoints_dir=self.checkpoint_dir,
@@ -142,6 +148,15 @@ class Supervisor:
         limits = self.config.sources
         return MetricsFile(path, max_keys=limits.max_keys_per_step, max_line_bytes=limits.max_line_bytes)
 
+    def _metrics_source(self, path: Path, number: int) -> MetricsSource:
+        """Attempt ``number``'s metrics: its metrics file, or for a Ray job also its mirrored logs (``ray_logs``)."""
+        mode = self.config.sources.ray_job_logs
+        if not isinstance(self.trainer, RayJobsTrainer) or mode == "never":
+            return self._metrics_file(path)
+        console = ConsoleFile(path.parent / JOB_LOG, max_line_bytes=self.config.sources.max_line_bytes)
+        mirror = self.trainer.log_mirror(number, console.path)
+        return JobLogsSource(self._metrics_file(path), console, mirror, mode, self.run_id)
+
     # -- start or re-attach -----------------------------------------------------------------------
     def start(self) -> None:
         """Launch attempt 1 of a new run, or pick up a run this store already knows."""
@@ -155,13 +170,13 @@ class Supervisor:
             return
         for attempt in self.store.attempts(self.run_id)[:-1]:
             dumps = self._rollouts_of(attempt.number, stored_argv(attempt.command) or self.command)
-            self.guardian.rebuild(self._metrics_file(Path(attempt.metrics_path)), dumps)
+            self.guardian.rebuild(self._metrics_source(Path(attempt.metrics_path), attempt.number), dumps)
         argv = stored_argv(latest.command) or self.command
         self.trainer.attach(latest, argv)
         stored = self.store.latest_step_of_attempt(latest.id)
         self.guardian.switch_attempt(
             latest.id,
-            self._metrics_file(Path(latest.metrics_path)),
+            self._metrics_source(Path(latest.metrics_path), latest.number),
             self._rollouts_of(latest.number, argv),
             judged_through=stored,
         )
@@ -170,7 +185,7 @@ class Supervisor:
     def _follow(self, attempt_id: int, number: int, argv: tuple[str, ...]) -> None:
         """A new launch: the guard loop reads its own metrics file and rollout dumps from now on."""
         self.guardian.switch_attempt(
-            attempt_id, self._metrics_file(self.folder.metrics(number)), self._rollouts_of(number, argv)
+            attempt_id, self._metrics_source(self.folder.metrics(number), number), self._rollouts_of(number, argv)
         )
 
     # -- one pass ---------------------------------------------------------------------------------
