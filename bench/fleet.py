@@ -165,6 +165,7 @@ def measure(setting: str, runs: int, separate: bool, args: argparse.Namespace, w
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     names = [f"{setting}-{i:02d}" for i in range(runs)]
     procs: list[subprocess.Popen[bytes]] = []
+    errors = (home / "guardian.stderr").open("wb")  # every guardian's log lines: the tail is printed on a failure
     urls: list[str] = []
     if separate:
         for name in names:
@@ -180,7 +181,7 @@ def measure(setting: str, runs: int, separate: bool, args: argparse.Namespace, w
         fleet.write_text("runs:\n" + "".join(f"  - run_id: {name}\n    command: {command(name)!r}\n" for name in names))
         port = free_port()
         argv = [sys.executable, "-m", "guardian", "fleet", "--config", str(config), "--export", str(port), str(fleet)]
-        procs.append(subprocess.Popen(argv, cwd=home, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        procs.append(subprocess.Popen(argv, cwd=home, env=env, stdout=subprocess.DEVNULL, stderr=errors))
         urls.append(f"http://127.0.0.1:{port}/metrics")
     time.sleep(0.3)  # the interpreter is up: CPU from here on includes start-up imports
     sampler = Sampler([p.pid for p in procs], urls)
@@ -188,6 +189,10 @@ def measure(setting: str, runs: int, separate: bool, args: argparse.Namespace, w
     started = time.monotonic()
     thread.start()
     codes = [p.wait(timeout=args.seconds + 120) for p in procs]
+    errors.close()
+    if any(codes):
+        tail = (home / "guardian.stderr").read_text(errors="replace").splitlines()[-15:]
+        print(f"{setting}: a guardian exited non-zero; its last lines:\n" + "\n".join(tail), file=sys.stderr)
     elapsed = time.monotonic() - started
     sampler.stop.set()
     thread.join()

@@ -769,3 +769,120 @@ CONSOLE_TICKER = (
     "        f.write(json.dumps({'step': step, 'data': {'critic/score/mean': 0.1}}) + '\\n')\n"
     "    time.sleep(0.2)\n"
 )
+
+
+# ------------------------------------------------------------------------------- the Jobs API goes away
+
+
+@dataclass
+class FlakyJobs(FakeJobs):
+    """The Jobs API whose dashboard can be taken away: while ``down`` every call is refused, as requests does."""
+
+    down: bool = False
+
+    def _answer(self) -> None:
+        if self.down:
+            raise ConnectionError("HTTPConnectionPool(host='head', port=8265): Max retries exceeded (refused)")
+
+    def stop_job(self, job_id: str) -> bool:
+        self._answer()
+        return super().stop_job(job_id)
+
+    def get_job_info(self, job_id: str) -> Info:
+        self._answer()
+        return super().get_job_info(job_id)
+
+
+def _line(step: int, entropy: float | None) -> str:
+    data = {"actor/entropy": entropy, "critic/score/mean": 0.5, "response_length/mean": 300.0, "actor/grad_norm": 1.0}
+    return json.dumps({"step": step, "data": data}) + "\n"
+
+
+def test_while_the_jobs_api_is_down_the_metrics_are_still_judged_and_the_rescue_waits_for_it(tmp_path: Path) -> None:
+    from guardian.actions.process import LocalProcessControl
+    from guardian.commands.run import register_run
+    from guardian.loop.guard import guard
+    from guardian.loop.pace import PollPace
+    from guardian.rescue.supervisor import Supervisor
+
+    config = _config(tmp_path).model_copy(update={"tick_failure_limit": 3, "outage_limit_s": 60.0})
+    jobs = FlakyJobs(stop_polls=0)
+    clock = Clock()
+    with Store.open(config.database_url()) as store:
+        supervisor = Supervisor(
+            config=config,
+            store=store,
+            run_id=RUN,
+            command=(sys.executable, "-m", "verl.trainer.main_ppo", f"trainer.default_local_dir={tmp_path / 'ckpt'}"),
+            cwd=tmp_path,
+            env={},
+            control=LocalProcessControl(),
+            clock=clock,
+            jobs=jobs,
+            cluster=FakeCluster(),
+        )
+        register_run(store, supervisor, name="ray")
+        supervisor.start()
+        metrics = supervisor.folder.metrics(1)
+        with metrics.open("a") as out:
+            out.writelines(_line(step, 0.7) for step in range(1, 4))
+        assert supervisor.tick() is None
+
+        jobs.down = True
+        with metrics.open("a") as out:  # the trainer logs NaN while nobody can reach its control
+            out.writelines(_line(step, None) for step in range(4, 7))
+        for _ in range(3):  # a critical finding ends a tick's reading at its step (the rescue acts there)
+            with pytest.raises(ConnectionError):
+                supervisor.tick()
+        assert supervisor.guardian.history.last_step == 6
+        (incident,) = store.list_incidents(RUN)
+        assert incident.check == "non_finite" and incident.is_open  # judged, stored, alerted
+        assert not store.interventions(RUN) and ("stop", f"guardian-{RUN}-1") not in jobs.calls
+
+        # the guard loop rides the outage out past tick_failure_limit ticks, then the rescue goes on
+        ticks = {"n": 0}
+
+        def wait(seconds: float) -> bool:
+            ticks["n"] += 1
+            clock.now += 1.0
+            jobs.down = ticks["n"] < 6
+            return ticks["n"] > 12
+
+        code = guard(
+            supervisor,
+            pace=PollPace(0.0, 0.0),
+            wait=wait,
+            failure_limit=config.tick_failure_limit,
+            outage_limit_s=config.outage_limit_s,
+            resume="",
+        )
+        assert code is None  # told to stop (wait), never gave up
+        assert ("stop", f"guardian-{RUN}-1") in jobs.calls  # the rescue stopped the job once the API answered
+        assert store.interventions(RUN)
+
+
+def test_a_guardian_that_gives_up_while_the_jobs_api_is_down_says_the_trainer_is_unknown(
+    tmp_path: Path, store: Store
+) -> None:
+    from guardian.actions.process import LocalProcessControl
+    from guardian.rescue.supervisor import Supervisor
+
+    jobs = FlakyJobs()
+    supervisor = Supervisor(
+        config=_config(tmp_path),
+        store=store,
+        run_id=RUN,
+        command=(sys.executable, "-m", "verl.trainer.main_ppo"),
+        cwd=tmp_path,
+        env={},
+        control=LocalProcessControl(),
+        clock=Clock(),
+        jobs=jobs,
+        cluster=FakeCluster(),
+    )
+    supervisor.start()
+    jobs.down = True
+    alerts: list[object] = []
+    supervisor.announce = alerts.append
+    assert supervisor.cannot_continue(cause="the Jobs API is down", fix="fix it") == 1
+    assert alerts and "unknown, UNGUARDED" in str(alerts[0])

@@ -113,3 +113,25 @@ def test_the_trainer_gets_neither_the_guardians_database_url_nor_a_metrics_path_
         supervisor = local_supervisor(config, store, run_id="r1", command=command, cwd=tmp_path)
     assert "GUARDIAN_DB_URL" not in supervisor.env and "VERL_FILE_LOGGER_PATH" not in supervisor.env
     assert supervisor.env["WANDB_API_KEY"] == "the trainer's own"
+
+
+def test_a_streak_of_outages_is_given_its_time_a_streak_with_a_bug_is_not() -> None:
+    config = GuardianConfig(tick_failure_limit=3, outage_limit_s=30.0)
+    outages = TickingSupervisor([ConnectionError("refused")] * 8 + [0], config=config)
+    assert guard_loop(outages, threading.Event(), 0.0, live=False) == 0 and not outages.gave_up  # type: ignore[arg-type]
+    mixed = TickingSupervisor(
+        [ConnectionError("refused"), RuntimeError("bug"), ConnectionError("refused"), 0], config=config
+    )
+    assert guard_loop(mixed, threading.Event(), 0.0, live=False) == 1  # type: ignore[arg-type]
+    assert mixed.gave_up == ["3 ticks in a row failed: ConnectionError: refused"]
+
+
+def test_an_outage_streak_past_its_time_gives_up_saying_how_long() -> None:
+    from guardian.loop.outage import TickFailures
+
+    failures = TickFailures(limit=3, outage_limit_s=30.0)
+    for now in (0.0, 10.0, 20.0, 29.0):
+        failures.failed(outage=True, now=now)
+    assert not failures.exhausted
+    failures.failed(outage=True, now=31.0)
+    assert failures.exhausted

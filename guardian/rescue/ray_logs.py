@@ -106,6 +106,7 @@ class JobLogsSource:
         self.metrics, self.console, self.mirror, self.mode, self.run_id = metrics, console, mirror, mode, run_id
         self.reading: Reading | None = None
         self._held: MetricsBatch | None = None  # the console's first step lines, until the file stayed empty a poll
+        self._unreadable = False  # the last pull of the job's logs failed (the Jobs API does not answer)
         if choose(mode, metrics_file_written=False, logs_have_steps=False) is Reading.JOB_LOGS:
             self._chose(Reading.JOB_LOGS)
 
@@ -114,8 +115,7 @@ class JobLogsSource:
         return self.console.path if self.reading is Reading.JOB_LOGS else self.metrics.path
 
     def poll(self, *, final: bool = False) -> MetricsBatch:
-        if self.mirror is not None:
-            self.mirror.pull()
+        self._mirror()
         if self.reading is Reading.METRICS_FILE:
             return self.metrics.poll(final=final)
         if self.reading is Reading.JOB_LOGS:
@@ -135,6 +135,21 @@ class JobLogsSource:
             self._held = batch
             return MetricsBatch(items=[], bad_lines=[], more=True)  # poll again: a replay must not stop here
         return MetricsBatch(items=[], bad_lines=batch.bad_lines, more=batch.more)
+
+    def _mirror(self) -> None:
+        """Pull the job's new log lines; while the Jobs API does not answer the metrics are read on from what is
+        here (the metrics file, or the mirror so far), said once per outage."""
+        if self.mirror is None:
+            return
+        try:
+            self.mirror.pull()
+        except OSError as exc:
+            if not self._unreadable:
+                fields = {"run": self.run_id, "mirror": self.mirror.path, "error": str(exc), "reading": self.path}
+                log.warning(event("job_logs_unreadable", fields))
+            self._unreadable = True
+        else:
+            self._unreadable = False
 
     def _chose(self, reading: Reading) -> None:
         self.reading = reading

@@ -117,7 +117,7 @@ class Supervisor:
             rollouts=RolloutDir(first.rollout_dir),
             checkpoints_dir=self.checkpoint_dir,
             close_on_clear=Mode(self.config.mode) is not Mode.ENFORCE,
-            trainer_alive=self.trainer.alive,
+            trainer_alive=self._trainer_alive,
         )
         users_dumps = first.rollout_dir_is_users
         self.executor = Executor(
@@ -217,6 +217,16 @@ class Supervisor:
                     self._pin()
                 return code
         return self._hold()
+
+    def _trainer_alive(self) -> bool | None:
+        """Whether the trainer runs, for the checks' evidence; None (unknown) while its control does not answer: the
+        judging of the steps read goes on, the tick reports the outage (``tick``)."""
+        try:
+            return self.trainer.alive()
+        except Exception as exc:
+            if not is_outage(exc):
+                raise
+            return None
 
     def _pin(self) -> None:
         """The pin pass after the rescue's (``rescue.pinner``): a side show, whose failure never fails the tick."""
