@@ -28,6 +28,7 @@ MAX_PENDING_WRITES = 10_000
 STORE_WAIT_S = 600.0
 TICK_FAILURE_LIMIT = 5
 OUTAGE_LIMIT_S = 900.0
+STORE_REFRESH_S = 5.0
 MAX_CONFIG_BYTES = 1 << 20  # a guardian.yaml is a few KiB; a larger file is the wrong file
 
 
@@ -445,6 +446,13 @@ class ExporterConfig(_Section):
         ge=0,
         description="When the guardian stops (run ended, or a first Ctrl-C / SIGTERM), keep serving guardian_up=0 "
         "and the final counters this long so Prometheus scrapes them; more than your scrape interval.",
+    )
+    store_refresh_s: float = Field(
+        STORE_REFRESH_S,
+        gt=0,
+        description="A tick that saw nothing move (no step, no finding, no rescue state) re-reads what the store holds "
+        "for the snapshot (incidents, interventions, notifications, pins) only this often; its live state (step, "
+        "signals, checks) is fresh every tick. The store reads are the cost of a quiet run, times the runs of a fleet.",
     )
 
 

@@ -29,7 +29,7 @@ from prometheus_client.openmetrics.parser import text_string_to_metric_families 
 from prometheus_client.parser import text_string_to_metric_families
 
 from guardian import __version__, keys
-from guardian.checks.findings import Severity
+from guardian.checks.findings import Finding, Severity
 from guardian.config import ExporterConfig, GuardianConfig
 from guardian.incidents.guardian import Guardian
 from guardian.keys import Signal
@@ -688,3 +688,32 @@ def test_a_store_that_cannot_be_read_keeps_the_live_state_fresh_and_says_it_is_d
     assert got[("guardian_store_pending_writes", run)] == degraded.store_pending_writes
     assert got[("guardian_store_dropped_writes_total", run)] == 0.0
     assert got[("guardian_step", run)] == 5.0
+
+
+def test_a_quiet_tick_reads_the_store_only_every_refresh_interval(tmp_path: Path) -> None:
+    """What the store holds (here: an incident another writer opened) shows at the next tick that moved, or once
+    ``store_refresh_s`` passed; a quiet tick before that republishes the live state over the last read."""
+    metrics = tmp_path / "metrics.jsonl"
+    _write_run(metrics, range(1, 4), null_grad_from=99)
+    clock = [1_000.0]
+    with Store.open(f"sqlite:///{tmp_path / 'guardian.db'}") as store:
+        guardian = _watched("r1", metrics, store, clock)
+        guardian.tick()
+        source = GuardianSource(guardian, store, clock=lambda: clock[0], store_refresh_s=5.0)
+        assert source.latest.incidents_total == 0
+        store.open_incident("r1", Finding("kl_drift", Severity.WARN, 3, "KL rising"), now=clock[0])
+
+        clock[0] = 1_002.0
+        source(True, 0.01, False)  # quiet, 2 s after the last read: memory only
+        assert source.latest.incidents_total == 0 and source.latest.tick_seconds == 0.01
+        source(True, 0.01, True)  # moved: read again
+        assert source.latest.incidents_total == 1
+
+        store.open_incident("r1", Finding("stall", Severity.WARN, 3, "slow"), now=clock[0])
+        clock[0] = 1_006.0
+        source(True, 0.01, False)  # quiet, 4 s after: memory only
+        assert source.latest.incidents_total == 1
+        clock[0] = 1_007.5
+        source(True, 0.01, False)  # quiet, 5.5 s after: read again
+        assert source.latest.incidents_total == 2
+        assert source.latest.last_step_age_seconds == pytest.approx(7.5)  # the live part is fresh on every tick

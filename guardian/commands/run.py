@@ -129,9 +129,9 @@ def guard_loop(
     if stop.is_set():  # told to stop before the first tick: nothing is ticked
         return None
 
-    def record_poll(ok: bool, seconds: float) -> None:
+    def record_poll(ok: bool, seconds: float, moved: bool) -> None:
         if snapshots is not None:
-            snapshots(ok, seconds)
+            snapshots(ok, seconds, moved)
         after_tick(ok)
 
     with ExitStack() as held:

@@ -1,12 +1,13 @@
 """The one guard loop: ``guardian run``, ``guardian watch`` and ``guardian demo`` each hand it what they tick.
 
 Each pass: the guarded tick (``ticks.GuardedTick``: a tick that raises is logged and the loop goes on), then
-``record_poll(ok, seconds)`` - the exporter's poll status and the tick's duration, which publishes the tick's one
-``RunSnapshot`` - then, once ``failure_limit`` ticks in a row failed, the ticked object's ``cannot_continue``,
-then ``show(ok)`` - the views, drawn from that same snapshot. Both hooks are side shows: their failure is logged
-and never fails a tick. The loop ends with the tick's code (the run is over, or it gave up) or, when ``wait``
-says the guardian was told to stop, with None. The wait is injected, so tests drive the loop through time
-without sleeping; ``pace`` says how long each wait is.
+``record_poll(ok, seconds, moved)`` - the exporter's poll status, the tick's duration and whether it saw something
+move, which publishes the tick's one ``RunSnapshot`` - then, once ``failure_limit`` ticks in a row failed (a streak
+of outages only: once they failed for ``outage_limit_s``), the ticked object's ``cannot_continue``, then
+``show(ok)`` - the views, drawn from that same snapshot. Both hooks are side shows: their failure is logged and
+never fails a tick. The loop ends with the tick's code (the run is over, or it gave up) or, when ``wait`` says the
+guardian was told to stop, with None. The wait is injected, so tests drive the loop through time without
+sleeping; ``pace`` says how long each wait is.
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ def _nothing(ok: bool) -> None:
     return None
 
 
-def _no_poll(ok: bool, seconds: float) -> None:
+def _no_poll(ok: bool, seconds: float, moved: bool) -> None:
     return None
 
 
@@ -61,7 +62,7 @@ def guard(
     failure_limit: int,
     outage_limit_s: float,
     resume: str,
-    record_poll: Callable[[bool, float], None] = _no_poll,
+    record_poll: Callable[[bool, float, bool], None] = _no_poll,
     show: Callable[[bool], None] = _nothing,
     passthrough: tuple[type[Exception], ...] = (),
 ) -> Code | None:
@@ -70,7 +71,7 @@ def guard(
     guarded = GuardedTick(ticking.run_id, TickFailures(limit=failure_limit, outage_limit_s=outage_limit_s))
     while True:
         ok, code = guarded(ticking.tick, passthrough=passthrough)
-        aside(ticking.run_id, "exporter", partial(record_poll, ok, guarded.last_seconds))
+        aside(ticking.run_id, "exporter", partial(record_poll, ok, guarded.last_seconds, ticking.busy))
         if guarded.exhausted:
             code = ticking.cannot_continue(cause=guarded.cause(), fix=FIX + resume)
         aside(ticking.run_id, "view", partial(show, ok))

@@ -35,7 +35,14 @@ def exporting(
     ``views_read_store`` (a view shows what it holds); else they are the guardian's memory alone. When the block
     ends the run's snapshots say ``guardian_up 0``, served for the linger (``serving``).
     """
-    source = GuardianSource(guardian, store, clock, sinks=sinks, reads_store=cfg.enabled or views_read_store)
+    source = GuardianSource(
+        guardian,
+        store,
+        clock,
+        sinks=sinks,
+        reads_store=cfg.enabled or views_read_store,
+        store_refresh_s=cfg.store_refresh_s,
+    )
     if not cfg.enabled:
         yield source
         return

@@ -20,6 +20,7 @@ from sqlalchemy.exc import DBAPIError
 
 from guardian import keys
 from guardian.checks.findings import Finding, Severity
+from guardian.config import STORE_REFRESH_S
 from guardian.faults import unavailable
 from guardian.keys import Signal
 from guardian.store.deliveries import DROPPED, SENT, SUPPRESSED
@@ -256,6 +257,8 @@ class GuardianSource:
     up: bool = True
     sinks: Sequence[str] = ()  # the configured notifier / Grafana sinks (their counters start at 0)
     reads_store: bool = True
+    store_refresh_s: float = STORE_REFRESH_S  # exporter.store_refresh_s
+    _read_at: float | None = field(default=None, init=False)  # when what the store holds was last read
     _poll_ok: bool | None = field(default=None, init=False)
     _poll_ok_at: float | None = field(default=None, init=False)
     _tick_seconds: float | None = field(default=None, init=False)
@@ -264,29 +267,33 @@ class GuardianSource:
     def __post_init__(self) -> None:
         self.publish()
 
-    def __call__(self, ok: bool, seconds: float | None = None) -> None:
-        """After a tick of the guard loop: note whether it succeeded (and how long it took) and publish the run's
-        snapshot as of now."""
+    def __call__(self, ok: bool, seconds: float | None = None, moved: bool = True) -> None:
+        """After a tick of the guard loop: note whether it succeeded, how long it took and whether it saw something
+        move, and publish the run's snapshot as of now (what the store holds is read again when the tick moved, else
+        every ``store_refresh_s``)."""
         self._tick_seconds = seconds
-        self.record_poll(ok)
+        self.record_poll(ok, moved=moved)
 
-    def record_poll(self, ok: bool, at: float | None = None) -> None:
+    def record_poll(self, ok: bool, at: float | None = None, *, moved: bool = True) -> None:
         """Note the outcome of one poll (a guard-loop tick) at ``at`` (default: now) and publish the
         run's snapshot as of now."""
         when = self.clock() if at is None else at
         self._poll_ok = ok
         if ok:
             self._poll_ok_at = when
-        self.publish()
+        self.publish(moved=moved)
 
-    def publish(self) -> None:
-        """Build the snapshot that scrapes serve and views draw until the next ``publish``. While the store cannot
-        be read (locked, damaged, gone), the run's live state is refreshed over the last record read from it."""
+    def publish(self, *, moved: bool = True) -> None:
+        """Build the snapshot that scrapes serve and views draw until the next ``publish``: the guardian's memory,
+        over what the store holds - read again unless nothing moved since a read less than ``store_refresh_s`` ago.
+        While the store cannot be read (locked, damaged, gone), the run's live state is refreshed over the last
+        record read from it."""
         now = self.clock()
         poll = (self.up, self._poll_ok, self._poll_ok_at)
         run_id = self.guardian.run_id
         last = self._latest[0] if self._latest else RunSnapshot(run_id, self.experiment or run_id, store_read=False)
-        if not self.reads_store:
+        recent = self._read_at is not None and now - self._read_at < self.store_refresh_s
+        if not self.reads_store or (recent and not moved):
             self._latest = (replace(from_memory(last, self.guardian, now, *poll), tick_seconds=self._tick_seconds),)
             return
         try:
@@ -304,6 +311,8 @@ class GuardianSource:
             if not unavailable(exc):
                 raise
             latest = from_memory(replace(last, store_read=False), self.guardian, now, *poll)
+        else:
+            self._read_at = now
         self._latest = (replace(latest, tick_seconds=self._tick_seconds),)
 
     def stopped(self) -> None:
