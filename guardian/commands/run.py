@@ -260,10 +260,13 @@ def guard_request(
                     },
                 )
             )
-            # the outlets first: a bad webhook setting or a busy port fails before the trainer starts
-            own = config.model_copy(update={"exporter": config.exporter.model_copy(update={"enabled": False})})
+            # the outlets first: a bad webhook setting or a busy port fails before the trainer starts; a fleet's run
+            # serves no exporter of its own (the fleet's serves its snapshots)
+            without_exporter = config.model_copy(
+                update={"exporter": config.exporter.model_copy(update={"enabled": False})}
+            )
             with outlets(
-                own if fleet else config,
+                without_exporter if fleet else config,
                 store,
                 supervisor.guardian,
                 time.time,
