@@ -200,8 +200,10 @@ def test_exit_status_of_each_job_status() -> None:
     assert stopped is not None and stopped.signal is not None and stopped.exit_code is None
 
 
-def test_entrypoint_quotes_every_word(tmp_path: Path) -> None:
-    line = entrypoint(PLAN.argv, tmp_path / "a dir")
+def test_entrypoint_quotes_every_word_and_creates_the_metrics_folder(tmp_path: Path) -> None:
+    metrics = tmp_path / "run's $(touch pwned)" / "attempt-1" / "metrics.jsonl"
+    line = entrypoint(PLAN.argv, tmp_path / "a dir", {"VERL_FILE_LOGGER_PATH": str(metrics), "OTHER": "/x/y"})
+    assert line.count("mkdir -p -- ") == 1 and "/x" not in line  # only the folders verl does not create
     (tmp_path / "a dir").mkdir()
     out = subprocess.run(
         ["bash", "-c", line.replace("exec python -m trainer", "pwd; printf '%s\\n'")],
@@ -210,6 +212,10 @@ def test_entrypoint_quotes_every_word(tmp_path: Path) -> None:
         check=True,
     )
     assert out.stdout.splitlines() == [str(tmp_path / "a dir"), "x=a b", "y=$(rm -rf /)"]
+    assert metrics.parent.is_dir() and not (tmp_path / "a dir" / "pwned").exists()
+    assert "mkdir" not in entrypoint(PLAN.argv, tmp_path, {})  # nothing to create: the line as before
+    relative = entrypoint(["t"], tmp_path, {"VERL_FILE_LOGGER_PATH": "logs/m.jsonl"})
+    assert relative == f"cd {tmp_path} && mkdir -p -- logs && exec t"  # after the cd: where verl resolves it
 
 
 # -- against the fake ------------------------------------------------------------------------------------------------
@@ -545,6 +551,71 @@ def test_the_demo_collapse_guarded_as_ray_jobs(ray_head: str, tmp_path: Path) ->
     record = json.loads((home / "runs/ray-collapse/attempt-2/command.json").read_text())
     assert f"trainer.resume_from_path={ckpt}/global_step_{intervention.target_step}" in record["argv"]
     print(f"\nray jobs demo: collapse -> resolved in {time.monotonic() - started:.1f}s, {len(attempts)} jobs")
+
+
+# verl's file logger: opens $VERL_FILE_LOGGER_PATH as given, without creating its folder (tracking.py FileLogger)
+FILE_LOGGER_TICKER = (
+    "import json, os, time\n"
+    "out = open(os.environ['VERL_FILE_LOGGER_PATH'], 'wb', buffering=0)\n"
+    "for step in range(1, 10_000):\n"
+    "    out.write(json.dumps({'step': step, 'data': {'critic/score/mean': 0.1}}).encode() + b'\\n')\n"
+    "    time.sleep(0.2)\n"
+)
+
+
+@dataclass
+class FolderGoneAtSubmit:
+    """The real Jobs API, but the attempt's folder is removed just before the job is submitted: the guardian created
+    it on its own machine only, and the driver's node has no such folder."""
+
+    client: JobsClient
+    folder: Path
+
+    def submit_job(
+        self, *, entrypoint: str, submission_id: str, runtime_env: dict[str, object], metadata: dict[str, str]
+    ) -> str:
+        shutil.rmtree(self.folder)
+        return self.client.submit_job(
+            entrypoint=entrypoint, submission_id=submission_id, runtime_env=runtime_env, metadata=metadata
+        )
+
+    def stop_job(self, job_id: str) -> bool:
+        return self.client.stop_job(job_id)
+
+    def get_job_info(self, job_id: str) -> JobInfo:
+        return self.client.get_job_info(job_id)
+
+    def get_job_logs(self, job_id: str) -> str:
+        return self.client.get_job_logs(job_id)
+
+
+@pytest.mark.slow
+def test_a_job_whose_metrics_folder_is_missing_on_its_node_still_writes_its_metrics(
+    ray_head: str, tmp_path: Path, store: Store
+) -> None:
+    client = connect(ray_head)
+    (tmp_path / "file_logger.py").write_text(FILE_LOGGER_TICKER)
+    folder = RunFolder(tmp_path / "run's folder")
+    run_id = "ray-no-folder"
+    attempt = _attempt(store, tmp_path)
+    metrics = folder.metrics(attempt.number)
+    gone = FolderGoneAtSubmit(client, folder.attempt(attempt.number))
+    config = _config(tmp_path, sigint=5.0, sigterm=2.0, sigkill=10.0)
+    trainer = RayJobsTrainer(config, store, run_id, gone, folder, tmp_path, clock=time.time)
+    trainer.start(
+        attempt.id, attempt.number, (sys.executable, "file_logger.py"), {"VERL_FILE_LOGGER_PATH": str(metrics)}
+    )
+    sid = submission_id(run_id, attempt.number)
+
+    def written_or_ended() -> bool:
+        return (metrics.exists() and metrics.read_text().count("\n") >= 2) or trainer.exit_status() is not None
+
+    try:
+        _until(written_or_ended, 90)
+    finally:
+        trainer.halt(reason="test")
+    assert metrics.exists(), f"no metrics; the job's logs: {client.get_job_logs(sid)[-2000:]}"
+    assert json.loads(metrics.read_text().splitlines()[0])["step"] == 1
 
 
 KEEPER = (

@@ -4,7 +4,11 @@ dashboard, ``ray.job_submission.JobSubmissionClient``), in place of a local proc
 Each attempt is one job whose submission id is derived from the run id and the attempt's number, so a guardian
 started again finds the job an earlier one submitted instead of submitting a second trainer: ``launch`` and
 ``attach`` read the job first and submit only when the cluster has none of that id. The job's metadata names the
-attempt's store row; a job of the same id from another store (a reused run id) is refused, never adopted.
+attempt's store row; a job of the same id from another store (a reused run id) is refused, never adopted. The
+job's shell creates the metrics file's folder before the trainer starts (verl's file logger opens the path without
+creating it, and the guardian created it only on its own machine): on the driver's node, where verl's TaskRunner
+actor usually runs too (Ray places it on the local node while that has room); elsewhere the folder must be there
+already (a shared file system).
 
 Stopping is the Jobs API's own: ``stop_job`` makes the job's supervisor send ``RAY_JOB_STOP_SIGNAL`` (set to SIGINT
 through the job's env_vars) to the driver's process tree, then SIGKILL after ``RAY_JOB_STOP_WAIT_TIME_S`` (the
@@ -68,6 +72,9 @@ LIVE = frozenset({"PENDING", "RUNNING"})
 STOP_SIGNAL = signal.SIGINT  # what stop_job sends first (RAY_JOB_STOP_SIGNAL); a STOPPED job reads as killed by it
 POLL_S = 0.2
 NOT_FOUND = "status code 404"  # JobSubmissionClient raises RuntimeError with the HTTP status in its text
+# the attempt's env vars naming a file whose folder verl does not create: its file logger opens the path as given
+# (tracking.py FileLogger). verl creates the rollout dump and checkpoint folders itself.
+FOLDER_MUST_EXIST = ("VERL_FILE_LOGGER_PATH",)
 
 
 class RayJobsError(RuntimeError):
@@ -166,10 +173,25 @@ def submission_id(run_id: str, number: int) -> str:
     return f"guardian-{run_id}-{number}"
 
 
-def entrypoint(argv: Sequence[str], cwd: Path) -> str:
+def entrypoint(argv: Sequence[str], cwd: Path, env: Mapping[str, str] | None = None) -> str:
     """The job's shell command: ``argv`` quoted word by word, run in ``cwd`` (the driver's own working directory is
-    a Ray session folder, and the user's command may name relative paths)."""
-    return f"cd {shlex.quote(str(cwd))} && exec {shlex.join(argv)}"
+    a Ray session folder, and the user's command may name relative paths), after creating the folders the attempt's
+    ``env`` names that verl expects to exist (``FOLDER_MUST_EXIST``) on the driver's node."""
+    folders = folders_to_create(env or {})
+    made = f"mkdir -p -- {shlex.join(folders)} && " if folders else ""
+    return f"cd {shlex.quote(str(cwd))} && {made}exec {shlex.join(argv)}"
+
+
+def folders_to_create(env: Mapping[str, str]) -> list[str]:
+    """The parent folders of the files ``env`` names whose folder verl does not create, in ``FOLDER_MUST_EXIST``'s
+    order, each once."""
+    folders: list[str] = []
+    for key in FOLDER_MUST_EXIST:
+        path = env.get(key)
+        parent = str(Path(path).parent) if path else ""
+        if parent and parent != "." and parent not in folders:
+            folders.append(parent)
+    return folders
 
 
 def exit_status_of(info: JobInfo) -> ExitStatus | None:
@@ -253,7 +275,7 @@ class RayJobsTrainer:
         fields: dict[str, object] = {"run": self.run_id, "attempt": number, "job": sid}
         info = self._info(sid)
         if info is None:
-            line = entrypoint(argv, self.cwd)
+            line = entrypoint(argv, self.cwd, extra_env)
             prepare_attempt(
                 self.folder,
                 number,
