@@ -1153,3 +1153,79 @@ def test_a_tick_while_the_dashboard_hangs_judges_the_metrics_and_fails_as_an_out
         (incident,) = store.list_incidents(RUN)
         assert incident.check == "non_finite" and incident.is_open  # judged while the control did not answer
         print(f"\na tick while the dashboard hangs: {seconds:.2f}s with ray.request_timeout_s {BOUND_S}")
+
+
+# ------------------------------------------------------- ray.address: guardian.yaml's --ray-address
+def test_the_flag_then_the_runs_stored_address_then_ray_address() -> None:
+    from guardian.commands.run import ray_address_of
+
+    config = GuardianConfig.model_validate({"ray": {"address": "http://cfg:8265"}})
+    stored = {"command": ["python"], "ray_address": "http://stored:8265"}
+    assert ray_address_of("http://flag:8265", stored, config) == "http://flag:8265"
+    assert ray_address_of(None, stored, config) == "http://stored:8265"  # re-attached: the address it started with
+    assert ray_address_of(None, {"command": ["python"]}, config) is None  # a known local run stays local
+    assert ray_address_of(None, None, config) == "http://cfg:8265"  # a new run
+    assert ray_address_of(None, None, GuardianConfig()) is None
+
+
+def test_the_ray_section_is_checked_field_by_field(tmp_path: Path) -> None:
+    from guardian.config import ConfigError, load_config
+
+    good = tmp_path / "good.yaml"
+    good.write_text("ray:\n  address: http://head:8265\n  request_timeout_s: 2.5\n")
+    loaded = load_config(good, env={})
+    assert (loaded.ray.address, loaded.ray.request_timeout_s) == ("http://head:8265", 2.5)
+    assert GuardianConfig().ray.request_timeout_s == 10.0 and GuardianConfig().ray.address is None
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("ray:\n  request_timeout_s: 0\n  adress: http://head:8265\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(bad, env={})
+    assert "ray.request_timeout_s: Input should be greater than 0" in str(err.value)
+    assert "ray.adress: unknown key" in str(err.value)
+
+
+def _refused() -> str:
+    return f"http://127.0.0.1:{free_port()}"  # nothing listens there: the dashboard refuses at once
+
+
+def test_guardian_run_submits_to_ray_address_unless_the_flag_says_otherwise(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from guardian.cli import main
+
+    monkeypatch.setenv("GUARDIAN_HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("GUARDIAN_DB_URL", raising=False)
+    from_config, from_flag = _refused(), _refused()
+    config = tmp_path / "guardian.yaml"
+    config.write_text(f"ray:\n  address: {from_config}\n  request_timeout_s: 2\n")
+    command = ["--", sys.executable, "-m", "verl.trainer.main_ppo", f"trainer.default_local_dir={tmp_path / 'ckpt'}"]
+    run = ["--log-level", "WARNING", "run", "--config", str(config), "--no-live"]
+    assert main([*run, "--run-id", "from-config", *command]) == 1
+    assert main([*run, "--run-id", "from-flag", "--ray-address", from_flag, *command]) == 1
+    lines = [line for line in capsys.readouterr().err.splitlines() if "event=ray_unavailable" in line]
+    assert len(lines) == 2
+    assert f"run=from-config address={from_config}" in lines[0] and f"address={from_flag}" not in lines[0]
+    assert f"run=from-flag address={from_flag}" in lines[1]
+
+
+def test_a_fleet_run_takes_its_own_ray_address_else_its_configs(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from guardian.commands.fleet import guard_fleet
+    from guardian.fleet.spec import load_fleet
+
+    own, configured = _refused(), _refused()
+    (tmp_path / "ray.yaml").write_text(f"ray:\n  address: {configured}\n")
+    fleet = tmp_path / "fleet.yaml"
+    command = f"[{sys.executable}, -m, verl.trainer.main_ppo, 'trainer.default_local_dir={tmp_path / 'ckpt'}']"
+    fleet.write_text(
+        "runs:\n"
+        f"  - {{run_id: own, command: {command}, config: ray.yaml, ray_address: '{own}'}}\n"
+        f"  - {{run_id: configured, command: {command}, config: ray.yaml}}\n"
+    )
+    base = GuardianConfig.model_validate({"home": str(tmp_path / "home")})
+    codes = guard_fleet(base, load_fleet(fleet, base), threading.Event())
+    assert codes == {"own": 1, "configured": 1}
+    lines = [r.getMessage() for r in caplog.records if "event=ray_unavailable" in r.getMessage()]
+    assert any(f"run=own address={own}" in line for line in lines)
+    assert any(f"run=configured address={configured}" in line for line in lines)
