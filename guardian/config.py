@@ -29,6 +29,7 @@ STORE_WAIT_S = 600.0
 TICK_FAILURE_LIMIT = 5
 OUTAGE_LIMIT_S = 900.0
 STORE_REFRESH_S = 5.0
+RAY_REQUEST_TIMEOUT_S = 10.0  # one call to a Ray cluster's Jobs API or State API (rescue/ray_jobs.py imports it)
 MAX_CONFIG_BYTES = 1 << 20  # a guardian.yaml is a few KiB; a larger file is the wrong file
 
 
@@ -403,6 +404,26 @@ class InterventionConfig(_Section):
     )
 
 
+class RayConfig(_Section):
+    """A trainer submitted to a Ray cluster as Ray Jobs (guardian/rescue/ray_jobs.py, docs/multi-node.md)."""
+
+    address: str | None = Field(
+        None,
+        description="The cluster's dashboard (Jobs API) address, http://HEAD:8265: guardian run submits each new run's "
+        "attempts there as Ray jobs instead of local process groups. guardian run --ray-address wins over it; a run "
+        "re-attached keeps the address it started with (a local run stays local); a fleet run's own ray_address wins "
+        "over its config's. null = local process groups.",
+    )
+    request_timeout_s: float = Field(
+        RAY_REQUEST_TIMEOUT_S,
+        gt=0,
+        description="Longest wait for one call to the dashboard (submit, stop, job info, job logs, the State API's "
+        "survivor reads) to connect, and then for each next part of its answer; past it the call fails as an outage: "
+        "the tick still judges the metrics, the rescue waits for the dashboard (outage_limit_s), and the dashboard "
+        "is not asked again for this long. Ray's own client waits for the kernel's TCP timeout (minutes).",
+    )
+
+
 class CheckpointsConfig(_Section):
     """Healthy checkpoints the guardian pins (hard links under ``<ckpt>/.guardian-pinned/``) so that verl's
     retention (``trainer.max_actor_ckpt_to_keep``) cannot delete every rollback target (actions/pins.py)."""
@@ -665,6 +686,7 @@ class GuardianConfig(_Section):
     store: StoreConfig = StoreConfig()
     checks: ChecksConfig = ChecksConfig()
     intervention: InterventionConfig = InterventionConfig()
+    ray: RayConfig = RayConfig()
     remediation: RemediationConfig = RemediationConfig()
     checkpoints: CheckpointsConfig = CheckpointsConfig()
     exporter: ExporterConfig = ExporterConfig()

@@ -8,10 +8,12 @@ import json
 import os
 import shlex
 import shutil
+import socket
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -21,9 +23,12 @@ from conftest import free_port, missing
 from guardian.actions.launcher import RunFolder
 from guardian.actions.process import ExitStatus
 from guardian.config import GuardianConfig
+from guardian.faults import is_outage
 from guardian.rescue.local import StopFailedError
 from guardian.rescue.ray_jobs import (
     RAY_INSTALL,
+    JobInfo,
+    JobsApiTimeout,
     JobsClient,
     RayJobsError,
     RayJobsTrainer,
@@ -195,8 +200,10 @@ def test_exit_status_of_each_job_status() -> None:
     assert stopped is not None and stopped.signal is not None and stopped.exit_code is None
 
 
-def test_entrypoint_quotes_every_word(tmp_path: Path) -> None:
-    line = entrypoint(PLAN.argv, tmp_path / "a dir")
+def test_entrypoint_quotes_every_word_and_creates_the_metrics_folder(tmp_path: Path) -> None:
+    metrics = tmp_path / "run's $(touch pwned)" / "attempt-1" / "metrics.jsonl"
+    line = entrypoint(PLAN.argv, tmp_path / "a dir", {"VERL_FILE_LOGGER_PATH": str(metrics), "OTHER": "/x/y"})
+    assert line.count("mkdir -p -- ") == 1 and "/x" not in line  # only the folders verl does not create
     (tmp_path / "a dir").mkdir()
     out = subprocess.run(
         ["bash", "-c", line.replace("exec python -m trainer", "pwd; printf '%s\\n'")],
@@ -205,6 +212,10 @@ def test_entrypoint_quotes_every_word(tmp_path: Path) -> None:
         check=True,
     )
     assert out.stdout.splitlines() == [str(tmp_path / "a dir"), "x=a b", "y=$(rm -rf /)"]
+    assert metrics.parent.is_dir() and not (tmp_path / "a dir" / "pwned").exists()
+    assert "mkdir" not in entrypoint(PLAN.argv, tmp_path, {})  # nothing to create: the line as before
+    relative = entrypoint(["t"], tmp_path, {"VERL_FILE_LOGGER_PATH": "logs/m.jsonl"})
+    assert relative == f"cd {tmp_path} && mkdir -p -- logs && exec t"  # after the cd: where verl resolves it
 
 
 # -- against the fake ------------------------------------------------------------------------------------------------
@@ -540,6 +551,71 @@ def test_the_demo_collapse_guarded_as_ray_jobs(ray_head: str, tmp_path: Path) ->
     record = json.loads((home / "runs/ray-collapse/attempt-2/command.json").read_text())
     assert f"trainer.resume_from_path={ckpt}/global_step_{intervention.target_step}" in record["argv"]
     print(f"\nray jobs demo: collapse -> resolved in {time.monotonic() - started:.1f}s, {len(attempts)} jobs")
+
+
+# verl's file logger: opens $VERL_FILE_LOGGER_PATH as given, without creating its folder (tracking.py FileLogger)
+FILE_LOGGER_TICKER = (
+    "import json, os, time\n"
+    "out = open(os.environ['VERL_FILE_LOGGER_PATH'], 'wb', buffering=0)\n"
+    "for step in range(1, 10_000):\n"
+    "    out.write(json.dumps({'step': step, 'data': {'critic/score/mean': 0.1}}).encode() + b'\\n')\n"
+    "    time.sleep(0.2)\n"
+)
+
+
+@dataclass
+class FolderGoneAtSubmit:
+    """The real Jobs API, but the attempt's folder is removed just before the job is submitted: the guardian created
+    it on its own machine only, and the driver's node has no such folder."""
+
+    client: JobsClient
+    folder: Path
+
+    def submit_job(
+        self, *, entrypoint: str, submission_id: str, runtime_env: dict[str, object], metadata: dict[str, str]
+    ) -> str:
+        shutil.rmtree(self.folder)
+        return self.client.submit_job(
+            entrypoint=entrypoint, submission_id=submission_id, runtime_env=runtime_env, metadata=metadata
+        )
+
+    def stop_job(self, job_id: str) -> bool:
+        return self.client.stop_job(job_id)
+
+    def get_job_info(self, job_id: str) -> JobInfo:
+        return self.client.get_job_info(job_id)
+
+    def get_job_logs(self, job_id: str) -> str:
+        return self.client.get_job_logs(job_id)
+
+
+@pytest.mark.slow
+def test_a_job_whose_metrics_folder_is_missing_on_its_node_still_writes_its_metrics(
+    ray_head: str, tmp_path: Path, store: Store
+) -> None:
+    client = connect(ray_head)
+    (tmp_path / "file_logger.py").write_text(FILE_LOGGER_TICKER)
+    folder = RunFolder(tmp_path / "run's folder")
+    run_id = "ray-no-folder"
+    attempt = _attempt(store, tmp_path)
+    metrics = folder.metrics(attempt.number)
+    gone = FolderGoneAtSubmit(client, folder.attempt(attempt.number))
+    config = _config(tmp_path, sigint=5.0, sigterm=2.0, sigkill=10.0)
+    trainer = RayJobsTrainer(config, store, run_id, gone, folder, tmp_path, clock=time.time)
+    trainer.start(
+        attempt.id, attempt.number, (sys.executable, "file_logger.py"), {"VERL_FILE_LOGGER_PATH": str(metrics)}
+    )
+    sid = submission_id(run_id, attempt.number)
+
+    def written_or_ended() -> bool:
+        return (metrics.exists() and metrics.read_text().count("\n") >= 2) or trainer.exit_status() is not None
+
+    try:
+        _until(written_or_ended, 90)
+    finally:
+        trainer.halt(reason="test")
+    assert metrics.exists(), f"no metrics; the job's logs: {client.get_job_logs(sid)[-2000:]}"
+    assert json.loads(metrics.read_text().splitlines()[0])["step"] == 1
 
 
 KEEPER = (
@@ -886,3 +962,270 @@ def test_a_guardian_that_gives_up_while_the_jobs_api_is_down_says_the_trainer_is
     supervisor.announce = alerts.append
     assert supervisor.cannot_continue(cause="the Jobs API is down", fix="fix it") == 1
     assert alerts and "unknown, UNGUARDED" in str(alerts[0])
+
+
+# ------------------------------------------------------------------------------- a dashboard that does not answer
+BOUND_S = 0.5  # ray.request_timeout_s in these tests
+SLACK_S = 1.5  # what a call may take past the bound (a loaded machine)
+
+
+class SilentDashboard:
+    """A dashboard on loopback that answers Ray's version check (``answers_version``) and leaves every other request
+    it reads unanswered, the connection held open: a hung dashboard. ``backlog_full``: it never accepts, and its
+    accept queue is filled first, so the kernel drops the next connections' SYNs: packets dropped on the way."""
+
+    def __init__(self, *, answers_version: bool = True, backlog_full: bool = False) -> None:
+        self.server = socket.socket()
+        self.server.bind(("127.0.0.1", 0))
+        self.server.listen(0)
+        self.address = f"http://127.0.0.1:{self.server.getsockname()[1]}"
+        self.answers_version = answers_version
+        self.held: list[socket.socket] = []
+        self.requests: list[str] = []
+        self._closed = threading.Event()
+        if backlog_full:
+            self._fill_backlog()
+        else:
+            threading.Thread(target=self._serve, daemon=True).start()
+
+    def _fill_backlog(self) -> None:
+        while True:
+            sock = socket.socket()
+            sock.settimeout(0.3)
+            self.held.append(sock)
+            try:
+                sock.connect(self.server.getsockname())
+            except TimeoutError:
+                return  # the queue is full: this SYN was dropped
+
+    def _serve(self) -> None:
+        while not self._closed.is_set():
+            try:
+                conn, _ = self.server.accept()
+            except OSError:
+                return  # closed
+            self.held.append(conn)
+            head = b""
+            while b"\r\n\r\n" not in head:
+                chunk = conn.recv(4096)
+                if not chunk:
+                    break
+                head += chunk
+            line = head.split(b"\r\n", 1)[0].decode(errors="replace")
+            self.requests.append(line)
+            if self.answers_version and line.startswith("GET /api/version "):
+                body = json.dumps({"version": "4", "ray_version": "2.60.0", "ray_commit": "x"}).encode()
+                conn.sendall(
+                    b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nConnection: close\r\n"
+                    + f"Content-Length: {len(body)}\r\n\r\n".encode()
+                    + body
+                )
+
+    def __enter__(self) -> SilentDashboard:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._closed.set()
+        self.server.close()
+        for sock in self.held:
+            sock.close()
+
+
+def _timed(call: Callable[[], object]) -> tuple[Exception, float]:
+    started = time.monotonic()
+    try:
+        call()
+    except Exception as exc:  # the test looks at what it is
+        return exc, time.monotonic() - started
+    raise AssertionError("the call returned: the dashboard answered")
+
+
+@pytest.mark.parametrize("backlog_full", [False, True], ids=["accepted-never-answered", "packets-dropped"])
+def test_connecting_to_a_dashboard_that_does_not_answer_fails_within_the_bound(backlog_full: bool) -> None:
+    pytest.importorskip("ray.job_submission")
+    with SilentDashboard(answers_version=False, backlog_full=backlog_full) as dashboard:
+        exc, seconds = _timed(lambda: connect(dashboard.address, timeout_s=BOUND_S))
+    assert isinstance(exc, RayJobsError) and is_outage(exc)
+    assert BOUND_S <= seconds < BOUND_S + SLACK_S, seconds
+    assert dashboard.address in str(exc) and "GET /api/version" in str(exc) and "ray.request_timeout_s" in str(exc)
+    print(f"\nhung dashboard ({'SYN dropped' if backlog_full else 'no answer'}): connect failed in {seconds:.2f}s")
+
+
+def test_every_call_to_a_hung_jobs_api_fails_as_an_outage_within_the_bound_and_a_tick_pays_it_once() -> None:
+    pytest.importorskip("ray.job_submission")
+    with SilentDashboard() as dashboard:
+        client = connect(dashboard.address, timeout_s=BOUND_S)
+        calls: dict[str, Callable[[], object]] = {
+            "POST /api/jobs/": lambda: client.submit_job(
+                entrypoint="true", submission_id="guardian-x-1", runtime_env={}, metadata={}
+            ),
+            "POST /api/jobs/guardian-x-1/stop": lambda: client.stop_job("guardian-x-1"),
+            "GET /api/jobs/guardian-x-1": lambda: client.get_job_info("guardian-x-1"),
+            "GET /api/jobs/guardian-x-1/logs": lambda: client.get_job_logs("guardian-x-1"),
+        }
+        for name, call in calls.items():
+            exc, seconds = _timed(call)
+            assert isinstance(exc, JobsApiTimeout) and is_outage(exc), repr(exc)
+            assert BOUND_S <= seconds < BOUND_S + SLACK_S, (name, seconds)
+            assert f"did not answer {name} within 0.5s (ray.request_timeout_s)" in str(exc)
+            assert dashboard.address in str(exc)
+            # the calls right after it fail at once, unsent: a tick pays the timeout once, not once per call
+            again, fast = _timed(calls["GET /api/jobs/guardian-x-1"])
+            assert isinstance(again, JobsApiTimeout) and "not sent" in str(again) and fast < 0.1
+            time.sleep(BOUND_S)  # then the dashboard is asked again
+        sent = [line.split(" HTTP/")[0] for line in dashboard.requests if "/api/version" not in line]
+        assert sent == list(calls)  # one request per call: the unsent ones never reached it
+
+
+def test_a_state_api_that_does_not_answer_fails_within_the_bound() -> None:
+    pytest.importorskip("ray.util.state")
+    with SilentDashboard() as dashboard:
+        exc, seconds = _timed(lambda: StateApi(dashboard.address, timeout_s=1.0).survivors("02000000"))
+    assert isinstance(exc, RuntimeError) and "ray.request_timeout_s (1s)" in str(exc) and is_outage(exc)
+    assert 1.0 <= seconds < 1.0 + SLACK_S, seconds  # Ray's State API waits at least 1 s
+
+
+@dataclass
+class HangingJobs:
+    """The Jobs API of ``fake`` while it answers; while ``down`` each call goes to a dashboard that never answers,
+    through the guardian's real bounded client."""
+
+    fake: FakeJobs
+    hung: JobsClient
+    down: bool = False
+
+    def _to(self) -> JobsClient:
+        return self.hung if self.down else self.fake
+
+    def submit_job(
+        self, *, entrypoint: str, submission_id: str, runtime_env: dict[str, object], metadata: dict[str, str]
+    ) -> str:
+        return self._to().submit_job(
+            entrypoint=entrypoint, submission_id=submission_id, runtime_env=runtime_env, metadata=metadata
+        )
+
+    def stop_job(self, job_id: str) -> bool:
+        return self._to().stop_job(job_id)
+
+    def get_job_info(self, job_id: str) -> JobInfo:
+        return self._to().get_job_info(job_id)
+
+    def get_job_logs(self, job_id: str) -> str:
+        return self._to().get_job_logs(job_id)
+
+
+def test_a_tick_while_the_dashboard_hangs_judges_the_metrics_and_fails_as_an_outage_in_one_bound(
+    tmp_path: Path,
+) -> None:
+    """The tick reads the exit status (times out), the metrics (judged: the incident opens), the checks' 'is it
+    alive' and the job-log mirror (both fail at once): one bound, not three."""
+    pytest.importorskip("ray.job_submission")
+    from guardian.actions.process import LocalProcessControl
+    from guardian.commands.run import register_run
+    from guardian.rescue.supervisor import Supervisor
+
+    config = _config(tmp_path)
+    with SilentDashboard() as dashboard, Store.open(config.database_url()) as store:
+        jobs = HangingJobs(FakeJobs(), connect(dashboard.address, timeout_s=BOUND_S))
+        supervisor = Supervisor(
+            config=config,
+            store=store,
+            run_id=RUN,
+            command=(sys.executable, "-m", "verl.trainer.main_ppo", f"trainer.default_local_dir={tmp_path / 'ckpt'}"),
+            cwd=tmp_path,
+            env={},
+            control=LocalProcessControl(),
+            clock=time.time,
+            jobs=jobs,
+        )
+        register_run(store, supervisor, name="ray")
+        supervisor.start()
+        metrics = supervisor.folder.metrics(1)
+        with metrics.open("a") as out:
+            out.writelines(_line(step, 0.7) for step in range(1, 4))
+        assert supervisor.tick() is None
+        jobs.down = True
+        with metrics.open("a") as out:
+            out.writelines(_line(step, None) for step in range(4, 7))
+        exc, seconds = _timed(supervisor.tick)
+        assert isinstance(exc, JobsApiTimeout) and is_outage(exc)
+        assert BOUND_S <= seconds < BOUND_S + SLACK_S, seconds
+        (incident,) = store.list_incidents(RUN)
+        assert incident.check == "non_finite" and incident.is_open  # judged while the control did not answer
+        print(f"\na tick while the dashboard hangs: {seconds:.2f}s with ray.request_timeout_s {BOUND_S}")
+
+
+# ------------------------------------------------------- ray.address: guardian.yaml's --ray-address
+def test_the_flag_then_the_runs_stored_address_then_ray_address() -> None:
+    from guardian.commands.run import ray_address_of
+
+    config = GuardianConfig.model_validate({"ray": {"address": "http://cfg:8265"}})
+    stored = {"command": ["python"], "ray_address": "http://stored:8265"}
+    assert ray_address_of("http://flag:8265", stored, config) == "http://flag:8265"
+    assert ray_address_of(None, stored, config) == "http://stored:8265"  # re-attached: the address it started with
+    assert ray_address_of(None, {"command": ["python"]}, config) is None  # a known local run stays local
+    assert ray_address_of(None, None, config) == "http://cfg:8265"  # a new run
+    assert ray_address_of(None, None, GuardianConfig()) is None
+
+
+def test_the_ray_section_is_checked_field_by_field(tmp_path: Path) -> None:
+    from guardian.config import ConfigError, load_config
+
+    good = tmp_path / "good.yaml"
+    good.write_text("ray:\n  address: http://head:8265\n  request_timeout_s: 2.5\n")
+    loaded = load_config(good, env={})
+    assert (loaded.ray.address, loaded.ray.request_timeout_s) == ("http://head:8265", 2.5)
+    assert GuardianConfig().ray.request_timeout_s == 10.0 and GuardianConfig().ray.address is None
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("ray:\n  request_timeout_s: 0\n  adress: http://head:8265\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(bad, env={})
+    assert "ray.request_timeout_s: Input should be greater than 0" in str(err.value)
+    assert "ray.adress: unknown key" in str(err.value)
+
+
+def _refused() -> str:
+    return f"http://127.0.0.1:{free_port()}"  # nothing listens there: the dashboard refuses at once
+
+
+def test_guardian_run_submits_to_ray_address_unless_the_flag_says_otherwise(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from guardian.cli import main
+
+    monkeypatch.setenv("GUARDIAN_HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("GUARDIAN_DB_URL", raising=False)
+    from_config, from_flag = _refused(), _refused()
+    config = tmp_path / "guardian.yaml"
+    config.write_text(f"ray:\n  address: {from_config}\n  request_timeout_s: 2\n")
+    command = ["--", sys.executable, "-m", "verl.trainer.main_ppo", f"trainer.default_local_dir={tmp_path / 'ckpt'}"]
+    run = ["--log-level", "WARNING", "run", "--config", str(config), "--no-live"]
+    assert main([*run, "--run-id", "from-config", *command]) == 1
+    assert main([*run, "--run-id", "from-flag", "--ray-address", from_flag, *command]) == 1
+    lines = [line for line in capsys.readouterr().err.splitlines() if "event=ray_unavailable" in line]
+    assert len(lines) == 2
+    assert f"run=from-config address={from_config}" in lines[0] and f"address={from_flag}" not in lines[0]
+    assert f"run=from-flag address={from_flag}" in lines[1]
+
+
+def test_a_fleet_run_takes_its_own_ray_address_else_its_configs(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from guardian.commands.fleet import guard_fleet
+    from guardian.fleet.spec import load_fleet
+
+    own, configured = _refused(), _refused()
+    (tmp_path / "ray.yaml").write_text(f"ray:\n  address: {configured}\n")
+    fleet = tmp_path / "fleet.yaml"
+    command = f"[{sys.executable}, -m, verl.trainer.main_ppo, 'trainer.default_local_dir={tmp_path / 'ckpt'}']"
+    fleet.write_text(
+        "runs:\n"
+        f"  - {{run_id: own, command: {command}, config: ray.yaml, ray_address: '{own}'}}\n"
+        f"  - {{run_id: configured, command: {command}, config: ray.yaml}}\n"
+    )
+    base = GuardianConfig.model_validate({"home": str(tmp_path / "home")})
+    codes = guard_fleet(base, load_fleet(fleet, base), threading.Event())
+    assert codes == {"own": 1, "configured": 1}
+    lines = [r.getMessage() for r in caplog.records if "event=ray_unavailable" in r.getMessage()]
+    assert any(f"run=own address={own}" in line for line in lines)
+    assert any(f"run=configured address={configured}" in line for line in lines)

@@ -11,10 +11,11 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import orjson
 from rich.console import Group
@@ -94,6 +95,18 @@ def local_supervisor(
         jobs=jobs,
         cluster=cluster,
     )
+
+
+def ray_address_of(asked: str | None, saved: Mapping[str, object] | None, config: GuardianConfig) -> str | None:
+    """The Ray dashboard a run's attempts go to: ``--ray-address`` (a fleet run's own ``ray_address``) first; a run
+    the store knows keeps the address it started with, and one started without stays local (its trainer is a
+    local process group: a Ray job of its attempt would be a second trainer); a new run takes ``ray.address``."""
+    if asked:
+        return asked
+    if saved is not None:
+        stored = saved.get("ray_address")
+        return stored if isinstance(stored, str) and stored else None
+    return config.ray.address
 
 
 def register_run(store: Store, supervisor: Supervisor, *, name: str, ray_address: str | None = None) -> None:
@@ -197,16 +210,18 @@ def guard_request(
             fresh = f"{request.run_id[: MAX_RUN_ID - 15]}-{time.strftime('%Y%m%d%H%M%S')}"
             request = replace(request, run_id=checked_run_id(fresh))
             known = None
+        saved: dict[str, Any] | None = None  # what register_run stored of a known run
         if known is not None:
             saved = orjson.loads(known.config_json or "{}")
             command, cwd = tuple(saved.get("command") or command), Path(saved.get("cwd") or cwd)
-            ray_address = ray_address or saved.get("ray_address")
         elif request.attach:
             log.error(event("error", {"message": f"no run {request.run_id!r} in {store.url}"}))
             return 1
+        ray_address = ray_address_of(request.ray_address, saved, config)
         hook = _die_after(os.environ[DIE_AFTER_ENV]) if os.environ.get(DIE_AFTER_ENV) else (lambda s: None)
+        timeout_s = config.ray.request_timeout_s
         try:
-            jobs = connect(ray_address) if ray_address else None
+            jobs = connect(ray_address, timeout_s=timeout_s) if ray_address else None
         except RayJobsError as exc:
             log.error(event("ray_unavailable", {"run": request.run_id, "address": ray_address, "message": str(exc)}))
             return 1
@@ -218,7 +233,7 @@ def guard_request(
             cwd=cwd,
             after_commit=hook,
             jobs=jobs,
-            cluster=StateApi(ray_address) if ray_address else None,
+            cluster=StateApi(ray_address, timeout_s) if ray_address else None,
         )
         if request.dry_run:
             files = supervisor.files.prepare(command)

@@ -4,7 +4,11 @@ dashboard, ``ray.job_submission.JobSubmissionClient``), in place of a local proc
 Each attempt is one job whose submission id is derived from the run id and the attempt's number, so a guardian
 started again finds the job an earlier one submitted instead of submitting a second trainer: ``launch`` and
 ``attach`` read the job first and submit only when the cluster has none of that id. The job's metadata names the
-attempt's store row; a job of the same id from another store (a reused run id) is refused, never adopted.
+attempt's store row; a job of the same id from another store (a reused run id) is refused, never adopted. The
+job's shell creates the metrics file's folder before the trainer starts (verl's file logger opens the path without
+creating it, and the guardian created it only on its own machine): on the driver's node, where verl's TaskRunner
+actor usually runs too (Ray places it on the local node while that has room); elsewhere the folder must be there
+already (a shared file system).
 
 Stopping is the Jobs API's own: ``stop_job`` makes the job's supervisor send ``RAY_JOB_STOP_SIGNAL`` (set to SIGINT
 through the job's env_vars) to the driver's process tree, then SIGKILL after ``RAY_JOB_STOP_WAIT_TIME_S`` (the
@@ -24,7 +28,13 @@ itself has its survivors reported the same way at the run's end, never stopped.
 Each job's logs are mirrored into ``<run>/attempt-N/job.log`` and may be the metrics source (``rescue.ray_logs``);
 what is not covered: workers of other drivers, rollout dumps and checkpoints on a file system the guardian does
 not read (a rollback needs the checkpoints: a local head, or a shared file system). Ray is imported only by
-``connect`` and ``ray_survivors.StateApi``: guardian imports and runs without it.
+``connect`` (``rescue.ray_client``) and ``ray_survivors.StateApi``: guardian imports and runs without it.
+
+Every call to the dashboard is bounded by ``ray.request_timeout_s`` (``rescue.ray_client``): a dashboard that
+does not answer - packets dropped, a hung process - fails the call as ``JobsApiTimeout``, a ``TimeoutError`` and so
+an outage (``guardian.faults``): the tick still judges the metrics and the rescue waits (``outage_limit_s``). After
+a timeout the dashboard is not asked again for that long (``Unanswered``): the other calls of the tick fail at
+once, so a tick costs one timeout, not one per call.
 """
 
 from __future__ import annotations
@@ -40,7 +50,7 @@ from typing import Protocol
 
 from guardian.actions.launcher import RunFolder, prepare_attempt
 from guardian.actions.process import LOST, ExitStatus
-from guardian.config import GuardianConfig
+from guardian.config import RAY_REQUEST_TIMEOUT_S, GuardianConfig
 from guardian.logs import event, get_logger
 from guardian.rescue.local import OUTPUT_TAIL_BYTES, StopFailedError
 from guardian.rescue.ray_logs import JobLogMirror
@@ -62,10 +72,52 @@ LIVE = frozenset({"PENDING", "RUNNING"})
 STOP_SIGNAL = signal.SIGINT  # what stop_job sends first (RAY_JOB_STOP_SIGNAL); a STOPPED job reads as killed by it
 POLL_S = 0.2
 NOT_FOUND = "status code 404"  # JobSubmissionClient raises RuntimeError with the HTTP status in its text
+# the attempt's env vars naming a file whose folder verl does not create: its file logger opens the path as given
+# (tracking.py FileLogger). verl creates the rollout dump and checkpoint folders itself.
+FOLDER_MUST_EXIST = ("VERL_FILE_LOGGER_PATH",)
 
 
 class RayJobsError(RuntimeError):
     """The Ray cluster or its Jobs API cannot do what the guardian needs; the message says what to do."""
+
+
+class JobsApiTimeout(TimeoutError):
+    """A call to the Jobs API got no answer within ``ray.request_timeout_s``: an outage (``faults.is_outage``)."""
+
+
+@dataclass
+class Unanswered:
+    """When the dashboard at ``address`` last left a call unanswered: for ``timeout_s`` after that, calls fail at once
+    (``JobsApiTimeout``) instead of waiting out the timeout again."""
+
+    address: str
+    timeout_s: float
+    monotonic: Callable[[], float] = time.monotonic
+    since: float | None = None  # the last timeout; None once a call was answered
+
+    def before(self, call: str) -> None:
+        """Raise ``JobsApiTimeout`` when the dashboard timed out less than ``timeout_s`` ago: ``call`` is not sent."""
+        if self.since is None:
+            return
+        ago = self.monotonic() - self.since
+        if ago < self.timeout_s:
+            raise JobsApiTimeout(
+                f"the Ray Jobs API at {self.address} left a call unanswered {ago:.1f}s ago (ray.request_timeout_s "
+                f"{self.timeout_s:g}s): {call} not sent, the dashboard is asked again in {self.timeout_s - ago:.1f}s"
+            )
+
+    def timed_out(self, call: str) -> JobsApiTimeout:
+        """The error for ``call``, unanswered within ``timeout_s``; the calls of the next ``timeout_s`` fail fast."""
+        self.since = self.monotonic()
+        return JobsApiTimeout(
+            f"the Ray Jobs API at {self.address} did not answer {call} within {self.timeout_s:g}s "
+            "(ray.request_timeout_s): its dashboard is down, overloaded or unreachable from here. Check the head "
+            f"(ray status there; curl {self.address}/api/version from here), or raise ray.request_timeout_s if the "
+            "dashboard is only slow"
+        )
+
+    def answered(self) -> None:
+        self.since = None
 
 
 class JobInfo(Protocol):
@@ -96,15 +148,18 @@ class JobsClient(Protocol):
     def get_job_logs(self, job_id: str) -> str: ...
 
 
-def connect(address: str) -> JobsClient:
-    """A Jobs API client for the cluster at ``address`` (``http://HEAD:8265``). Raises ``RayJobsError`` when ray
-    is not installed or the cluster's dashboard does not answer."""
+def connect(address: str, *, timeout_s: float = RAY_REQUEST_TIMEOUT_S) -> JobsClient:
+    """A Jobs API client for the cluster at ``address`` (``http://HEAD:8265``), each of its calls bounded by
+    ``timeout_s`` (``ray.request_timeout_s``). Raises ``RayJobsError`` when ray is not installed or the cluster's
+    dashboard does not answer."""
     try:
-        from ray.job_submission import JobSubmissionClient
+        from guardian.rescue.ray_client import BoundedJobsClient
     except ImportError as exc:
         raise RayJobsError(f"--ray-address needs ray with its Jobs API: {RAY_INSTALL} ({exc})") from exc
     try:
-        client: JobsClient = JobSubmissionClient(address)
+        client: JobsClient = BoundedJobsClient(address, timeout_s=timeout_s)
+    except TimeoutError as exc:
+        raise RayJobsError(f"{exc}. Nothing was submitted") from exc
     except (ConnectionError, RuntimeError, ValueError) as exc:
         raise RayJobsError(
             f"the Ray Jobs API at {address} does not answer ({exc}): is the head up with its dashboard "
@@ -118,10 +173,25 @@ def submission_id(run_id: str, number: int) -> str:
     return f"guardian-{run_id}-{number}"
 
 
-def entrypoint(argv: Sequence[str], cwd: Path) -> str:
+def entrypoint(argv: Sequence[str], cwd: Path, env: Mapping[str, str] | None = None) -> str:
     """The job's shell command: ``argv`` quoted word by word, run in ``cwd`` (the driver's own working directory is
-    a Ray session folder, and the user's command may name relative paths)."""
-    return f"cd {shlex.quote(str(cwd))} && exec {shlex.join(argv)}"
+    a Ray session folder, and the user's command may name relative paths), after creating the folders the attempt's
+    ``env`` names that verl expects to exist (``FOLDER_MUST_EXIST``) on the driver's node."""
+    folders = folders_to_create(env or {})
+    made = f"mkdir -p -- {shlex.join(folders)} && " if folders else ""
+    return f"cd {shlex.quote(str(cwd))} && {made}exec {shlex.join(argv)}"
+
+
+def folders_to_create(env: Mapping[str, str]) -> list[str]:
+    """The parent folders of the files ``env`` names whose folder verl does not create, in ``FOLDER_MUST_EXIST``'s
+    order, each once."""
+    folders: list[str] = []
+    for key in FOLDER_MUST_EXIST:
+        path = env.get(key)
+        parent = str(Path(path).parent) if path else ""
+        if parent and parent != "." and parent not in folders:
+            folders.append(parent)
+    return folders
 
 
 def exit_status_of(info: JobInfo) -> ExitStatus | None:
@@ -205,7 +275,7 @@ class RayJobsTrainer:
         fields: dict[str, object] = {"run": self.run_id, "attempt": number, "job": sid}
         info = self._info(sid)
         if info is None:
-            line = entrypoint(argv, self.cwd)
+            line = entrypoint(argv, self.cwd, extra_env)
             prepare_attempt(
                 self.folder,
                 number,

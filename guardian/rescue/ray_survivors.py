@@ -5,7 +5,9 @@ The facts come from Ray's State API on the cluster's dashboard (``ray.util.state
 found by the job's Ray job id (``JobDetails.job_id``, not its submission id), and the nodes' totals. The decision is
 pure (``verdict``): a survivor holding anything besides CPU and memory (GPUs, TPUs, custom resources) blocks the
 relaunch - the resubmitted trainer would wait for those resources forever - while CPU-only survivors are reported
-and the relaunch goes ahead. Ray is imported only by ``StateApi``'s methods.
+and the relaunch goes ahead. Ray is imported only by ``StateApi``'s methods, whose every read is bounded by
+``ray.request_timeout_s`` (Ray's State API passes its ``timeout`` to requests: the connect and each wait for the
+answer's next bytes; it rounds it down to whole seconds, at least 1, and keeps 0.8 of it for the server's side).
 """
 
 from __future__ import annotations
@@ -16,9 +18,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from guardian.config import RAY_REQUEST_TIMEOUT_S
+
 # resources a survivor may hold without blocking a relaunch (a few CPUs are not what a trainer waits on)
 NOT_BLOCKING = frozenset({"CPU", "memory", "object_store_memory"})
-STATE_TIMEOUT_S = 10  # one State API call (its own default is 30)
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,9 +145,10 @@ class ClusterState(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class StateApi:
-    """``ClusterState`` through Ray's State API on the dashboard at ``address``."""
+    """``ClusterState`` through Ray's State API on the dashboard at ``address``, each read bounded by ``timeout_s``."""
 
     address: str
+    timeout_s: float = RAY_REQUEST_TIMEOUT_S  # ray.request_timeout_s (Ray's own default is 30)
 
     def survivors(self, job_id: str) -> list[Survivor]:
         from ray.util.state import list_actors, list_nodes
@@ -154,12 +158,12 @@ class StateApi:
                 address=self.address,
                 filters=[("job_id", "=", job_id), ("state", "!=", "DEAD")],
                 detail=True,
-                timeout=STATE_TIMEOUT_S,
+                timeout=self.timeout_s,
                 raise_on_missing_output=False,
             )
-            ips = {n.node_id: n.node_ip for n in list_nodes(address=self.address, timeout=STATE_TIMEOUT_S)}
+            ips = {n.node_id: n.node_ip for n in list_nodes(address=self.address, timeout=self.timeout_s)}
         except Exception as exc:  # the State API raises its own exception types and aiohttp/requests ones
-            raise RuntimeError(f"Ray's State API at {self.address} did not answer: {exc}") from exc
+            raise self._unanswered(exc) from exc
         return [
             Survivor(
                 actor_id=a.actor_id,
@@ -180,11 +184,17 @@ class StateApi:
         from ray.util.state import list_nodes
 
         try:
-            nodes = list_nodes(address=self.address, detail=True, timeout=STATE_TIMEOUT_S)
+            nodes = list_nodes(address=self.address, detail=True, timeout=self.timeout_s)
         except Exception as exc:
-            raise RuntimeError(f"Ray's State API at {self.address} did not answer: {exc}") from exc
+            raise self._unanswered(exc) from exc
         return {
             n.node_ip: {str(k): float(v) for k, v in (n.resources_total or {}).items()}
             for n in nodes
             if str(n.state) == "ALIVE"
         }
+
+    def _unanswered(self, exc: Exception) -> RuntimeError:
+        return RuntimeError(
+            f"Ray's State API at {self.address} did not answer within ray.request_timeout_s ({self.timeout_s:g}s) or "
+            f"failed: {exc}"
+        )
