@@ -516,10 +516,56 @@ def judge_recipe(out: Path, s: Scenario, result: Mapping[str, Any], samples: lis
         "retrieval_server": served,
         "returncodes": codes,
     }
+    measures.update(throughput(metrics))
     usage = guardian_usage(samples, s.name)
     if usage:
         measures["guardian"] = usage
+    first_step = min((r["t"] for r in samples if r["kind"] == "step" and r["scenario"] == s.name), default=None)
+    guarding = guardian_usage(samples, s.name, since=first_step) if first_step is not None else None
+    if guarding:
+        measures["guardian_while_steps_arrive"] = guarding
+    if s.gpus > 1:
+        rows = held_per_gpu(samples, attempt_pids(samples, s.run_id, 1))
+        peak = {g: max((mib.get(g, 0.0) for _, mib, _ in rows), default=0.0) for g in range(s.gpus)}
+        holders = {g: max((len(listed.get(g, ())) for _, _, listed in rows), default=0) for g in range(s.gpus)}
+        measures["gpu_mib_peak"], measures["gpu_holders"] = peak, holders
+        unused = [g for g, mib in peak.items() if mib <= 0]
+        _check(
+            checks,
+            "every_gpu_held_by_the_attempt",
+            bool(rows) and not unused and gpu_count(samples) >= s.gpus,
+            f"{s.gpus} GPU(s) expected, {gpu_count(samples)} listed; peak MiB per GPU {peak}, processes {holders}"
+            + (f"; nothing held on GPU(s) {unused}" if unused else ""),
+        )
     return {"checks": checks, "measures": measures}
+
+
+def throughput(metrics: Mapping[int, Mapping[str, Any]]) -> dict[str, Any]:
+    """Step time and tokens/s from verl's own perf keys (steps from 3 on: the first steps carry warm-up):
+    ``perf/total_num_tokens`` (prompt + response tokens of the step's batch) over ``timing_s/step``, verl's
+    ``perf/throughput`` (the same per trainer GPU), and the medians of generation, weight sync and actor update."""
+
+    def median(key: str, value: Any = None) -> float | None:
+        got = [
+            float(v)
+            for step, m in sorted(metrics.items())
+            if step >= 3 and (v := (value(m) if value else m.get(key))) is not None
+        ]
+        return round(statistics.median(got), 3) if got else None
+
+    def ratio(m: Mapping[str, Any], top: str, bottom: str) -> float | None:
+        a, b = m.get(top), m.get(bottom)
+        return float(a) / float(b) if a is not None and b else None
+
+    return {
+        "steps_seen": len(metrics),
+        "step_time_s_median": median("timing_s/step"),
+        "gen_s_median": median("timing_s/gen"),
+        "update_weights_s_median": median("timing_s/update_weights"),
+        "update_actor_s_median": median("timing_s/update_actor"),
+        "tokens_per_s_median": median("", lambda m: ratio(m, "perf/total_num_tokens", "timing_s/step")),
+        "tokens_per_s_per_gpu_median": median("perf/throughput"),
+    }
 
 
 def judge_unguarded(out: Path, s: Scenario, result: Mapping[str, Any]) -> dict[str, Any]:
