@@ -35,6 +35,7 @@ from gpu.observe import Sampler, attempt_processes, checkpoint_manifest
 from gpu.scenarios import (
     KILL_AFTER_EVENT,
     KILL_DELAY_S,
+    NO_MULTICAST,
     Scenario,
     TrainerSetup,
     guardian_yaml,
@@ -213,7 +214,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m gpu.device_run", description=__doc__.split("\n")[0])
     p.add_argument("--trainer", choices=("verl", "cpu"), required=True)
     p.add_argument("--tiny", type=Path, help="gpu.tiny output folder (verl)")
-    p.add_argument("--scenarios", required=True, help="comma-separated: collapse, collapse-kill, healthy, unguarded")
+    p.add_argument(
+        "--scenarios",
+        required=True,
+        help="comma-separated: collapse, collapse-kill, healthy, unguarded, search, search-8gpu",
+    )
     p.add_argument("--work", type=Path, required=True)
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--collapse-steps", type=int, default=28)
@@ -221,6 +226,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--search-steps", type=int, default=6)
     p.add_argument("--search-tiny", type=Path, help="gpu.tiny --task search output folder (search)")
     p.add_argument("--search-corpus", type=Path, help="wiki-18 style corpus for the search scenario's index")
+    p.add_argument("--search-shape", type=Path, help="gpu.tiny --task search --shape qwen2.5-7b output (search-8gpu)")
+    p.add_argument("--shape-steps", type=int, default=24, help="training steps of search-8gpu")
+    p.add_argument(
+        "--gpus", type=int, help="GPUs of every scenario: trainer.n_gpus_per_node (default 1; 8 for search-8gpu)"
+    )
     p.add_argument("--deadline-s", type=float, default=520.0, help="stop everything still running after this")
     p.add_argument("--extra", action="append", default=[], help="key=value added to every trainer command")
     p.add_argument("--sample-s", type=float, default=1.0)
@@ -231,6 +241,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         collapse_steps=args.collapse_steps,
         healthy_steps=args.healthy_steps,
         search_steps=args.search_steps,
+        gpus=args.gpus,
+        shape_steps=args.shape_steps,
     )
     chosen = [known[n] for n in args.scenarios.split(",") if n]
     unknown = [n for n in args.scenarios.split(",") if n and n not in known]
@@ -245,8 +257,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         extra=extra,
         search_tiny=args.search_tiny,
         search_corpus=args.search_corpus,
+        search_shape=args.search_shape,
     )
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    # NVLink multicast stays off in everything started from here, whatever the caller's environment
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", **NO_MULTICAST}
     args.work.mkdir(parents=True, exist_ok=True)
     args.out.mkdir(parents=True, exist_ok=True)
     launches = []
@@ -299,6 +313,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         shutil.copy2(launch.folder / "store.json", args.out / launch.scenario.name / "store.json")
         results[launch.scenario.name] = {"returncodes": launch.returncodes}
     judged = verdict.judge(args.out, {x.scenario.name: x.scenario for x in launches}, results, timed_out=timed_out)
+    judged["gpus"] = {x.scenario.name: x.scenario.gpus for x in launches}
     (args.out / "verdict.json").write_text(json.dumps(judged, indent=1, default=str))
     print(verdict.render(judged))
     return 0 if judged["passed"] else 1

@@ -5,7 +5,7 @@ Every sample is one JSON line in ``samples.jsonl``:
 * ``procs``: per attempt (its ``VERL_FILE_LOGGER_PATH``, inherited by the trainer, Ray's raylet and every Ray
   worker it spawns), the live process ids and how many of them are verl drivers (``verl.trainer.main_ppo``);
 * ``guardian``: per guarded scenario, the guardian's CPU seconds (user + system) and RSS;
-* ``gpu``: memory in use on the GPU and, where the driver reports them, the processes holding it;
+* ``gpu``: memory in use on each GPU (by index) and the processes holding memory on each, per GPU index;
 * ``step``: the first time each step line of each metrics file was seen;
 * ``ckpt``: the files and sizes of each ``global_step_N`` folder, as soon as it appears and whenever it changes.
 """
@@ -71,10 +71,49 @@ def process_usage(pid: int, proc: str = "/proc") -> dict[str, float] | None:
     return {"cpu_s": cpu, "rss_mb": rss_kb / 1024}
 
 
+GPU_QUERY = "index,uuid,memory.used,memory.total"
+APPS_QUERY = "gpu_uuid,pid,used_memory"
+
+
+def _mib(text: str) -> float | None:
+    """A CSV field of ``nvidia-smi --format=csv,noheader,nounits`` as MiB; None for ``[N/A]`` / ``[Not Supported]``."""
+    text = text.strip()
+    return float(text) if text.replace(".", "", 1).isdigit() else None
+
+
+def parse_gpus(text: str) -> list[dict[str, Any]]:
+    """``--query-gpu=index,uuid,memory.used,memory.total`` rows, by index: ``{"index", "uuid", "used", "total"}``."""
+    gpus = []
+    for line in text.splitlines():
+        parts = [x.strip() for x in line.split(",")]
+        if len(parts) != 4 or not parts[0].isdigit():
+            continue
+        gpus.append({"index": int(parts[0]), "uuid": parts[1], "used": _mib(parts[2]), "total": _mib(parts[3])})
+    return sorted(gpus, key=lambda g: g["index"])
+
+
+def parse_apps(text: str, index_of: Mapping[str, int]) -> list[dict[str, Any]]:
+    """``--query-compute-apps=gpu_uuid,pid,used_memory`` rows: ``{"pid", "mib", "gpu"}`` (``gpu`` is the index; a
+    process on two GPUs is two rows). A process whose memory reads ``[N/A]`` is kept with ``mib`` 0: it still holds
+    a context on that GPU."""
+    apps = []
+    for line in text.splitlines():
+        parts = [x.strip() for x in line.split(",")]
+        if len(parts) != 3 or not parts[1].isdigit():
+            continue
+        uuid, pid, used = parts
+        apps.append({"pid": int(pid), "mib": _mib(used) or 0.0, "gpu": index_of.get(uuid, -1)})
+    return apps
+
+
 def gpu_memory(
     run: Callable[..., Any] = subprocess.run, which: Callable[[str], str | None] = shutil.which
 ) -> dict[str, Any] | None:
-    """Used GPU memory (MiB) per GPU and the compute processes the driver lists; None without ``nvidia-smi``."""
+    """Used GPU memory (MiB) per GPU index and the compute processes on each GPU; None without ``nvidia-smi``.
+
+    ``used_mib[i]`` is GPU ``i``'s memory in use (every process, the driver's own included), ``total_mib[i]`` its
+    size, ``apps`` one ``{"pid", "mib", "gpu"}`` per process and GPU (the driver names the GPU by UUID; the index is
+    found from ``--query-gpu``)."""
     if which("nvidia-smi") is None:
         return None
 
@@ -88,16 +127,13 @@ def gpu_memory(
         )
         return str(done.stdout)
 
-    used, apps = query("gpu=memory.used"), query("compute-apps=pid,used_memory")
-    per_gpu = [float(x) for x in used.split() if x.strip().replace(".", "", 1).isdigit()]
-    holders = [
-        {"pid": int(p), "mib": float(m)}
-        for line in apps.splitlines()
-        if len(parts := [x.strip() for x in line.split(",")]) == 2 and parts[0].isdigit()
-        for p, m in [parts]
-        if m.replace(".", "", 1).isdigit()
-    ]
-    return {"used_mib": per_gpu, "apps": holders}
+    gpus = parse_gpus(query(f"gpu={GPU_QUERY}"))
+    apps = parse_apps(query(f"compute-apps={APPS_QUERY}"), {g["uuid"]: g["index"] for g in gpus})
+    return {
+        "used_mib": [g["used"] for g in gpus],
+        "total_mib": [g["total"] for g in gpus],
+        "apps": apps,
+    }
 
 
 def checkpoint_manifest(folder: Path) -> dict[str, int]:

@@ -5,7 +5,14 @@ stop, roll back, patch, resume and prove the fix), ``healthy`` (a sound config: 
 ``collapse-kill`` (the collapse, with the guardian SIGKILLed once the patched trainer is launched and re-attached),
 ``unguarded`` (the healthy config without the guardian: the baseline of the guardian's overhead on step time) and
 ``search`` (the search-agent recipe's own one command, ``recipe/run.sh``, with its config, data preparation, BM25
-index, retrieval server, multi-turn agent loop and reward, on a tiny model, with the guardian observing).
+index, retrieval server, multi-turn agent loop and reward, on a tiny model, with the guardian observing) and
+``search-8gpu`` (the same recipe on eight GPUs with a random-initialised model of Qwen2.5-7B's shape, fewer layers:
+``gpu.tiny.QWEN25_7B``; step time and tokens/s).
+
+Every verl scenario takes a GPU count (``gpus``; ``python -m gpu.device_run --gpus N``): ``trainer.n_gpus_per_node=N``
+(FSDP over N ranks), hence N replicas of the ``hf`` rollout (TP=1: verl makes world_size / TP replicas, replica i on
+the GPU of trainer rank i, ``gpu.verl_plugin.HFReplica``), micro-batches that divide each rank's share, and NVLink
+multicast off in the job's own runtime environment too.
 
 Two trainers build the command: ``verl`` (real verl 0.9.1 with the tiny Qwen2 of ``gpu.tiny`` and the ``hf``
 rollout of ``gpu.verl_plugin``, on the GPU machine) and ``cpu`` (the guardian's own CPU trainer with verl's command
@@ -24,6 +31,9 @@ KILL_AFTER_EVENT = "event=attempt_launched attempt=2"
 """guardian.log line after which ``collapse-kill`` SIGKILLs its guardian: the patched trainer has just started."""
 KILL_DELAY_S = 5.0
 """seconds between that line and the SIGKILL: the relaunched trainer is alive, its first step not yet logged"""
+NO_MULTICAST = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+"""NVLink multicast off in NCCL, PyTorch and NVSHMEM: the lent machines' GPUs share a host with others' (KINDS.md)"""
+RUNTIME_ENV = "ray_kwargs.ray_init.runtime_env.env_vars."
 
 
 @dataclass(frozen=True)
@@ -35,6 +45,8 @@ class Scenario:
     expect_intervention: bool = False
     total_steps: int = 0
     recipe: bool = False  # launched by recipe/run.sh (which runs the guardian itself) instead of guardian run
+    gpus: int = 1  # trainer.n_gpus_per_node: FSDP ranks, and hf rollout replicas (TP=1)
+    shape: bool = False  # the recipe on the Qwen2.5-7B-shaped model (search-8gpu) instead of the tiny one
 
     @property
     def run_id(self) -> str:
@@ -51,6 +63,7 @@ class TrainerSetup:
     extra: Mapping[str, str] = field(default_factory=dict)
     search_tiny: Path | None = None  # gpu.tiny --task search output (the search scenario)
     search_corpus: Path | None = None  # wiki-18 style corpus for the search scenario's index
+    search_shape: Path | None = None  # gpu.tiny --task search --shape qwen2.5-7b output (search-8gpu)
     repo: Path = Path(__file__).resolve().parents[1]
 
 
@@ -67,13 +80,30 @@ CPU_COLLAPSE = {LR_KEY: "2e-5", ENTROPY_KEY: "-0.3", "+trainer.seed": "1"}
 CPU_HEALTHY = {LR_KEY: "2e-5", ENTROPY_KEY: "0", "+trainer.seed": "1"}
 
 
-def scenarios(kind: str, *, collapse_steps: int, healthy_steps: int, search_steps: int = 6) -> dict[str, Scenario]:
+def scenarios(
+    kind: str,
+    *,
+    collapse_steps: int,
+    healthy_steps: int,
+    search_steps: int = 6,
+    gpus: int | None = None,
+    shape_steps: int = 24,
+) -> dict[str, Scenario]:
+    """The scenarios of one trainer. ``gpus`` is every scenario's GPU count (default 1, and 8 for ``search-8gpu``)."""
     collapse, healthy = (VERL_COLLAPSE, VERL_HEALTHY) if kind == "verl" else (CPU_COLLAPSE, CPU_HEALTHY)
-    recipe = [Scenario("search", True, {}, recipe=True, total_steps=search_steps)] if kind == "verl" else []
+    n = gpus or 1
+    recipe = (
+        [
+            Scenario("search", True, {}, recipe=True, total_steps=search_steps, gpus=n),
+            Scenario("search-8gpu", True, {}, recipe=True, total_steps=shape_steps, gpus=gpus or 8, shape=True),
+        ]
+        if kind == "verl"
+        else []
+    )
     return {
         s.name: s
         for s in (
-            Scenario("collapse", True, collapse, expect_intervention=True, total_steps=collapse_steps),
+            Scenario("collapse", True, collapse, expect_intervention=True, total_steps=collapse_steps, gpus=n),
             Scenario(
                 "collapse-kill",
                 True,
@@ -81,17 +111,44 @@ def scenarios(kind: str, *, collapse_steps: int, healthy_steps: int, search_step
                 kill_guardian=True,
                 expect_intervention=True,
                 total_steps=collapse_steps,
+                gpus=n,
             ),
-            Scenario("healthy", True, healthy, total_steps=healthy_steps),
-            Scenario("unguarded", False, healthy, total_steps=healthy_steps),
+            Scenario("healthy", True, healthy, total_steps=healthy_steps, gpus=n),
+            Scenario("unguarded", False, healthy, total_steps=healthy_steps, gpus=n),
             *recipe,
         )
     }
 
 
-def verl_overrides(tiny: Path, run_dir: Path, total_steps: int) -> dict[str, str]:
-    """The tiny run's verl 0.9.1 overrides (../shared/docs/verl-on-gpu-notes.md says why each one matters)."""
+def multicast_off() -> dict[str, str]:
+    """The job's runtime_env keeps NVLink multicast off in every Ray worker, whatever the raylet inherited (a quoted
+    Hydra string each: Ray takes only strings there)."""
+    return {f"++{RUNTIME_ENV}{name}": f"'{value}'" for name, value in NO_MULTICAST.items()}
+
+
+def gpu_overrides(gpus: int, *, ppo_mini_batch: int, n: int, micro: int) -> dict[str, str]:
+    """Settings that follow the GPU count: ranks, a micro-batch that divides each rank's share of a mini-batch
+    (verl splits ``ppo_mini_batch_size * n`` trajectories over the ranks), CPUs for Ray (TransferQueue 1 + its
+    storage units, 3 per GPU bundle), and multicast off. Nothing for one GPU: the proven one-GPU command stays."""
+    if gpus <= 1:
+        return {}
+    per_rank = ppo_mini_batch * n // gpus
+    if per_rank < 1 or ppo_mini_batch * n % gpus:
+        raise ValueError(f"gpu.scenarios: a mini-batch of {ppo_mini_batch} x {n} does not split over {gpus} GPUs")
+    micro = min(micro, per_rank)
     return {
+        "trainer.n_gpus_per_node": str(gpus),
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": str(micro),
+        "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu": str(micro),
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": str(micro),
+        "ray_kwargs.ray_init.num_cpus": str(max(16, 3 * gpus + 10)),
+        **multicast_off(),
+    }
+
+
+def verl_overrides(tiny: Path, run_dir: Path, total_steps: int, gpus: int = 1) -> dict[str, str]:
+    """The tiny run's verl 0.9.1 overrides (../shared/docs/verl-on-gpu-notes.md says why each one matters)."""
+    base = {
         "algorithm.adv_estimator": "grpo",
         "algorithm.use_kl_in_reward": "False",
         "data.train_files": str(tiny / "data" / "train.parquet"),
@@ -134,6 +191,7 @@ def verl_overrides(tiny: Path, run_dir: Path, total_steps: int) -> dict[str, str
         "transfer_queue.backend.SimpleStorage.num_data_storage_units": "2",
         "ray_kwargs.ray_init.num_cpus": "16",
     }
+    return {**base, **gpu_overrides(gpus, ppo_mini_batch=16, n=4, micro=16)}
 
 
 # The recipe's config (recipe/configs/grpo_qwen7b.yaml: 8 GPUs, Qwen2.5-7B, vLLM) shrunk to the tiny search model
@@ -172,9 +230,54 @@ RECIPE_SHRINK = {
 }
 
 
-def recipe_overrides(model: Path, run_dir: Path, total_steps: int) -> dict[str, str]:
+# The recipe on N GPUs (8: the recipe's own node) with the Qwen2.5-7B-shaped model of gpu.tiny (QWEN25_7B, 4 of its
+# 28 layers: 2.02 B parameters, 1.09 B of them the 152064-token embedding and output layer). What stays the recipe's:
+# the agent loop and its retrieval settings, the reward with the DAPO overlong shaping, GRPO with clip 0.2/0.28 and
+# the KL loss, gradient checkpointing, dynamic batch sizes by tokens (ppo_max_token_len_per_gpu 18432), the reference
+# model offloaded, one replica per GPU (TP=1), the file logger and the dumps. What is shrunk, and why: the batch
+# (16 prompts x 4 samples = 64 trajectories, 8 per GPU, instead of 64 x 16) and 768 response tokens (the byte
+# tokenizer spends a token per character) so that a step takes seconds; no dynamic sampling (a warm-started model's
+# answers are all wrong: every group would be dropped); the hf rollout in bf16 instead of vLLM (not in the bundle).
+SHAPE_SHRINK = {
+    "data.train_batch_size": "16",
+    "data.max_prompt_length": "2048",
+    "data.max_response_length": "768",
+    "data.dataloader_num_workers": "0",
+    "actor_rollout_ref.model.use_remove_padding": "False",
+    "+actor_rollout_ref.model.override_config.attn_implementation": "sdpa",
+    "actor_rollout_ref.actor.ppo_mini_batch_size": "8",
+    "actor_rollout_ref.actor.use_torch_compile": "False",
+    "actor_rollout_ref.actor.fsdp_config.use_torch_compile": "False",
+    "actor_rollout_ref.ref.fsdp_config.use_torch_compile": "False",
+    "actor_rollout_ref.rollout.name": "hf",
+    "actor_rollout_ref.rollout.dtype": "bfloat16",
+    "actor_rollout_ref.rollout.n": "4",
+    "algorithm.filter_groups.enable": "False",
+    "reward.reward_kwargs.overlong_buffer_cfg.len": "128",
+    "trainer.total_epochs": "1000",
+    "trainer.val_before_train": "False",
+    "trainer.test_freq": "-1",
+    "trainer.save_freq": "12",
+}
+
+
+def recipe_overrides(
+    model: Path, run_dir: Path, total_steps: int, *, gpus: int = 1, shape: bool = False
+) -> dict[str, str]:
+    per_gpu = {}
+    if shape:
+        per_gpu = {
+            "trainer.n_gpus_per_node": str(gpus),
+            "actor_rollout_ref.rollout.agent.num_workers": str(gpus),
+            "reward.num_workers": str(gpus),
+            **multicast_off(),
+        }
+    elif gpus > 1:
+        per_gpu = gpu_overrides(gpus, ppo_mini_batch=4, n=4, micro=4)
+        per_gpu.pop("ray_kwargs.ray_init.num_cpus")  # run.sh joins device.sh's Ray head: its CPUs are the machine's
     return {
-        **RECIPE_SHRINK,
+        **(SHAPE_SHRINK if shape else RECIPE_SHRINK),
+        **per_gpu,
         "actor_rollout_ref.model.path": str(model),
         "trainer.total_training_steps": str(total_steps),
         "trainer.experiment_name": run_dir.name,
@@ -185,10 +288,17 @@ def recipe_overrides(model: Path, run_dir: Path, total_steps: int) -> dict[str, 
 def recipe_command(setup: TrainerSetup, scenario: Scenario, run_dir: Path) -> list[str]:
     """argv of ``recipe/run.sh``, which prepares data and index, starts the retrieval server and Ray, and runs the
     training under ``guardian run`` with these options (observe: the point is the recipe, not a rescue)."""
-    if setup.search_tiny is None:
-        raise ValueError("gpu.scenarios: the search scenario needs the tiny search model (gpu.tiny --task search)")
+    model_root = setup.search_shape if scenario.shape else setup.search_tiny
+    if model_root is None:
+        what = "--task search --shape qwen2.5-7b" if scenario.shape else "--task search"
+        raise ValueError(f"gpu.scenarios: the {scenario.name} scenario needs its model (gpu.tiny {what})")
     guardian = f"--config {run_dir / 'guardian.yaml'} --no-live --mode observe --run-id {scenario.run_id}"
-    overrides = {**recipe_overrides(setup.search_tiny / "model", run_dir, scenario.total_steps), **setup.extra}
+    overrides = {
+        **recipe_overrides(
+            model_root / "model", run_dir, scenario.total_steps, gpus=scenario.gpus, shape=scenario.shape
+        ),
+        **setup.extra,
+    }
     return [
         "bash",
         str(setup.repo / "recipe" / "run.sh"),
@@ -236,7 +346,7 @@ def trainer_command(setup: TrainerSetup, scenario: Scenario, run_dir: Path) -> l
     if setup.kind == "verl":
         if setup.tiny is None:
             raise ValueError("gpu.scenarios: the verl trainer needs the tiny model folder (gpu.tiny --out)")
-        base = verl_overrides(setup.tiny, run_dir, scenario.total_steps)
+        base = verl_overrides(setup.tiny, run_dir, scenario.total_steps, scenario.gpus)
         module = "verl.trainer.main_ppo"
     elif setup.kind == "cpu":
         base = cpu_overrides(run_dir, scenario.total_steps)

@@ -2,6 +2,7 @@
 
     python -m gpu.tiny --out gpu/.tiny                              # copy task
     python -m gpu.tiny --task search --out gpu/.tiny/search   # search agent: model only
+    python -m gpu.tiny --task search --shape qwen2.5-7b --layers 4 --out /tmp/shape   # Qwen2.5-7B's shape
 
 The copy task writes ``model/`` (config, weights, tokenizer, generation config), ``data/train.parquet`` and
 ``data/test.parquet``, and ``tiny_reward.py`` (the rule reward). Its tokenizer has one token per character; its chat
@@ -13,6 +14,11 @@ reward): a tokenizer with one token per byte (so every printable ASCII character
 round-trips), the protocol tags of ``recipe.prompt`` as single non-special tokens, and Qwen's chat special tokens
 ``<|im_start|>``/``<|im_end|>`` with a Qwen-like chat template; eos is ``<|im_end|>``. A random model of that vocabulary
 writes a tag token with probability about 1/vocab per token, so random rollouts do contain ``<search>q</search>``.
+
+``--shape qwen2.5-7b`` gives the search task a random-initialised model of Qwen2.5-7B's shape instead of the 2-layer
+one (``QWEN25_7B``: every dimension of the real config, ``--layers`` of its 28 layers, the real 152064-token
+vocabulary of which the byte tokenizer uses the first 269 ids; ids above decode to nothing). Built on the GPU when
+there is one, warm-started there in place, saved in bf16.
 
 Deterministic for a given seed. Needs torch, transformers, tokenizers, pyarrow (the ``.venv-gpu`` of gpu/README.md).
 """
@@ -330,17 +336,24 @@ def warm_start_transcripts(records: Sequence[dict[str, Any]]) -> list[tuple[list
     return transcripts
 
 
-def warm_start(model_dir: Path, records_path: Path, *, steps: int, seed: int = 0) -> float:
-    """Teach the random search model the protocol's shape with a short supervised run on ``records_path`` (HotpotQA
-    records with contexts): the model's own text is trained, the result block is not (as in the RL loss). Its
-    rollouts then search with real words, so the retriever returns passages; what it answers stays mostly wrong.
-    Returns the last step's loss."""
+def warm_start_model(
+    model: Any,
+    tokenizer: Any,
+    records_path: Path,
+    *,
+    steps: int,
+    seed: int = 0,
+    lr: float = 3e-3,
+    clip: float | None = None,
+    bf16: bool = False,
+) -> float:
+    """Teach a search model (in memory, on its device) the protocol's shape with a short supervised run on
+    ``records_path`` (HotpotQA records with contexts): the model's own text is trained, the result block is not (as in
+    the RL loss). Its rollouts then search with real words, so the retriever returns passages; what it answers stays
+    mostly wrong. ``bf16``: the forward under bf16 autocast on CUDA (the shape model). Returns the last step's loss."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    model = AutoModelForCausalLM.from_pretrained(model_dir).to(device)
+    device = next(model.parameters()).device
     examples = []
     for messages, pieces in warm_start_transcripts(json.loads(records_path.read_text(encoding="utf-8"))):
         text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
@@ -354,20 +367,128 @@ def warm_start(model_dir: Path, records_path: Path, *, steps: int, seed: int = 0
         trained.append(True)
         examples.append((torch.tensor(ids, device=device), torch.tensor(trained, device=device)))
     torch.manual_seed(seed)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=bf16 and device.type == "cuda")
     model.train()
     loss = torch.tensor(float("nan"))
     for step in range(steps):
         ids, trained = examples[step % len(examples)]
-        logits = model(ids[None, :-1]).logits[0]
-        losses = torch.nn.functional.cross_entropy(logits, ids[1:], reduction="none")
+        with autocast:
+            logits = model(ids[None, :-1]).logits[0]
+        losses = torch.nn.functional.cross_entropy(logits.float(), ids[1:], reduction="none")
         loss = losses[trained[1:]].mean()
         optimizer.zero_grad()
         loss.backward()
+        if clip is not None:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
         optimizer.step()
     model.eval()
-    model.cpu().save_pretrained(model_dir, safe_serialization=True)
     return float(loss.detach())
+
+
+def warm_start(model_dir: Path, records_path: Path, *, steps: int, seed: int = 0) -> float:
+    """``warm_start_model`` on the tiny search model saved in ``model_dir`` (on the GPU when there is one), saved
+    back in place. Returns the last step's loss."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir).to(device)
+    loss = warm_start_model(model, tokenizer, records_path, steps=steps, seed=seed)
+    model.cpu().save_pretrained(model_dir, safe_serialization=True)
+    return loss
+
+
+# --- the search agent on a model of Qwen2.5-7B's shape ----------------------------------------------------------
+
+QWEN25_7B: dict[str, Any] = {
+    "vocab_size": 152064,
+    "hidden_size": 3584,
+    "intermediate_size": 18944,
+    "num_hidden_layers": 28,
+    "num_attention_heads": 28,
+    "num_key_value_heads": 4,
+    "hidden_act": "silu",
+    "max_position_embeddings": 32768,
+    "rope_theta": 1000000.0,
+    "rms_norm_eps": 1e-6,
+    "tie_word_embeddings": False,
+    "use_sliding_window": False,
+    "sliding_window": 131072,
+    "max_window_layers": 28,
+    "initializer_range": 0.02,
+    "attention_dropout": 0.0,
+}
+"""Qwen/Qwen2.5-7B-Instruct's config.json, the fields that give the architecture its shape (head_dim 3584 / 28 = 128,
+grouped-query attention with 4 KV heads, q/k/v biases: Qwen2's own). Only the token ids differ: the byte tokenizer's."""
+SHAPES = {"qwen2.5-7b": QWEN25_7B}
+SHAPE_LAYERS = 4
+"""Layers kept of the 28: 4 x 233 M per-layer parameters + 2 x 545 M embedding and output layer = 2.02 B parameters
+(bf16 4 GB). Every per-layer and per-token cost of the real model (hidden and MLP width, attention heads, the
+152064-wide logits that dominate the actor's activation memory and the entropy computation) is the real one; depth
+is a quarter and a seventh. The full 7.6 B does not fit the budget: eight hf rollout servers hold a full copy each
+and every step sends each one the whole state dict, its warm start needs 122 GB of AdamW state on one GPU, and its
+start-up alone would eat most of a 10-minute call."""
+SHAPE_WARM_LR = 3e-4
+"""AdamW learning rate of the shape model's warm start (the tiny model's 3e-3 is too high for a 3584-wide model)."""
+
+
+def shape_config(shape: str, layers: int, **overrides: Any) -> Any:
+    """The Qwen2Config of ``shape`` with ``layers`` layers and the search tokenizer's pad/eos (``overrides`` shrink
+    any field, for a CPU rehearsal of the same code)."""
+    from transformers import Qwen2Config
+
+    vocab = search_vocabulary()
+    fields = {**SHAPES[shape], "num_hidden_layers": layers, **overrides}
+    fields["max_window_layers"] = min(fields["max_window_layers"], layers)
+    return Qwen2Config(**fields, pad_token_id=vocab[SEARCH_PAD], eos_token_id=vocab[IM_END], bos_token_id=None)
+
+
+def build_search_shape(
+    root: Path,
+    *,
+    shape: str = "qwen2.5-7b",
+    layers: int = SHAPE_LAYERS,
+    seed: int = 0,
+    warm_start_records: Path | None = None,
+    warm_steps: int = 300,
+    warm_lr: float = SHAPE_WARM_LR,
+    device: str | None = None,
+    **overrides: Any,
+) -> tuple[TinyPaths, int, float | None]:
+    """Write the search tokenizer and a random ``shape`` model with ``layers`` layers to ``root/model``, warm-started
+    in place (on the GPU when there is one) when records are given; saved in bf16. Returns (paths, parameters, the
+    warm start's last loss)."""
+    import torch
+    from transformers import AutoTokenizer, GenerationConfig, Qwen2ForCausalLM
+
+    paths = TinyPaths(root)
+    if paths.model.exists():
+        shutil.rmtree(paths.model)
+    build_search_tokenizer(paths.model)
+    config = shape_config(shape, layers, **overrides)
+    where = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    torch.manual_seed(seed)
+    with where:
+        model = Qwen2ForCausalLM(config)
+    loss = None
+    if warm_start_records is not None:
+        tokenizer = AutoTokenizer.from_pretrained(paths.model)
+        loss = warm_start_model(
+            model, tokenizer, warm_start_records, steps=warm_steps, seed=seed, lr=warm_lr, clip=1.0, bf16=True
+        )
+    model.generation_config = GenerationConfig(  # type: ignore[no-untyped-call]
+        pad_token_id=config.pad_token_id,
+        eos_token_id=config.eos_token_id,
+        do_sample=True,
+        top_k=0,
+        top_p=1.0,
+        temperature=1.0,
+    )
+    count = sum(p.numel() for p in model.parameters())
+    model.to(torch.bfloat16).cpu().save_pretrained(paths.model, safe_serialization=True)
+    return paths, count, loss
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -377,8 +498,30 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--warm-start", type=Path, help="search: HotpotQA records to teach the protocol's shape")
     parser.add_argument("--warm-steps", type=int, default=400, help="search: supervised steps of the warm start")
+    parser.add_argument("--shape", choices=sorted(SHAPES), help="search: a model of this real architecture's shape")
+    parser.add_argument("--layers", type=int, default=SHAPE_LAYERS, help="--shape: layers kept (default 4)")
+    parser.add_argument("--warm-lr", type=float, default=SHAPE_WARM_LR, help="--shape: the warm start's learning rate")
     args = parser.parse_args(argv)
     here = Path(__file__).resolve().parent
+    if args.task == "search" and args.shape:
+        import time
+
+        begun = time.time()
+        paths, count, loss = build_search_shape(
+            args.out or here / ".tiny" / args.shape,
+            shape=args.shape,
+            layers=args.layers,
+            seed=args.seed,
+            warm_start_records=args.warm_start,
+            warm_steps=args.warm_steps,
+            warm_lr=args.warm_lr,
+        )
+        warm = f", warm start {args.warm_steps} steps, last loss {loss:.3f}" if loss is not None else ""
+        print(
+            f"gpu.tiny: {args.shape} shape, {args.layers} layers, {count} parameters{warm}, "
+            f"{time.time() - begun:.0f} s: {paths.model}"
+        )
+        return 0
     if args.task == "search":
         paths = build_search(args.out or here / ".tiny" / "search", seed=args.seed)
         print(f"gpu.tiny: search model and tokenizer {paths.model}")

@@ -25,6 +25,9 @@ from recipe.prompt import SEARCH_CLOSE
 
 DETECTION_LIMIT_STEPS = 6
 COLLAPSE_FRACTION = 0.5
+GPU_RELEASE_LIMIT_S = 30.0
+"""every GPU's memory held by a stopped attempt must be back to 0 within this of the stop's first signal (the
+harness's stop escalation is 20 s of SIGINT, then 10 s of SIGTERM, then SIGKILL)"""
 _EVENT = re.compile(r"^(\S+ \S+) (\w+) (\S+) event=(\S+)(.*)$")
 _FIELD = re.compile(r'(\w+)=("(?:[^"\\]|\\.)*"|\S+)')
 _SERVED = re.compile(r"search-server: served (.*)$", re.MULTILINE)
@@ -121,6 +124,103 @@ def _first_seen(samples: list[dict[str, Any]], path_suffix: str, after_step: int
     return min(times) if times else None
 
 
+@dataclass(frozen=True)
+class Stop:
+    """One guardian stop of attempt ``attempt``: its first signal, the stop line, and the next attempt's launch."""
+
+    attempt: int
+    signal_at: float
+    stop: LogEvent | None
+    relaunch_at: float | None
+
+
+def stops(events: Sequence[LogEvent]) -> list[Stop]:
+    """Every attempt the guardian signalled, matched by the process group it launched (``attempt_launched pid``)."""
+    launched = [e for e in events if e.name == "attempt_launched" and e.fields.get("attempt", "").isdigit()]
+    attempt_of = {e.fields.get("pid"): int(e.fields["attempt"]) for e in launched}
+    found: dict[int, Stop] = {}
+    for e in events:
+        if e.name not in ("trainer_signal", "trainer_stop") or e.fields.get("pgid") not in attempt_of:
+            continue
+        number = attempt_of[e.fields["pgid"]]
+        if e.name == "trainer_stop" and e.fields.get("result") != "gone":
+            continue  # "already_gone": the trainer ended by itself
+        earlier = found.get(number)
+        if earlier is None:
+            nxt = next((x.at for x in launched if int(x.fields["attempt"]) == number + 1), None)
+            found[number] = Stop(number, e.at, e if e.name == "trainer_stop" else None, nxt)
+        elif e.name == "trainer_stop" and earlier.stop is None:
+            found[number] = Stop(number, earlier.signal_at, e, earlier.relaunch_at)
+    return [found[k] for k in sorted(found)]
+
+
+def gpu_count(samples: Sequence[Mapping[str, Any]]) -> int:
+    """How many GPUs nvidia-smi listed (0 without GPU samples)."""
+    return max((len(r.get("used_mib") or []) for r in samples if r["kind"] == "gpu"), default=0)
+
+
+def attempt_pids(samples: Sequence[Mapping[str, Any]], run_id: str, attempt: int) -> set[int]:
+    """Every pid the sampler saw carrying the attempt's metrics path."""
+    tail = f"/{run_id}/attempt-{attempt}/"
+    return {
+        pid
+        for row in samples
+        if row["kind"] == "procs"
+        for path, procs in row["attempts"].items()
+        if tail in path
+        for pid in procs["pids"]
+    }
+
+
+def held_per_gpu(
+    samples: Sequence[Mapping[str, Any]], pids: set[int]
+) -> list[tuple[float, dict[int, float], dict[int, set[int]]]]:
+    """Per GPU sample: (time, MiB held by ``pids`` per GPU index, which of ``pids`` are listed per GPU). Samples from
+    before GPUs were named by index (one GPU) count as GPU 0."""
+    rows = []
+    for r in samples:
+        if r["kind"] != "gpu":
+            continue
+        n = max(1, len(r.get("used_mib") or []))
+        mib = dict.fromkeys(range(n), 0.0)
+        listed: dict[int, set[int]] = {g: set() for g in range(n)}
+        for app in r.get("apps", []):
+            if app["pid"] in pids:
+                g = int(app.get("gpu", 0))
+                mib[g] = mib.get(g, 0.0) + float(app["mib"])
+                listed.setdefault(g, set()).add(app["pid"])
+        rows.append((float(r["t"]), mib, listed))
+    return rows
+
+
+def gpu_release(samples: Sequence[Mapping[str, Any]], pids: set[int], stop: Stop) -> dict[str, Any]:
+    """What one stopped attempt held on each GPU before its first signal, when each GPU was free of it, and what it
+    still held (or which of its processes were still listed) once the next attempt launched."""
+    rows = held_per_gpu(samples, pids)
+    gpus = sorted({g for _, mib, _ in rows for g in mib})
+    before = {g: max((mib[g] for t, mib, _ in rows if t <= stop.signal_at and g in mib), default=0.0) for g in gpus}
+    holders = {
+        g: max((len(listed.get(g, ())) for t, _, listed in rows if t <= stop.signal_at), default=0) for g in gpus
+    }
+    released: dict[int, float | None] = {}
+    for g in gpus:
+        free = next(
+            (t for t, mib, listed in rows if t > stop.signal_at and mib.get(g, 0) == 0 and not listed.get(g)), None
+        )
+        released[g] = None if free is None else round(free - stop.signal_at, 1)
+    after = [(t, mib, listed) for t, mib, listed in rows if stop.relaunch_at is not None and t >= stop.relaunch_at]
+    held_after = {g: max((mib.get(g, 0.0) for _, mib, _ in after), default=0.0) for g in gpus}
+    survivors = sorted({pid for _, _, listed in after for pids_on in listed.values() for pid in pids_on})
+    return {
+        "gpus": gpus,
+        "mib_before": before,
+        "holders_before": holders,
+        "released_s": released,
+        "mib_after_relaunch": held_after,
+        "survivors_on_gpu": survivors,
+    }
+
+
 def _step_time(metrics: Mapping[int, Mapping[str, Any]]) -> float | None:
     times = [float(m["timing_s/step"]) for s, m in sorted(metrics.items()) if s >= 3 and "timing_s/step" in m]
     return statistics.median(times) if times else None
@@ -212,33 +312,76 @@ def judge_guarded(out: Path, s: Scenario, result: Mapping[str, Any], samples: li
             not alive_after,
             f"{len(alive_after)} sample(s) saw a process of {attempt1} after attempt 2 launched",
         )
-        pids_1 = {
-            pid
-            for row in samples
-            if row["kind"] == "procs"
-            for k, v in row["attempts"].items()
-            if tail in k
-            for pid in v["pids"]
-        }
-        stopping = next((e for e in events if e.name == "trainer_signal"), stop)
-        held = [
-            (r["t"], sum(a["mib"] for a in r.get("apps", []) if a["pid"] in pids_1))
-            for r in samples
-            if r["kind"] == "gpu"
+        stopped = stops(events)
+        releases = [(st, gpu_release(samples, attempt_pids(samples, s.run_id, st.attempt), st)) for st in stopped]
+        measures["stops"] = [
+            {
+                "attempt": st.attempt,
+                "stop_s": float(st.stop.fields["seconds"]) if st.stop and "seconds" in st.stop.fields else None,
+                "signals": st.stop.fields.get("signals") if st.stop else None,
+                **{k: v for k, v in rel.items() if k != "gpus"},
+            }
+            for st, rel in releases
         ]
-        before = [mib for t, mib in held if stopping is not None and t <= stopping.at]
-        after = [mib for t, mib in held if t >= relaunch.at]
-        freed_at = next((t for t, mib in held if stopping is not None and t > stopping.at and mib == 0), None)
-        measures["gpu_mib_held_by_attempt_1"] = max(before, default=None)
-        if freed_at is not None and stopping is not None:
-            measures["gpu_freed_s_after_stop_signal"] = round(freed_at - stopping.at, 1)
-        detail = (
-            f"attempt 1's processes held {max(before, default=0):.0f} MiB of GPU memory before the stop and "
-            f"{max(after, default=0):.0f} MiB after attempt 2 launched (nvidia-smi --query-compute-apps, per pid)"
-            if held
-            else "no GPU samples (no nvidia-smi here): not measured"
-        )
-        _check(checks, "gpu_memory_released", max(before, default=0) > 0 and not any(after), detail)
+        first_release = releases[0][1] if releases else None
+        seen_gpus = gpu_count(samples)
+        if first_release is not None and seen_gpus:
+            measures["gpu_mib_held_by_attempt_1"] = sum(first_release["mib_before"].values())
+            freed = list(first_release["released_s"].values())
+            if freed and all(x is not None for x in freed):
+                measures["gpu_freed_s_after_stop_signal"] = max(freed)
+        if not seen_gpus or not releases:
+            why = "no GPU samples (no nvidia-smi here): not measured" if not seen_gpus else "no stop logged"
+            for name in ("every_gpu_held_by_the_attempt", "gpu_memory_released", "every_gpu_released_within_30s"):
+                _check(checks, name, False, why)
+        else:
+            expected = range(s.gpus)
+            unused = [(st.attempt, g) for st, rel in releases for g in expected if rel["mib_before"].get(g, 0.0) <= 0]
+            spread = "; ".join(
+                f"attempt {st.attempt}: "
+                + ", ".join(
+                    f"GPU {g} {rel['mib_before'].get(g, 0.0):.0f} MiB in {rel['holders_before'].get(g, 0)} process(es)"
+                    for g in expected
+                )
+                for st, rel in releases
+            )
+            _check(
+                checks,
+                "every_gpu_held_by_the_attempt",
+                not unused and seen_gpus >= s.gpus,
+                f"{s.gpus} GPU(s) expected, {seen_gpus} listed; before its stop {spread}"
+                + (f"; nothing held on (attempt, GPU) {unused}" if unused else ""),
+            )
+            held = [
+                (st.attempt, g, mib) for st, rel in releases for g, mib in rel["mib_after_relaunch"].items() if mib > 0
+            ]
+            survivors = [(st.attempt, rel["survivors_on_gpu"]) for st, rel in releases if rel["survivors_on_gpu"]]
+            unrelaunched = [st.attempt for st in stopped if st.relaunch_at is None]
+            _check(
+                checks,
+                "gpu_memory_released",
+                not held and not survivors and not unrelaunched,
+                f"after the next attempt launched, a stopped attempt's processes held {held or 'nothing'} "
+                f"(attempt, GPU, MiB) and were listed on a GPU: {survivors or 'none'} "
+                f"(nvidia-smi --query-compute-apps, per pid and GPU)"
+                + (f"; no relaunch after the stop of attempt(s) {unrelaunched}" if unrelaunched else ""),
+            )
+            late = [
+                (st.attempt, g, sec)
+                for st, rel in releases
+                for g, sec in rel["released_s"].items()
+                if sec is None or sec > GPU_RELEASE_LIMIT_S
+            ]
+            times = "; ".join(
+                f"attempt {st.attempt}: " + ", ".join(f"GPU {g} {sec} s" for g, sec in rel["released_s"].items())
+                for st, rel in releases
+            )
+            _check(
+                checks,
+                "every_gpu_released_within_30s",
+                not late,
+                f"freed after the stop's first signal: {times}" + (f"; late or never: {late}" if late else ""),
+            )
         resumed_first = _first_seen(samples, "attempt-2/metrics.jsonl", target or 0)
         if opened is not None and resumed_first is not None:
             measures["detection_to_resumed_first_step_s"] = round(resumed_first - opened.at, 1)
@@ -373,10 +516,56 @@ def judge_recipe(out: Path, s: Scenario, result: Mapping[str, Any], samples: lis
         "retrieval_server": served,
         "returncodes": codes,
     }
+    measures.update(throughput(metrics))
     usage = guardian_usage(samples, s.name)
     if usage:
         measures["guardian"] = usage
+    first_step = min((r["t"] for r in samples if r["kind"] == "step" and r["scenario"] == s.name), default=None)
+    guarding = guardian_usage(samples, s.name, since=first_step) if first_step is not None else None
+    if guarding:
+        measures["guardian_while_steps_arrive"] = guarding
+    if s.gpus > 1:
+        rows = held_per_gpu(samples, attempt_pids(samples, s.run_id, 1))
+        peak = {g: max((mib.get(g, 0.0) for _, mib, _ in rows), default=0.0) for g in range(s.gpus)}
+        holders = {g: max((len(listed.get(g, ())) for _, _, listed in rows), default=0) for g in range(s.gpus)}
+        measures["gpu_mib_peak"], measures["gpu_holders"] = peak, holders
+        unused = [g for g, mib in peak.items() if mib <= 0]
+        _check(
+            checks,
+            "every_gpu_held_by_the_attempt",
+            bool(rows) and not unused and gpu_count(samples) >= s.gpus,
+            f"{s.gpus} GPU(s) expected, {gpu_count(samples)} listed; peak MiB per GPU {peak}, processes {holders}"
+            + (f"; nothing held on GPU(s) {unused}" if unused else ""),
+        )
     return {"checks": checks, "measures": measures}
+
+
+def throughput(metrics: Mapping[int, Mapping[str, Any]]) -> dict[str, Any]:
+    """Step time and tokens/s from verl's own perf keys (steps from 3 on: the first steps carry warm-up):
+    ``perf/total_num_tokens`` (prompt + response tokens of the step's batch) over ``timing_s/step``, verl's
+    ``perf/throughput`` (the same per trainer GPU), and the medians of generation, weight sync and actor update."""
+
+    def median(key: str, value: Any = None) -> float | None:
+        got = [
+            float(v)
+            for step, m in sorted(metrics.items())
+            if step >= 3 and (v := (value(m) if value else m.get(key))) is not None
+        ]
+        return round(statistics.median(got), 3) if got else None
+
+    def ratio(m: Mapping[str, Any], top: str, bottom: str) -> float | None:
+        a, b = m.get(top), m.get(bottom)
+        return float(a) / float(b) if a is not None and b else None
+
+    return {
+        "steps_seen": len(metrics),
+        "step_time_s_median": median("timing_s/step"),
+        "gen_s_median": median("timing_s/gen"),
+        "update_weights_s_median": median("timing_s/update_weights"),
+        "update_actor_s_median": median("timing_s/update_actor"),
+        "tokens_per_s_median": median("", lambda m: ratio(m, "perf/total_num_tokens", "timing_s/step")),
+        "tokens_per_s_per_gpu_median": median("perf/throughput"),
+    }
 
 
 def judge_unguarded(out: Path, s: Scenario, result: Mapping[str, Any]) -> dict[str, Any]:

@@ -43,9 +43,10 @@ def test_the_usage_of_a_live_process_and_none_for_a_gone_one() -> None:
 
 
 def test_gpu_memory_per_gpu_and_per_process_from_nvidia_smi_csv() -> None:
+    uuid = "GPU-5b0e3a4c-91d2-2f6e-8c1a-7e44b02f9d13"
     answers = {
-        "--query-gpu=memory.used": "4336\n",
-        "--query-compute-apps=pid,used_memory": "3508, 1416\n3803, 746\n[N/A], 0\n",
+        "--query-gpu=index,uuid,memory.used,memory.total": f"0, {uuid}, 4336, 143771\n",
+        "--query-compute-apps=gpu_uuid,pid,used_memory": f"{uuid}, 3508, 1416\n{uuid}, 3803, 746\n{uuid}, [N/A], 0\n",
     }
 
     def run(argv: list[str], **_: Any) -> SimpleNamespace:
@@ -53,7 +54,8 @@ def test_gpu_memory_per_gpu_and_per_process_from_nvidia_smi_csv() -> None:
 
     assert gpu_memory(run, which=lambda name: "/usr/bin/nvidia-smi") == {
         "used_mib": [4336.0],
-        "apps": [{"pid": 3508, "mib": 1416.0}, {"pid": 3803, "mib": 746.0}],
+        "total_mib": [143771.0],
+        "apps": [{"pid": 3508, "mib": 1416.0, "gpu": 0}, {"pid": 3803, "mib": 746.0, "gpu": 0}],
     }
     assert gpu_memory(run, which=lambda name: None) is None
 
