@@ -5,6 +5,7 @@ clock."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -629,8 +630,11 @@ class PageLimitDisk:
         dbapi_connection.execute(f"PRAGMA max_page_count={pages}")
 
     def fill(self, store: Store) -> None:
-        event.listen(Engine, "connect", self._limit)
-        store.close()  # the pool's next connections carry the limit
+        store.close()
+        # a full disk still takes writes into the file's free pages (the schema's migrations leave some): none left
+        with contextlib.closing(sqlite3.connect(self.db)) as connection:
+            connection.execute("VACUUM")
+        event.listen(Engine, "connect", self._limit)  # the pool's next connections carry the limit
 
     def free(self, store: Store) -> None:
         event.remove(Engine, "connect", self._limit)
