@@ -1229,3 +1229,40 @@ def test_a_fleet_run_takes_its_own_ray_address_else_its_configs(
     lines = [r.getMessage() for r in caplog.records if "event=ray_unavailable" in r.getMessage()]
     assert any(f"run=own address={own}" in line for line in lines)
     assert any(f"run=configured address={configured}" in line for line in lines)
+
+
+@pytest.mark.slow
+def test_one_fleet_guards_a_local_run_and_a_collapse_run_as_ray_jobs(ray_head: str, tmp_path: Path) -> None:
+    """guardian fleet: one run a local process group, one run submitted to the cluster (its ray_address); the
+    collapse on the cluster is rescued through the Jobs API while the local run goes on, both in one store."""
+    import threading
+
+    from test_run_e2e import collapse_command, config_for
+
+    from guardian.commands.fleet import guard_fleet
+    from guardian.fleet.spec import load_fleet
+    from guardian.rescue.policy import State
+
+    local = [sys.executable, "-m", "guardian.demo.trainer", "trainer.total_training_steps=60", "trainer.save_freq=10"]
+    local += [f"trainer.default_local_dir={tmp_path / 'ckpt-local'}", "+trainer.fault.slow_steps=0.05"]
+    fleet = tmp_path / "fleet.yaml"
+    fleet.write_text(
+        "runs:\n"
+        f"  - run_id: fleet-local\n    command: {local!r}\n"
+        f"  - run_id: fleet-on-ray\n    command: {collapse_command(tmp_path / 'ckpt-ray')!r}\n"
+        f"    cwd: {REPO_ROOT}\n    ray_address: {ray_head}\n"
+    )
+    config = config_for(tmp_path / "home")
+    codes = guard_fleet(config, load_fleet(fleet, config), threading.Event())
+    assert codes == {"fleet-local": 0, "fleet-on-ray": 0}
+    with Store.open(config.database_url()) as store:
+        (intervention,) = [i for i in store.interventions("fleet-on-ray") if i.state != State.RELAPSED]
+        assert intervention.state == State.RESOLVED
+        assert not store.interventions("fleet-local")
+        assert store.latest_step("fleet-local")[0] == 60  # type: ignore[index]
+        attempts = len(store.attempts("fleet-on-ray"))
+    client = connect(ray_head)
+    assert str(client.get_job_info(submission_id("fleet-on-ray", 1)).status) == "STOPPED"
+    assert str(client.get_job_info(submission_id("fleet-on-ray", attempts)).status) == "SUCCEEDED"
+    with pytest.raises(RuntimeError, match="404"):  # the local run never went to the cluster
+        client.get_job_info(submission_id("fleet-local", 1))
