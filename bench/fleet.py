@@ -191,8 +191,9 @@ def measure(setting: str, runs: int, separate: bool, args: argparse.Namespace, w
     codes = [p.wait(timeout=args.seconds + 120) for p in procs]
     errors.close()
     if any(codes):
-        tail = (home / "guardian.stderr").read_text(errors="replace").splitlines()[-15:]
-        print(f"{setting}: a guardian exited non-zero; its last lines:\n" + "\n".join(tail), file=sys.stderr)
+        lines = (home / "guardian.stderr").read_text(errors="replace").splitlines()
+        worst = [line for line in lines if " ERROR " in line or " CRITICAL " in line][:15] or lines[-15:]
+        print(f"{setting}: a guardian exited non-zero; its errors:\n" + "\n".join(worst), file=sys.stderr)
     elapsed = time.monotonic() - started
     sampler.stop.set()
     thread.join()

@@ -26,6 +26,8 @@ BUSY_TIMEOUT_S = 5.0
 STATEMENT_TIMEOUT_S = 30.0
 MAX_PENDING_WRITES = 10_000
 STORE_WAIT_S = 600.0
+# a store's first open migrates in one write transaction: another guardian's (or fleet run's) open waits this long
+MIGRATION_WAIT_S = 120.0
 TICK_FAILURE_LIMIT = 5
 OUTAGE_LIMIT_S = 900.0
 STORE_REFRESH_S = 5.0

@@ -173,3 +173,25 @@ def test_two_guardians_write_their_runs_to_one_database_at_once(db_url: str) -> 
         assert both > 0.1 * min(busy), "the two wrote at the same time, neither waiting for the other"
     else:
         assert both == 0.0, "one writer at a time (the write lock)"
+
+
+def test_many_first_opens_of_a_new_database_wait_for_the_one_that_migrates(tmp_path: Any) -> None:
+    """Sixteen opens at once (a fleet's runs, guardians started together) of a new SQLite file: the first creates the
+    schema inside one write transaction, which may outlast the busy timeout; the others wait for it, none fails."""
+    import threading
+
+    url = f"sqlite:///{tmp_path / 'new.db'}"
+    failures: list[str] = []
+
+    def open_once() -> None:
+        try:
+            Store.open(url, busy_timeout_s=0.01).close()  # far shorter than the migration takes
+        except Exception as exc:
+            failures.append(f"{type(exc).__name__}: {exc}")
+
+    threads = [threading.Thread(target=open_once) for _ in range(16)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    assert failures == []

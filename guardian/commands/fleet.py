@@ -26,7 +26,7 @@ from guardian.fleet.outcome import fleet_exit, meaning
 from guardian.fleet.spec import FleetRun
 from guardian.logs import event, get_logger
 from guardian.sinks.export import FleetSource, serving
-from guardian.store import StoreError, mask_url
+from guardian.store import Store, StoreError, mask_url
 
 log = get_logger("fleet")
 JOIN_POLL_S = 0.5  # the main thread wakes this often while runs are guarded (signals are handled there)
@@ -57,6 +57,9 @@ def guard_fleet(fleet_config: GuardianConfig, runs: Sequence[FleetRun], stop: th
         if fleet_config.exporter.enabled
         else nullcontext()
     )
+    # the schema brought to head once, before the runs open the store together: a first open migrates inside one
+    # write transaction, which the other runs' opens would wait for no longer than the busy timeout
+    Store.open(fleet_config.database_url(), busy_timeout_s=fleet_config.store.busy_timeout_s).close()
     with served:
         log.info(event("fleet", {"runs": len(runs), "db": mask_url(fleet_config.database_url())}))
         threads = [

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import re
 import sqlite3
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -37,11 +38,12 @@ from alembic.util import CommandError
 from sqlalchemy import Connection, Engine, create_engine, event, text
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.engine.interfaces import DBAPIConnection
-from sqlalchemy.exc import ArgumentError, SQLAlchemyError
+from sqlalchemy.exc import ArgumentError, OperationalError, SQLAlchemyError
 from sqlalchemy.pool import StaticPool
 
 from guardian.config import (
     BUSY_TIMEOUT_S,  # a write waits this long for another writer's lock
+    MIGRATION_WAIT_S,  # a first open's migration, by another guardian, is waited for this long
     STATEMENT_TIMEOUT_S,  # PostgreSQL: a round trip without an answer fails after this
 )
 from guardian.store.errors import StoreError
@@ -61,6 +63,7 @@ _PASSWORD_IN_URL = re.compile(r"(://[^:/@\s]*:)[^@\s]*@")
 _PASSWORD_IN_CONNINFO = re.compile(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|[^\s']+)", re.IGNORECASE)  # libpq key=value
 
 PG_CONNECT_TIMEOUT_S: Final = 10  # libpq waits for ever by default: an unreachable server would hang a tick
+MIGRATION_POLL_S: Final = 0.1
 _PG_MIGRATION_LOCK: Final = 0x67756172640001  # pg_advisory_xact_lock key: one migration of a database at a time
 
 
@@ -110,7 +113,7 @@ def open_engine(
             engine = _postgresql_engine(parsed, busy_timeout_s, statement_timeout_s)
         else:
             engine = create_engine(parsed, pool_pre_ping=True, hide_parameters=True)
-        _upgrade(engine, parsed)
+        _upgrade_when_free(engine, parsed)
     except (SQLAlchemyError, CommandError, StoreError, OSError, ImportError, ValueError) as exc:
         if engine is not None:
             engine.dispose()
@@ -126,6 +129,21 @@ def _alembic_config(url: URL | None) -> Config:
         # configparser interpolates '%', so a percent-encoded password must be escaped
         config.set_main_option("sqlalchemy.url", url.render_as_string(hide_password=False).replace("%", "%%"))
     return config
+
+
+def _upgrade_when_free(engine: Engine, url: URL, wait_s: float = MIGRATION_WAIT_S) -> None:
+    """``_upgrade``, waiting up to ``wait_s`` while another connection holds SQLite's write lock (another guardian
+    migrating the same new database: its transaction may outlast the busy timeout)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            _upgrade(engine, url)
+            return
+        except OperationalError as exc:
+            locked = isinstance(exc.orig, sqlite3.OperationalError) and "locked" in str(exc.orig)
+            if not locked or time.monotonic() >= deadline:
+                raise
+            time.sleep(MIGRATION_POLL_S)
 
 
 def _upgrade(engine: Engine, url: URL) -> None:
