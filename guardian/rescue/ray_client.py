@@ -25,7 +25,7 @@ from ray.job_submission import JobSubmissionClient
 from guardian.rescue.ray_jobs import Unanswered
 
 
-class BoundedJobsClient(JobSubmissionClient):  # type: ignore[misc]  # ray ships no types
+class BoundedJobsClient(JobSubmissionClient):  # type: ignore[misc, unused-ignore]  # typed only with ray installed
     """A ``JobSubmissionClient`` whose every request is bounded by ``timeout_s`` (see the module docstring)."""
 
     def __init__(self, address: str, *, timeout_s: float, monotonic: Callable[[], float] = time.monotonic) -> None:

@@ -13,6 +13,7 @@ answer's next bytes; it rounds it down to whole seconds, at least 1, and keeps 0
 from __future__ import annotations
 
 import json
+import math
 import shlex
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -150,6 +151,10 @@ class StateApi:
     address: str
     timeout_s: float = RAY_REQUEST_TIMEOUT_S  # ray.request_timeout_s (Ray's own default is 30)
 
+    def _timeout(self) -> int:
+        """The State API takes whole seconds."""
+        return max(1, math.ceil(self.timeout_s))
+
     def survivors(self, job_id: str) -> list[Survivor]:
         from ray.util.state import list_actors, list_nodes
 
@@ -158,10 +163,10 @@ class StateApi:
                 address=self.address,
                 filters=[("job_id", "=", job_id), ("state", "!=", "DEAD")],
                 detail=True,
-                timeout=self.timeout_s,
+                timeout=self._timeout(),
                 raise_on_missing_output=False,
             )
-            ips = {n.node_id: n.node_ip for n in list_nodes(address=self.address, timeout=self.timeout_s)}
+            ips = {n.node_id: n.node_ip for n in list_nodes(address=self.address, timeout=self._timeout())}
         except Exception as exc:  # the State API raises its own exception types and aiohttp/requests ones
             raise self._unanswered(exc) from exc
         return [
@@ -184,7 +189,7 @@ class StateApi:
         from ray.util.state import list_nodes
 
         try:
-            nodes = list_nodes(address=self.address, detail=True, timeout=self.timeout_s)
+            nodes = list_nodes(address=self.address, detail=True, timeout=self._timeout())
         except Exception as exc:
             raise self._unanswered(exc) from exc
         return {
