@@ -21,7 +21,7 @@ import pytest
 from conftest import free_port, missing
 
 from guardian.actions.launcher import RunFolder
-from guardian.actions.process import ExitStatus
+from guardian.actions.process import ExitStatus, LocalProcessControl
 from guardian.config import GuardianConfig
 from guardian.faults import is_outage
 from guardian.rescue.local import StopFailedError
@@ -39,6 +39,7 @@ from guardian.rescue.ray_jobs import (
 )
 from guardian.rescue.ray_logs import JOB_LOG, JobLogMirror, JobLogsSource, Reading, choose
 from guardian.rescue.ray_survivors import StateApi, Survivor, kill_command, per_node, verdict
+from guardian.rescue.supervisor import Supervisor
 from guardian.sources.console import ConsoleFile
 from guardian.sources.jsonl import MetricsFile
 from guardian.store import AttemptView, Store, StoredPlan
@@ -178,6 +179,24 @@ def _trainer(
         wait=clock.sleep,
         monotonic=clock,
         cluster=cluster,
+    )
+
+
+def _supervisor(
+    config: GuardianConfig, store: Store, tmp_path: Path, jobs: JobsClient, clock: Callable[[], float]
+) -> Supervisor:
+    """``guardian run``'s supervisor submitting to ``jobs`` (its trainer a Ray job), on ``clock``."""
+    return Supervisor(
+        config=config,
+        store=store,
+        run_id=RUN,
+        command=(sys.executable, "-m", "verl.trainer.main_ppo", f"trainer.default_local_dir={tmp_path / 'ckpt'}"),
+        cwd=tmp_path,
+        env={},
+        control=LocalProcessControl(),
+        clock=clock,
+        jobs=jobs,
+        cluster=FakeCluster(),
     )
 
 
@@ -875,28 +894,15 @@ def _line(step: int, entropy: float | None) -> str:
 
 
 def test_while_the_jobs_api_is_down_the_metrics_are_still_judged_and_the_rescue_waits_for_it(tmp_path: Path) -> None:
-    from guardian.actions.process import LocalProcessControl
     from guardian.commands.run import register_run
     from guardian.loop.guard import guard
     from guardian.loop.pace import PollPace
-    from guardian.rescue.supervisor import Supervisor
 
     config = _config(tmp_path).model_copy(update={"tick_failure_limit": 3, "outage_limit_s": 60.0})
     jobs = FlakyJobs(stop_polls=0)
     clock = Clock()
     with Store.open(config.database_url()) as store:
-        supervisor = Supervisor(
-            config=config,
-            store=store,
-            run_id=RUN,
-            command=(sys.executable, "-m", "verl.trainer.main_ppo", f"trainer.default_local_dir={tmp_path / 'ckpt'}"),
-            cwd=tmp_path,
-            env={},
-            control=LocalProcessControl(),
-            clock=clock,
-            jobs=jobs,
-            cluster=FakeCluster(),
-        )
+        supervisor = _supervisor(config, store, tmp_path, jobs, clock)
         register_run(store, supervisor, name="ray")
         supervisor.start()
         metrics = supervisor.folder.metrics(1)
@@ -940,22 +946,9 @@ def test_while_the_jobs_api_is_down_the_metrics_are_still_judged_and_the_rescue_
 def test_a_guardian_that_gives_up_while_the_jobs_api_is_down_says_the_trainer_is_unknown(
     tmp_path: Path, store: Store
 ) -> None:
-    from guardian.actions.process import LocalProcessControl
-    from guardian.rescue.supervisor import Supervisor
 
     jobs = FlakyJobs()
-    supervisor = Supervisor(
-        config=_config(tmp_path),
-        store=store,
-        run_id=RUN,
-        command=(sys.executable, "-m", "verl.trainer.main_ppo"),
-        cwd=tmp_path,
-        env={},
-        control=LocalProcessControl(),
-        clock=Clock(),
-        jobs=jobs,
-        cluster=FakeCluster(),
-    )
+    supervisor = _supervisor(_config(tmp_path), store, tmp_path, jobs, Clock())
     supervisor.start()
     jobs.down = True
     alerts: list[object] = []
@@ -1120,24 +1113,12 @@ def test_a_tick_while_the_dashboard_hangs_judges_the_metrics_and_fails_as_an_out
     """The tick reads the exit status (times out), the metrics (judged: the incident opens), the checks' 'is it
     alive' and the job-log mirror (both fail at once): one bound, not three."""
     pytest.importorskip("ray.job_submission")
-    from guardian.actions.process import LocalProcessControl
     from guardian.commands.run import register_run
-    from guardian.rescue.supervisor import Supervisor
 
     config = _config(tmp_path)
     with SilentDashboard() as dashboard, Store.open(config.database_url()) as store:
         jobs = HangingJobs(FakeJobs(), connect(dashboard.address, timeout_s=BOUND_S))
-        supervisor = Supervisor(
-            config=config,
-            store=store,
-            run_id=RUN,
-            command=(sys.executable, "-m", "verl.trainer.main_ppo", f"trainer.default_local_dir={tmp_path / 'ckpt'}"),
-            cwd=tmp_path,
-            env={},
-            control=LocalProcessControl(),
-            clock=time.time,
-            jobs=jobs,
-        )
+        supervisor = _supervisor(config, store, tmp_path, jobs, time.time)
         register_run(store, supervisor, name="ray")
         supervisor.start()
         metrics = supervisor.folder.metrics(1)
