@@ -25,7 +25,7 @@ import sqlite3
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -193,6 +193,28 @@ def rows(url: str, sql: str, **params: object) -> list[tuple[Any, ...]]:
     try:
         with engine.connect() as connection:
             return [tuple(row) for row in connection.execute(text(sql), params)]
+    finally:
+        engine.dispose()
+
+
+def database_at(url: str, revision: str, rows_sql: Sequence[str]) -> None:
+    """The database at ``url`` migrated to ``revision`` only, then ``rows_sql`` run in one transaction: history as
+    that release wrote it, for an upgrade test (either backend; a SQLite file's folder is made)."""
+    from alembic import command
+
+    from guardian.store.engine import _alembic_config
+
+    if url.startswith("sqlite:///"):
+        Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+    engine = create_engine(url)
+    try:
+        config = _alembic_config(engine.url)
+        with engine.begin() as connection:
+            config.attributes["connection"] = connection
+            command.upgrade(config, revision)
+        with engine.begin() as connection:
+            for sql in rows_sql:
+                connection.exec_driver_sql(sql)
     finally:
         engine.dispose()
 

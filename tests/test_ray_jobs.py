@@ -893,8 +893,25 @@ def _line(step: int, entropy: float | None) -> str:
     return json.dumps({"step": step, "data": data}) + "\n"
 
 
-def test_while_the_jobs_api_is_down_the_metrics_are_still_judged_and_the_rescue_waits_for_it(tmp_path: Path) -> None:
+def _healthy_steps_then_nan_with_the_api_down(
+    supervisor: Supervisor, store: Store, jobs: FlakyJobs | HangingJobs
+) -> None:
+    """The run registered and launched; three healthy steps ticked; then the Jobs API goes down and the trainer
+    logs NaN steps 4-6 (nobody can reach its control)."""
     from guardian.commands.run import register_run
+
+    register_run(store, supervisor, name="ray")
+    supervisor.start()
+    metrics = supervisor.folder.metrics(1)
+    with metrics.open("a") as out:
+        out.writelines(_line(step, 0.7) for step in range(1, 4))
+    assert supervisor.tick() is None
+    jobs.down = True
+    with metrics.open("a") as out:
+        out.writelines(_line(step, None) for step in range(4, 7))
+
+
+def test_while_the_jobs_api_is_down_the_metrics_are_still_judged_and_the_rescue_waits_for_it(tmp_path: Path) -> None:
     from guardian.loop.guard import guard
     from guardian.loop.pace import PollPace
 
@@ -903,16 +920,7 @@ def test_while_the_jobs_api_is_down_the_metrics_are_still_judged_and_the_rescue_
     clock = Clock()
     with Store.open(config.database_url()) as store:
         supervisor = _supervisor(config, store, tmp_path, jobs, clock)
-        register_run(store, supervisor, name="ray")
-        supervisor.start()
-        metrics = supervisor.folder.metrics(1)
-        with metrics.open("a") as out:
-            out.writelines(_line(step, 0.7) for step in range(1, 4))
-        assert supervisor.tick() is None
-
-        jobs.down = True
-        with metrics.open("a") as out:  # the trainer logs NaN while nobody can reach its control
-            out.writelines(_line(step, None) for step in range(4, 7))
+        _healthy_steps_then_nan_with_the_api_down(supervisor, store, jobs)
         for _ in range(3):  # a critical finding ends a tick's reading at its step (the rescue acts there)
             with pytest.raises(ConnectionError):
                 supervisor.tick()
@@ -1113,21 +1121,12 @@ def test_a_tick_while_the_dashboard_hangs_judges_the_metrics_and_fails_as_an_out
     """The tick reads the exit status (times out), the metrics (judged: the incident opens), the checks' 'is it
     alive' and the job-log mirror (both fail at once): one bound, not three."""
     pytest.importorskip("ray.job_submission")
-    from guardian.commands.run import register_run
 
     config = _config(tmp_path)
     with SilentDashboard() as dashboard, Store.open(config.database_url()) as store:
         jobs = HangingJobs(FakeJobs(), connect(dashboard.address, timeout_s=BOUND_S))
         supervisor = _supervisor(config, store, tmp_path, jobs, time.time)
-        register_run(store, supervisor, name="ray")
-        supervisor.start()
-        metrics = supervisor.folder.metrics(1)
-        with metrics.open("a") as out:
-            out.writelines(_line(step, 0.7) for step in range(1, 4))
-        assert supervisor.tick() is None
-        jobs.down = True
-        with metrics.open("a") as out:
-            out.writelines(_line(step, None) for step in range(4, 7))
+        _healthy_steps_then_nan_with_the_api_down(supervisor, store, jobs)
         exc, seconds = _timed(supervisor.tick)
         assert isinstance(exc, JobsApiTimeout) and is_outage(exc)
         assert BOUND_S <= seconds < BOUND_S + SLACK_S, seconds

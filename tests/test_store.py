@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
-from postgres_server import HeldLock, rows
+from postgres_server import HeldLock, database_at, rows
 from sqlalchemy import create_engine, inspect
 from sqlalchemy.exc import OperationalError
 
@@ -476,32 +476,18 @@ def test_reader_sees_commits_while_writers_write(db_url: str) -> None:
 def test_history_written_by_the_first_schema_survives_the_upgrade(db_url: str) -> None:
     """A database created by the first release (revision 0001) keeps its incidents when a newer
     guardian opens it and migrates it to head."""
-    from alembic import command
-
-    from guardian.store.engine import _alembic_config
-
-    url = db_url
-    if url.startswith("sqlite:///"):
-        Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
-    engine = create_engine(url)
-    try:
-        config = _alembic_config(engine.url)
-        with engine.begin() as connection:
-            config.attributes["connection"] = connection
-            command.upgrade(config, "0001")
-        with engine.begin() as connection:
-            connection.exec_driver_sql(
-                "INSERT INTO runs (id, name, created_at, metrics_path, rollouts_dir, mode, status) "
-                "VALUES ('old', 'old', '2026-11-01 00:00:00', 'm.jsonl', '', 'observe', 'active')"
-            )
-            connection.exec_driver_sql(
-                'INSERT INTO incidents (run_id, "check", severity, status, opened_at, opened_step, updated_at, '
-                "message, evidence_json) VALUES ('old', 'kl_drift', 'critical', 'open', '2026-11-01 00:00:00', 7, "
-                "'2026-11-01 00:00:00', 'KL 5x', '{}')"
-            )
-    finally:
-        engine.dispose()
-    with Store.open(url) as store:
+    database_at(
+        db_url,
+        "0001",
+        (
+            "INSERT INTO runs (id, name, created_at, metrics_path, rollouts_dir, mode, status) "
+            "VALUES ('old', 'old', '2026-11-01 00:00:00', 'm.jsonl', '', 'observe', 'active')",
+            'INSERT INTO incidents (run_id, "check", severity, status, opened_at, opened_step, updated_at, '
+            "message, evidence_json) VALUES ('old', 'kl_drift', 'critical', 'open', '2026-11-01 00:00:00', 7, "
+            "'2026-11-01 00:00:00', 'KL 5x', '{}')",
+        ),
+    )
+    with Store.open(db_url) as store:
         assert store.schema_version() == head_revision() != "0001"
         (incident,) = store.list_incidents("old")
         assert incident.check == "kl_drift" and incident.opened_step == 7

@@ -9,9 +9,7 @@ import string
 from pathlib import Path
 
 import pytest
-from alembic import command
-from postgres_server import rows
-from sqlalchemy import create_engine
+from postgres_server import database_at, rows
 
 from guardian.checks.findings import Finding, Severity
 from guardian.history.timeline import MAX_STEP, StepRecord
@@ -20,7 +18,6 @@ from guardian.sources.checkpoints import read_tracker, scan_checkpoints
 from guardian.sources.console import ConsoleFile
 from guardian.sources.jsonl import MetricsFile
 from guardian.store import Store, head_revision
-from guardian.store.engine import _alembic_config
 from guardian.store.models import path_key
 
 T0 = 1_795_000_000.0
@@ -110,49 +107,36 @@ def test_steps_past_two_to_the_31_are_kept_everywhere_a_step_is(db_url: str) -> 
     assert rows(db_url, "SELECT target_step FROM interventions") == [(BIG_STEP,)]
 
 
-def _database_at_0005(url: str) -> None:
-    """A database migrated to revision 0005 only, with history of every kind in it (as that release wrote it)."""
-    if url.startswith("sqlite:///"):
-        Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
-    engine = create_engine(url)
-    try:
-        config = _alembic_config(engine.url)
-        with engine.begin() as connection:
-            config.attributes["connection"] = connection
-            command.upgrade(config, "0005")
-        with engine.begin() as connection:
-            for sql in (
-                "INSERT INTO runs (id, name, created_at, metrics_path, rollouts_dir, mode, status) "
-                "VALUES ('old', 'old run', '2026-11-01 00:00:00', 'm.jsonl', '', 'observe', 'active')",
-                "INSERT INTO attempts (id, run_id, number, started_at, metrics_path) "
-                "VALUES (1, 'old', 1, '2026-11-01 00:00:00', 'm.jsonl')",
-                "INSERT INTO steps (run_id, attempt_id, branch, step, recorded_at, metrics) "
-                "VALUES ('old', 1, 0, 7, '2026-11-01 00:00:00', '{\"x\":1.5}')",
-                "INSERT INTO checkpoints (run_id, step, path, found_at, verdict) "
-                "VALUES ('old', 5, '/ckpt/global_step_5', '2026-11-01 00:00:00', 'healthy')",
-                'INSERT INTO incidents (id, run_id, "check", severity, status, opened_at, opened_step, updated_at, '
-                "message, evidence_json) VALUES (1, 'old', 'kl_drift', 'critical', 'open', '2026-11-01 00:00:00', 7, "
-                "'2026-11-01 00:00:00', 'KL 5x', '{}')",
-                'INSERT INTO findings (run_id, attempt_id, "check", severity, step, message, evidence_json, '
-                "created_at, incident_id) VALUES ('old', 1, 'kl_drift', 'critical', 7, 'KL 5x', '{}', "
-                "'2026-11-01 00:00:00', 1)",
-                "INSERT INTO interventions (id, run_id, incident_id, number, kind, rung, state, target_step, "
-                "created_at, updated_at) VALUES (1, 'old', 1, 1, 'remediate', 0, 'ROLLED_BACK', 5, "
-                "'2026-11-01 00:00:00', '2026-11-01 00:00:00')",
-                "INSERT INTO intervention_events (intervention_id, state, at, detail_json) "
-                "VALUES (1, 'ROLLED_BACK', '2026-11-01 00:00:00', '{}')",
-                'INSERT INTO deliveries (run_id, sink, event_key, "check", level, status, attempts, updated_at, '
-                "external_id) VALUES ('old', 'webhook', 'incident:1:opened', 'kl_drift', 2, 'sent', 1, "
-                "'2026-11-01 00:00:00', 'ext-1')",
-                "INSERT INTO evaluations (run_id, name, value, step, recorded_at) "
-                "VALUES ('old', 'gsm8k', 0.25, 7, '2026-11-01 00:00:00')",
-                "INSERT INTO pins (run_id, step, source_path, pinned_path, mode, bytes_added, pinned_at) "
-                "VALUES ('old', 5, '/ckpt/global_step_5', '/ckpt/.guardian-pinned/global_step_5', 'hardlink', 0, "
-                "'2026-11-01 00:00:00')",
-            ):
-                connection.exec_driver_sql(sql)
-    finally:
-        engine.dispose()
+# history of every kind, as revision 0005 wrote it
+HISTORY_AT_0005 = (
+    "INSERT INTO runs (id, name, created_at, metrics_path, rollouts_dir, mode, status) "
+    "VALUES ('old', 'old run', '2026-11-01 00:00:00', 'm.jsonl', '', 'observe', 'active')",
+    "INSERT INTO attempts (id, run_id, number, started_at, metrics_path) "
+    "VALUES (1, 'old', 1, '2026-11-01 00:00:00', 'm.jsonl')",
+    "INSERT INTO steps (run_id, attempt_id, branch, step, recorded_at, metrics) "
+    "VALUES ('old', 1, 0, 7, '2026-11-01 00:00:00', '{\"x\":1.5}')",
+    "INSERT INTO checkpoints (run_id, step, path, found_at, verdict) "
+    "VALUES ('old', 5, '/ckpt/global_step_5', '2026-11-01 00:00:00', 'healthy')",
+    'INSERT INTO incidents (id, run_id, "check", severity, status, opened_at, opened_step, updated_at, '
+    "message, evidence_json) VALUES (1, 'old', 'kl_drift', 'critical', 'open', '2026-11-01 00:00:00', 7, "
+    "'2026-11-01 00:00:00', 'KL 5x', '{}')",
+    'INSERT INTO findings (run_id, attempt_id, "check", severity, step, message, evidence_json, '
+    "created_at, incident_id) VALUES ('old', 1, 'kl_drift', 'critical', 7, 'KL 5x', '{}', "
+    "'2026-11-01 00:00:00', 1)",
+    "INSERT INTO interventions (id, run_id, incident_id, number, kind, rung, state, target_step, "
+    "created_at, updated_at) VALUES (1, 'old', 1, 1, 'remediate', 0, 'ROLLED_BACK', 5, "
+    "'2026-11-01 00:00:00', '2026-11-01 00:00:00')",
+    "INSERT INTO intervention_events (intervention_id, state, at, detail_json) "
+    "VALUES (1, 'ROLLED_BACK', '2026-11-01 00:00:00', '{}')",
+    'INSERT INTO deliveries (run_id, sink, event_key, "check", level, status, attempts, updated_at, '
+    "external_id) VALUES ('old', 'webhook', 'incident:1:opened', 'kl_drift', 2, 'sent', 1, "
+    "'2026-11-01 00:00:00', 'ext-1')",
+    "INSERT INTO evaluations (run_id, name, value, step, recorded_at) "
+    "VALUES ('old', 'gsm8k', 0.25, 7, '2026-11-01 00:00:00')",
+    "INSERT INTO pins (run_id, step, source_path, pinned_path, mode, bytes_added, pinned_at) "
+    "VALUES ('old', 5, '/ckpt/global_step_5', '/ckpt/.guardian-pinned/global_step_5', 'hardlink', 0, "
+    "'2026-11-01 00:00:00')",
+)
 
 
 TABLES = (
@@ -162,7 +146,7 @@ TABLES = (
 
 
 def test_a_0005_database_with_history_upgrades_without_losing_a_row(db_url: str) -> None:
-    _database_at_0005(db_url)
+    database_at(db_url, "0005", HISTORY_AT_0005)
     before = {table: rows(db_url, f"SELECT * FROM {table} ORDER BY id") for table in TABLES}
     with Store.open(db_url) as store:
         assert store.schema_version() == head_revision() == "0006"
