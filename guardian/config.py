@@ -56,65 +56,45 @@ class CheckBase(_Section):
 
 
 class EntropyCollapseConfig(CheckBase):
-    """Entropy falling is learning while the reward pays for it (checks/entropy.py); a collapse is entropy
-    spent without reward to show for it, judged on the raw entropy (a smoothing lag delays the call)."""
+    """The shapes of a falling entropy curve (checks/entropy.py); whether the run learns is the policy's call."""
 
     for_steps: int = Field(2, ge=1, description="Hysteresis: the condition must hold this many steps in a row.")
-    warn_ratio: float = Field(
-        0.3, gt=0, lt=1, description="Below this × baseline while reward does not improve: warn (stalled or converged)."
-    )
-    critical_ratio: float = Field(
-        0.15, gt=0, lt=1, description="Critical below this × baseline while reward is stuck and entropy still falls."
-    )
+    warn_ratio: float = Field(0.3, gt=0, lt=1, description="Below this × the early level: a warning.")
+    critical_ratio: float = Field(0.15, gt=0, lt=1, description="Below this × the early level and still falling: a collapse.")
     fast_drop: float = Field(
-        0.5,
-        gt=0,
-        lt=1,
-        description="Fast collapse: entropy fell to this fraction of its value within fast_window_steps ...",
+        0.5, gt=0, lt=1, description="A fast collapse: entropy fell to this fraction of its value within fast_window_steps."
     )
-    fast_window_steps: int = Field(
-        10, ge=2, description="... steps (a halving in 10 steps: no healthy trace comes close)."
-    )
-    fast_ratio: float = Field(0.5, gt=0, le=1, description="... below this × baseline ...")
-    exchange_fraction: float = Field(
-        0.25,
-        gt=0,
-        lt=1,
-        description="... while the reward gained less than this share of what the same entropy bought earlier "
-        "in the run ...",
-    )
-    exchange_reference_ratio: float = Field(
-        0.8,
-        gt=0,
-        lt=1,
-        description="... when entropy was already below this × baseline where the fall began (less spent earlier "
-        "is too little to price entropy in reward: then the fall is critical while the reward is not improving).",
-    )
+    fast_window_steps: int = Field(10, ge=2, description="The window of a fast collapse, in steps.")
+    fast_ratio: float = Field(0.5, gt=0, le=1, description="A fast collapse ends below this × the early level.")
     still_falling: float = Field(
         0.25,
         gt=0,
         lt=1,
-        description="Entropy that lost less than this share over the reward's longest window is steady: low and "
-        "steady with a flat reward is convergence (a warning with advice), not a collapse.",
+        description="Entropy that lost less than this share over twice fast_window_steps is steady, not falling.",
     )
-    onset_windows: int = Field(
-        2,
-        ge=0,
-        description="A collapse's onset is where the reward stopped improving, or, up to this many reward windows "
-        "before that, the first step of the run-up where entropy is past (below) warn_ratio × baseline.",
+    dead_ratio: float = Field(
+        0.05, gt=0, lt=1, description="Below this × the early level the policy is deterministic (dead)."
+    )
+    dead_window_steps: int = Field(
+        10, ge=1, description="Dead within this many steps of being at fast_ratio × the early level: a hard failure."
+    )
+    onset_ratio: float = Field(
+        0.6,
+        gt=0,
+        lt=1,
+        description="A collapse's onset: the first step of the run-up below this × the early level (for a fast "
+        "fall, at most fast_window_steps before it began).",
     )
 
 
 class EntropyExplosionConfig(CheckBase):
+    for_steps: int = Field(2, ge=1, description="Hysteresis: the condition must hold this many steps in a row.")
     warn_ratio: float = Field(1.6, gt=1, description="Warn when entropy (raw and smoothed) > this × baseline.")
-    critical_ratio: float = Field(
-        3.0, gt=1, description="Critical above this × baseline while reward is not improving."
-    )
     warn_min_entropy: float = Field(0.05, ge=0, description="Ignore rises while entropy is below this (nats/token).")
     min_entropy: float = Field(
         1.0,
         ge=0,
-        description="Critical needs entropy (nats/token) of at least this: a rise from a very low baseline "
+        description="A failure shape needs entropy (nats/token) of at least this: a rise from a very low baseline "
         "(0.13 -> 0.67) is exploration coming back, not gibberish.",
     )
     onset_ratio: float = Field(
@@ -143,18 +123,7 @@ class KlDriftConfig(CheckBase):
     window_steps: int = Field(10, ge=2, description="KL growth is measured over this many steps.")
     warn_growth: float = Field(2.0, gt=1, description="Warn when smoothed KL grew this much within the window.")
     critical_growth: float = Field(
-        2.0,
-        gt=1,
-        description="Critical at this growth within the window while the reward is stuck (stalled or falling).",
-    )
-    extreme_growth: float = Field(
-        5.0, gt=1, description="Critical at this growth within the window whatever the reward does, once KL is ..."
-    )
-    extreme_floor: float = Field(
-        1.0,
-        gt=0,
-        description="... at least this high: KL starts at 0, so a learning run multiplies a small KL fast "
-        "(0.02 -> 0.3 nat/token in 10 steps while the reward climbs is learning, not a blow-up).",
+        2.0, gt=1, description="KL running away: this growth within the window (the policy weighs the reward)."
     )
     floor: float = Field(0.1, gt=0, description="Per-token KL below this is never drift (KL starts at 0 by design).")
     onset_growth: float = Field(
@@ -250,7 +219,9 @@ class LengthConfig(CheckBase):
     )
     fast_window_steps: int = Field(10, ge=1, description="Window for the growth-rate condition.")
     truncation_warn: float = Field(0.1, ge=0, le=1, description="Warn when truncated-response share > this.")
-    truncation_critical: float = Field(0.3, ge=0, le=1, description="Critical above this share ...")
+    truncation_critical: float = Field(
+        0.9, ge=0, le=1, description="Nearly every response cut (above this share): a failure shape ..."
+    )
     truncation_rise: float = Field(0.2, ge=0, le=1, description="... when also this far above its baseline.")
     max_response_length: int | None = Field(
         None, ge=1, description="data.max_response_length; inferred from response_length/max when unset."
@@ -274,6 +245,30 @@ class StallConfig(CheckBase):
     startup_seconds: float = Field(3600.0, gt=0, description="Critical when no step arrives this long after start.")
 
 
+class PolicyConfig(_Section):
+    """How the run's outcome is read for the decision policy (checks/policy.py)."""
+
+    start_points: int = Field(3, ge=1, description="The run's start is the median of its first this-many rewards.")
+    sharp_drop: float = Field(
+        0.5,
+        gt=0,
+        le=1,
+        description="A reward below the start by this fraction of its scale is a fall no noise explains.",
+    )
+    sharp_fall_points: int = Field(2, ge=1, description="That many newest rewards in a row so low: falling.")
+    sharp_fall_points_hard: int = Field(3, ge=1, description="That many: collapsed below the start (acts alone).")
+    outcome_points: int = Field(
+        2, ge=1, description="Hysteresis: the most lenient outcome of this many newest steps is the one weighed."
+    )
+    holding_margin: float = Field(
+        0.1,
+        ge=0,
+        lt=1,
+        description="A reward within this fraction of its scale below its best (or of the top of the scale) "
+        "holds near its best: a lone signal there is advice, not a rollback.",
+    )
+
+
 class BaselineConfig(_Section):
     warmup_steps: int = Field(0, ge=0, description="Steps skipped before the baseline window starts.")
     steps: int = Field(5, ge=1, description="Steps whose median is a signal's baseline (its healthy level).")
@@ -285,6 +280,7 @@ class ChecksConfig(_Section):
         "default", description="Rule set: 'default' (calibrated) or 'seed' (the tutorial's naive rules)."
     )
     baseline: BaselineConfig = BaselineConfig()
+    policy: PolicyConfig = PolicyConfig()
     entropy_collapse: EntropyCollapseConfig = EntropyCollapseConfig()
     entropy_explosion: EntropyExplosionConfig = EntropyExplosionConfig()
     egr_collapse: EgrCollapseConfig = EgrCollapseConfig()

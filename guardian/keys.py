@@ -97,14 +97,16 @@ VERL_ALIASES: dict[Signal, tuple[str, ...]] = {
     Signal.VAL_SCORE: (),
 }
 
-# Names used by non-verl runs in the calibration traces (AReaL, miles, TinyZero monitor, TRL-style).
+# Names used by non-verl runs in the calibration traces (AReaL, miles, TinyZero monitor, TRL's GRPOTrainer).
 # Lowest priority: a verl key always wins.
 OTHER_FRAMEWORK_ALIASES: dict[Signal, tuple[str, ...]] = {
     Signal.ENTROPY: ("entropy", "entropy_mb0"),
     Signal.KL: ("kl", "kl_mb0"),
     Signal.REWARD: ("train reward", "reward", "score"),
-    Signal.LENGTH_MEAN: ("resp_len", "seq_len"),
-    Signal.TRUNCATION: ("trunc",),
+    Signal.LENGTH_MEAN: ("resp_len", "seq_len", "completions/mean_length"),
+    Signal.LENGTH_MAX: ("completions/max_length",),
+    # TRL: the share of completions that hit max_completion_length
+    Signal.TRUNCATION: ("trunc", "completions/clipped_ratio"),
     Signal.GRAD_NORM: ("grad_norm",),
 }
 

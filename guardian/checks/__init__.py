@@ -1,12 +1,14 @@
 """Health checks: pure functions from a run's history to findings, and the named rule sets.
 
-``build_checks(config)`` returns the configured checks of the chosen rule set; ``evaluate`` runs them.
-An unknown rule set fails with the list of known ones.
+``build_checks(config)`` returns the configured checks of the chosen rule set; ``evaluate`` runs them and,
+for the default rules, weighs each finding against the run's outcome (``policy.py``). An unknown rule set
+fails with the list of known ones.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from functools import partial
 
 from guardian.checks.base import Check, CheckContext
@@ -14,6 +16,7 @@ from guardian.checks.drift import kl_drift, logprob_decline
 from guardian.checks.egr import egr_collapse
 from guardian.checks.entropy import entropy_collapse, entropy_explosion
 from guardian.checks.findings import Finding, Severity
+from guardian.checks.policy import apply, read_outcome
 from guardian.checks.length import length_collapse, length_explosion, truncation
 from guardian.checks.reward import reward_collapse
 from guardian.checks.seed import seed_egr, seed_entropy, seed_kl, seed_lld
@@ -46,20 +49,20 @@ def default_checks(c: ChecksConfig) -> list[Check]:
         (
             c.entropy_collapse,
             "entropy_collapse",
-            partial(entropy_collapse, cfg=c.entropy_collapse, reward_cfg=c.reward_collapse, egr_cfg=c.egr_collapse),
+            partial(entropy_collapse, cfg=c.entropy_collapse, egr_cfg=c.egr_collapse),
         ),
         (
             c.entropy_explosion,
             "entropy_explosion",
-            partial(entropy_explosion, cfg=c.entropy_explosion, reward_cfg=c.reward_collapse),
+            partial(entropy_explosion, cfg=c.entropy_explosion),
         ),
-        (c.egr_collapse, "egr_collapse", partial(egr_collapse, cfg=c.egr_collapse, reward_cfg=c.reward_collapse)),
-        (c.kl_drift, "kl_drift", partial(kl_drift, cfg=c.kl_drift, reward_cfg=c.reward_collapse)),
+        (c.egr_collapse, "egr_collapse", partial(egr_collapse, cfg=c.egr_collapse)),
+        (c.kl_drift, "kl_drift", partial(kl_drift, cfg=c.kl_drift)),
         (c.logprob_decline, "logprob_decline", partial(logprob_decline, cfg=c.logprob_decline)),
         (c.reward_collapse, "reward_collapse", partial(reward_collapse, cfg=c.reward_collapse)),
         (c.length, "length_collapse", partial(length_collapse, cfg=c.length)),
-        (c.length, "length_explosion", partial(length_explosion, cfg=c.length, reward_cfg=c.reward_collapse)),
-        (c.length, "truncation", partial(truncation, cfg=c.length, reward_cfg=c.reward_collapse)),
+        (c.length, "length_explosion", partial(length_explosion, cfg=c.length)),
+        (c.length, "truncation", partial(truncation, cfg=c.length)),
         (c.grad_spike, "grad_spike", partial(grad_spike, cfg=c.grad_spike)),
         (c.stall, "stall", partial(stall, cfg=c.stall)),
     ]
@@ -75,17 +78,33 @@ def seed_checks() -> list[Check]:
     ]
 
 
-def build_checks(c: ChecksConfig, rules: str | None = None) -> list[Check]:
+@dataclass(frozen=True)
+class RuleSet:
+    """The checks of one rule set, and the settings of the policy that weighs them (None: the seed rules,
+    whose findings stand as they are)."""
+
+    checks: list[Check]
+    config: ChecksConfig | None = None
+
+    def __iter__(self) -> Iterator[Check]:
+        return iter(self.checks)
+
+
+def build_checks(c: ChecksConfig, rules: str | None = None) -> RuleSet:
     chosen = rules or c.rules
     if chosen == "default":
-        return default_checks(c)
+        return RuleSet(default_checks(c), c)
     if chosen == "seed":
-        return seed_checks()
+        return RuleSet(seed_checks())
     raise ValueError(f"unknown rule set {chosen!r}; known: {', '.join(RULE_SETS)}")
 
 
-def evaluate(ctx: CheckContext, checks: list[Check]) -> list[Finding]:
-    return [check.evaluate(ctx) for check in checks]
+def evaluate(ctx: CheckContext, rules: RuleSet) -> list[Finding]:
+    findings = [check.evaluate(ctx) for check in rules]
+    if rules.config is None:
+        return findings
+    c = rules.config
+    return apply(findings, read_outcome(ctx.history, c.policy, c.reward_collapse, ctx.baseline))
 
 
-__all__ = ["RULE_SETS", "Check", "CheckContext", "build_checks", "evaluate"]
+__all__ = ["RULE_SETS", "Check", "CheckContext", "RuleSet", "build_checks", "evaluate"]

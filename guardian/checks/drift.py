@@ -27,8 +27,7 @@ from guardian.checks.base import (
     waiting,
 )
 from guardian.checks.findings import EvidenceValue, Finding, Severity
-from guardian.checks.trend import reward_trend_at
-from guardian.config import KlDriftConfig, LogprobDeclineConfig, RewardCollapseConfig
+from guardian.config import KlDriftConfig, LogprobDeclineConfig
 from guardian.keys import Signal
 
 KL = "kl_drift"
@@ -82,13 +81,13 @@ def _rise_check(
     return conclude(check, series.steps[-1], verdict, evidence, healthy=healthy, unhealthy=unhealthy(ratio_of(last)))
 
 
-def kl_drift(ctx: CheckContext, cfg: KlDriftConfig, reward_cfg: RewardCollapseConfig) -> Finding:
-    """KL to the reference *accelerating*: it grew ``growth``× within ``window_steps`` while above the
-    floor and the reward was stuck - confidently stalled or falling (or ``extreme_growth``× once above
-    ``extreme_floor``). KL starts
-    at 0 (the policy is the reference) and healthy learning walks it up slowly (0.001 -> 0.013 over 100
-    steps on GSM8K); a blow-up multiplies it within a few steps (0.8 -> 16 in 8 steps, aopd-1). A level
-    ratio to the first steps cannot tell the two apart; the growth rate can."""
+def kl_drift(ctx: CheckContext, cfg: KlDriftConfig) -> Finding:
+    """KL to the reference *accelerating*: it grew ``critical_growth``× within ``window_steps`` while above the
+    floor (a failure shape; ``warn_growth``×: out of band). KL starts at 0 (the policy is the reference) and
+    healthy learning walks it up slowly (0.001 -> 0.013 over 100 steps on GSM8K); a blow-up multiplies it
+    within a few steps (0.8 -> 16 in 8 steps, aopd-1). A level ratio to the first steps cannot tell the two
+    apart; the growth rate can. KL also grows fast in any run that learns from a fresh start: whether the run
+    still learns is the policy's call."""
     h = ctx.history
     if (missing := need(h, KL, Signal.KL)) is not None:
         return missing
@@ -108,11 +107,7 @@ def kl_drift(ctx: CheckContext, cfg: KlDriftConfig, reward_cfg: RewardCollapseCo
         rate = growth(i)
         if not rate >= cfg.warn_growth:
             return Severity.OK
-        if rate >= cfg.extreme_growth and smooth[i] >= cfg.extreme_floor:
-            return Severity.CRITICAL
-        reward = reward_trend_at(h, series.steps[i], reward_cfg, ctx.baseline)
-        stuck = reward is None or reward.stuck  # not learning, confidently: an early, unclear trend is not
-        return Severity.CRITICAL if rate >= cfg.critical_growth and stuck else Severity.WARN
+        return Severity.CRITICAL if rate >= cfg.critical_growth else Severity.WARN
 
     verdict = judge(
         series, level_at, for_steps=cfg.for_steps, first_position=1, departed_at=lambda i: growth(i) >= cfg.onset_growth
@@ -120,22 +115,19 @@ def kl_drift(ctx: CheckContext, cfg: KlDriftConfig, reward_cfg: RewardCollapseCo
     last = len(series) - 1
     rate = growth(last)
     key = h.key_of(Signal.KL)
-    reward = reward_trend_at(h, series.steps[last], reward_cfg, ctx.baseline)
     evidence: dict[str, EvidenceValue] = {
         "key": key,
         "kl": rounded(smooth[last]),
         "kl_growth_over_window": rounded(rate),
         "window_steps": cfg.window_steps,
-        "reward_improving": reward.improving if reward else None,
     }
-    learning = f"; {reward.describe(h.key_of(Signal.REWARD))}" if reward else ""
     return conclude(
         KL,
         series.steps[-1],
         verdict,
         evidence,
         healthy=f"{key} growing slowly, if at all",
-        unhealthy=f"{key} grew {rate:.1f}x in {cfg.window_steps} steps (now {smooth[last]:.3g}){learning}"
+        unhealthy=f"{key} grew {rate:.1f}x in {cfg.window_steps} steps (now {smooth[last]:.3g})"
         + KL_KEY_NOTES.get(key, ""),
     )
 

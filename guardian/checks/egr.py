@@ -5,9 +5,8 @@ share of groups with mixed rewards is the share of the batch that still teaches 
 no such metric; the rollout source computes it from ``trainer.rollout_data_dir`` dumps, or it is
 estimated from DAPO's eviction counter (facts §1.8). Low EGR because nearly every group is all-correct
 (or all-wrong) means the data is too easy (hard) for the policy - a curriculum problem, reported as a
-warning - not a collapse of the policy itself. Nor is low EGR while the reward still improves (the mixed
-groups left still teach) or on a plateau near the reward's ceiling (convergence): warnings, the latter
-with advice.
+warning - not a collapse of the policy itself. Low EGR while the reward still improves (the mixed groups
+left still teach) or holds near its best is the policy's call (``policy.py``): a warning with advice.
 """
 
 from __future__ import annotations
@@ -24,8 +23,7 @@ from guardian.checks.base import (
     rounded,
 )
 from guardian.checks.findings import EvidenceValue, Finding, Severity
-from guardian.checks.trend import reward_trend_at
-from guardian.config import EgrCollapseConfig, RewardCollapseConfig
+from guardian.config import EgrCollapseConfig
 from guardian.history.timeline import RunHistory
 from guardian.keys import Signal
 
@@ -58,16 +56,12 @@ def egr_state_at(h: RunHistory, step: int, cfg: EgrCollapseConfig) -> EgrState |
     return EgrState(series.values[i], zero, one, saturated)
 
 
-def egr_collapse(ctx: CheckContext, cfg: EgrCollapseConfig, reward_cfg: RewardCollapseConfig) -> Finding:
+def egr_collapse(ctx: CheckContext, cfg: EgrCollapseConfig) -> Finding:
     h = ctx.history
     if (missing := need(h, CHECK, Signal.EGR)) is not None:
         return missing
     series = h.signal(Signal.EGR)
     base = baseline(series, ctx.baseline)
-
-    def learning_or_converged(step: int) -> bool:
-        reward = reward_trend_at(h, step, reward_cfg, ctx.baseline)
-        return reward is not None and (reward.improving or reward.converged)
 
     def level_at(i: int) -> Severity:
         state = egr_state_at(h, series.steps[i], cfg)
@@ -75,7 +69,7 @@ def egr_collapse(ctx: CheckContext, cfg: EgrCollapseConfig, reward_cfg: RewardCo
             return Severity.OK
         relative_ok = base is None or state.egr < cfg.relative_to_baseline * base
         low = state.egr < cfg.critical_below and relative_ok and not state.saturated
-        return Severity.CRITICAL if low and not learning_or_converged(series.steps[i]) else Severity.WARN
+        return Severity.CRITICAL if low else Severity.WARN
 
     verdict = judge(
         series,
@@ -92,12 +86,7 @@ def egr_collapse(ctx: CheckContext, cfg: EgrCollapseConfig, reward_cfg: RewardCo
         "all_zero_group_fraction": rounded(state.all_zero),
         "all_one_group_fraction": rounded(state.all_one),
     }
-    reward = reward_trend_at(h, series.steps[-1], reward_cfg, ctx.baseline)
     why = ""
-    if reward is not None and reward.converged:
-        why = f" while {reward.describe(h.key_of(Signal.REWARD))} sits near its ceiling: converged"
-    elif reward is not None and reward.improving:
-        why = f" while {reward.describe(h.key_of(Signal.REWARD))} still improves"
     if state.saturated:
         why = (
             " (most groups all-correct: data too easy)"
@@ -111,5 +100,4 @@ def egr_collapse(ctx: CheckContext, cfg: EgrCollapseConfig, reward_cfg: RewardCo
         evidence,
         healthy="groups still carry signal",
         unhealthy=f"only {state.egr:.0%} of groups have mixed rewards{why}",
-        advice=reward is not None and reward.converged,
     )

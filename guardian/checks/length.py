@@ -23,8 +23,7 @@ from guardian.checks.base import (
     waiting,
 )
 from guardian.checks.findings import EvidenceValue, Finding, Severity
-from guardian.checks.trend import reward_trend_at
-from guardian.config import LengthConfig, RewardCollapseConfig
+from guardian.config import LengthConfig
 from guardian.history.timeline import Series
 from guardian.keys import Signal
 
@@ -69,9 +68,9 @@ def length_collapse(ctx: CheckContext, cfg: LengthConfig) -> Finding:
     )
 
 
-def length_explosion(ctx: CheckContext, cfg: LengthConfig, reward_cfg: RewardCollapseConfig) -> Finding:
-    """Responses growing fast to several times their starting length: critical only while the reward or
-    the validation score falls with it (long-CoT runs grow 4x and learn)."""
+def length_explosion(ctx: CheckContext, cfg: LengthConfig) -> Finding:
+    """Responses growing fast to several times their starting length: a failure shape (long-CoT runs grow 4x
+    and learn: whether the run still learns is the policy's call)."""
     got = signal_ratio(ctx, EXPLOSION, Signal.LENGTH_MEAN)
     if isinstance(got, Finding):
         return got
@@ -88,7 +87,7 @@ def length_explosion(ctx: CheckContext, cfg: LengthConfig, reward_cfg: RewardCol
             return Severity.OK
         fast = growth(i) >= cfg.explosion_fast_growth
         runaway = value > cfg.explosion_critical_ratio and fast
-        return Severity.CRITICAL if runaway and _hurting(ctx, reward_cfg, series.steps[i]) else Severity.WARN
+        return Severity.CRITICAL if runaway else Severity.WARN
 
     verdict = judge(
         series,
@@ -106,17 +105,15 @@ def length_explosion(ctx: CheckContext, cfg: LengthConfig, reward_cfg: RewardCol
         verdict,
         evidence,
         healthy="response length not running away",
-        unhealthy=f"{ctx.history.key_of(Signal.LENGTH_MEAN)} grew to {ratio_of(last):.1f}x its baseline"
-        + ("" if verdict.severity < Severity.CRITICAL else " and the reward falls with it")
-        + LENGTH_FIX,
+        unhealthy=f"{ctx.history.key_of(Signal.LENGTH_MEAN)} grew to {ratio_of(last):.1f}x its baseline" + LENGTH_FIX,
     )
 
 
-def truncation(ctx: CheckContext, cfg: LengthConfig, reward_cfg: RewardCollapseConfig) -> Finding:
+def truncation(ctx: CheckContext, cfg: LengthConfig) -> Finding:
     """Responses cut at ``data.max_response_length``. Growing toward the cap is often learning (longer
     reasoning), and a rollback with a lower LR leaves the cap where it is, so many cut responses are a
-    warning that names the fix; critical only when they are many, far above the run's start, *and* the
-    reward or the validation score falls with them."""
+    warning that names the fix; many, far above the run's start, is a failure shape (every answer at the cap
+    with the reward fine stays a warning: the policy's call)."""
     h = ctx.history
     if (missing := need(h, TRUNCATION, Signal.TRUNCATION)) is not None:
         return missing
@@ -131,7 +128,7 @@ def truncation(ctx: CheckContext, cfg: LengthConfig, reward_cfg: RewardCollapseC
         if not share >= cfg.truncation_warn:
             return Severity.OK
         many = share >= cfg.truncation_critical and share >= base + cfg.truncation_rise
-        return Severity.CRITICAL if many and _hurting(ctx, reward_cfg, series.steps[i]) else Severity.WARN
+        return Severity.CRITICAL if many else Severity.WARN
 
     verdict = judge(
         series,
@@ -146,11 +143,8 @@ def truncation(ctx: CheckContext, cfg: LengthConfig, reward_cfg: RewardCollapseC
         "truncated_share": rounded(smooth[-1]),
         "truncated_share_baseline": rounded(base),
         "length_cap": rounded(cap),
-        "reward_or_validation_falling": _hurting(ctx, reward_cfg, series.steps[-1]),
     }
     at_cap = f"{smooth[-1]:.0%} of responses are cut at the length cap" + (f" ({cap:.0f} tokens)" if cap else "")
-    if verdict.severity == Severity.CRITICAL:
-        at_cap += " and the reward falls with them"
     return conclude(
         TRUNCATION,
         series.steps[-1],
@@ -159,14 +153,6 @@ def truncation(ctx: CheckContext, cfg: LengthConfig, reward_cfg: RewardCollapseC
         healthy="few responses hit the length cap",
         unhealthy=at_cap + LENGTH_FIX,
     )
-
-
-def _hurting(ctx: CheckContext, reward_cfg: RewardCollapseConfig, step: int) -> bool:
-    """The training reward or the validation score is falling at ``step``."""
-    h = ctx.history
-    reward = reward_trend_at(h, step, reward_cfg, ctx.baseline)
-    val = reward_trend_at(h, step, reward_cfg, ctx.baseline, Signal.VAL_SCORE)
-    return (reward is not None and reward.falling) or (val is not None and val.falling)
 
 
 def _length_evidence(series: Series, ctx: CheckContext, ratio_now: float) -> dict[str, EvidenceValue]:

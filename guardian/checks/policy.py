@@ -1,0 +1,241 @@
+"""The one decision policy: what a check's finding means for the run, given how the run's outcome is doing.
+
+A check reports the *shape* of its signal: in band, out of band (WARN), in its failure shape (CRITICAL), or a
+hard failure (``evidence["hard"]``). The outcome is the reward (or validation score) trend: improving, holding
+near its best, stalled, falling, collapsed below where the run started, too young to say, or not logged. The
+severity a finding ends with is ``TABLE[role][shape, outcome]``: a rollback needs a mechanism in its failure
+shape *and* an outcome that is not improving; a lone signal while the run learns or holds its best is a
+warning with advice; only hard failures act alone. Checks never weigh the reward themselves.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass, replace
+from enum import Enum
+from types import MappingProxyType
+from typing import Final
+
+from guardian.checks.findings import Finding, Severity
+from guardian.checks.trend import Trend, reward_scale, reward_trend_at
+from guardian.config import BaselineConfig, PolicyConfig, RewardCollapseConfig
+from guardian.history.timeline import RunHistory
+from guardian.keys import Signal
+
+
+class Outcome(Enum):
+    """How the run's outcome (training reward, and the validation score where logged) is doing now."""
+
+    IMPROVING = "improving"
+    HOLDING = "holding near its best"
+    STALLED = "stalled"
+    FALLING = "falling"
+    COLLAPSED = "collapsed"  # below where the run started, or most of its gains lost
+    YOUNG = "too young to judge"
+    UNMEASURED = "no reward logged"
+
+
+class Shape(Enum):
+    """What a check's raw finding says about its signal."""
+
+    IN_BAND = "in band"
+    OUT_OF_BAND = "out of band"
+    FAILURE = "failure shape"
+    HARD = "hard failure"
+
+
+class Role(Enum):
+    """How a check's finding is weighed against the outcome."""
+
+    MECHANISM = "mechanism"  # entropy, EGR, KL, length, truncation, log-prob: corroborated by the outcome
+    ADVISORY = "advisory"  # grad spikes: a warning at most (verl clips the update)
+    OUTCOME = "outcome"  # the reward itself: collapsed is a hard failure, falling a warning
+    ALONE = "alone"  # non-finite values, stalls: act without corroboration
+
+
+W, A, C = Severity.WARN, "advice", Severity.CRITICAL
+_OUTCOMES = tuple(Outcome)
+
+
+def _row(*cells: Severity | str) -> dict[Outcome, Severity | str]:
+    return dict(zip(_OUTCOMES, cells, strict=True))
+
+
+# The policy. Columns: IMPROVING, HOLDING, STALLED, FALLING, COLLAPSED, YOUNG, UNMEASURED.
+# "advice" is a WARN that advises (a rescue on probation counts it healthy); IN_BAND is always OK.
+TABLE: Final = MappingProxyType(
+    {
+        Role.MECHANISM: {
+            Shape.OUT_OF_BAND: _row(W, W, W, W, W, W, W),
+            Shape.FAILURE: _row(A, A, C, C, C, W, C),
+            Shape.HARD: _row(C, C, C, C, C, C, C),
+        },
+        Role.ADVISORY: {
+            Shape.OUT_OF_BAND: _row(A, A, W, W, W, W, W),
+            Shape.FAILURE: _row(A, A, W, W, W, W, W),
+            Shape.HARD: _row(W, W, W, W, W, W, W),
+        },
+        Role.OUTCOME: {
+            Shape.OUT_OF_BAND: _row(W, W, W, W, W, W, W),
+            Shape.FAILURE: _row(W, W, W, W, W, W, W),
+            Shape.HARD: _row(C, C, C, C, C, C, C),
+        },
+        Role.ALONE: {
+            Shape.OUT_OF_BAND: _row(W, W, W, W, W, W, W),
+            Shape.FAILURE: _row(C, C, C, C, C, C, C),
+            Shape.HARD: _row(C, C, C, C, C, C, C),
+        },
+    }
+)
+
+ROLES: Final = MappingProxyType(
+    {
+        "entropy_collapse": Role.MECHANISM,
+        "entropy_explosion": Role.MECHANISM,
+        "egr_collapse": Role.MECHANISM,
+        "kl_drift": Role.MECHANISM,
+        "logprob_decline": Role.MECHANISM,
+        "length_collapse": Role.MECHANISM,
+        "length_explosion": Role.MECHANISM,
+        "truncation": Role.MECHANISM,
+        "grad_spike": Role.ADVISORY,
+        "reward_collapse": Role.OUTCOME,
+        "non_finite": Role.ALONE,
+        "stall": Role.ALONE,
+    }
+)
+
+
+_SHAPE_ORDER: Final = tuple(Shape)
+# the shape the outcome's own reading gives the reward's finding, at least (a sharp fall is seen before the
+# trend has points enough for the reward check to judge it)
+_OUTCOME_SHAPES: Final = MappingProxyType({Outcome.FALLING: Shape.OUT_OF_BAND, Outcome.COLLAPSED: Shape.FAILURE})
+
+
+def shape_of(finding: Finding) -> Shape:
+    if finding.severity == Severity.CRITICAL:
+        return Shape.HARD if finding.evidence.get("hard") is True else Shape.FAILURE
+    if finding.severity == Severity.WARN:
+        return Shape.OUT_OF_BAND
+    return Shape.IN_BAND
+
+
+@dataclass(frozen=True, slots=True)
+class OutcomeReading:
+    outcome: Outcome
+    why: str
+    since: int | None = None  # the step a sharp fall began, when the reading rests on one
+    hard: bool = False  # far below the run's start for several points: acts alone
+
+
+def decide(finding: Finding, reading: OutcomeReading) -> Finding:
+    """The finding with the severity the policy gives it; the outcome it was weighed against in its evidence."""
+    role = ROLES.get(finding.check)
+    shape = shape_of(finding)
+    if role is Role.OUTCOME:
+        own = Shape.HARD if reading.hard else _OUTCOME_SHAPES.get(reading.outcome, Shape.IN_BAND)
+        if _SHAPE_ORDER.index(own) > _SHAPE_ORDER.index(shape):
+            shape = own
+            finding = replace(finding, severity=Severity.WARN, message=reading.why, onset_step=reading.since)
+    if role is None or shape is Shape.IN_BAND:
+        return finding
+    cell = TABLE[role][shape][reading.outcome]
+    severity, advice = (W, True) if cell == A else (cell, False)
+    assert isinstance(severity, Severity)
+    evidence = {**finding.evidence, "outcome": reading.outcome.value, "policy": f"{role.value}/{shape.value}"}
+    message = finding.message
+    if severity < finding.severity:
+        message = f"{message} - a warning, not a rollback: {reading.why}"
+    elif severity == Severity.CRITICAL and role is Role.MECHANISM and shape is Shape.FAILURE:
+        message = f"{message}; {reading.why}"
+    return replace(finding, severity=severity, message=message, evidence=evidence, advice=advice)
+
+
+def apply(findings: list[Finding], reading: OutcomeReading) -> list[Finding]:
+    return [decide(f, reading) for f in findings]
+
+
+def read_outcome(
+    h: RunHistory, cfg: PolicyConfig, reward_cfg: RewardCollapseConfig, bcfg: BaselineConfig
+) -> OutcomeReading:
+    """The outcome at the newest step, with hysteresis: the most lenient reading of the last ``outcome_points``
+    steps, so one noisy point does not turn a warning into a rollback. A sharp fall (already several points in
+    a row) counts at once."""
+    if h.last_step is None or not (h.has(Signal.REWARD) or h.has(Signal.VAL_SCORE)):
+        return OutcomeReading(Outcome.UNMEASURED, "the run logs no reward or validation score")
+    readings = [_reading_at(h, step, cfg, reward_cfg, bcfg) for step in h.steps[-cfg.outcome_points :]]
+    if readings[-1].since is not None:
+        return readings[-1]
+    return min(readings, key=lambda r: _SEVERITY_ORDER.index(r.outcome))
+
+
+# most lenient first: the order in which a reading excuses a mechanism's failure shape
+_SEVERITY_ORDER: Final = (
+    Outcome.IMPROVING,
+    Outcome.HOLDING,
+    Outcome.YOUNG,
+    Outcome.UNMEASURED,
+    Outcome.STALLED,
+    Outcome.FALLING,
+    Outcome.COLLAPSED,
+)
+
+
+def _reading_at(
+    h: RunHistory, step: int, cfg: PolicyConfig, reward_cfg: RewardCollapseConfig, bcfg: BaselineConfig
+) -> OutcomeReading:
+    """The outcome at ``step``: the reward's trend (checks/trend.py), a sharp fall below the run's start (seen
+    before the trend has enough points), and the validation score where the run logs one."""
+    key = h.key_of(Signal.REWARD)
+    trend = reward_trend_at(h, step, reward_cfg, bcfg) if h.has(Signal.REWARD) else None
+    below, since = _points_below_start(h, step, cfg)
+    val = reward_trend_at(h, step, reward_cfg, bcfg, Signal.VAL_SCORE) if h.has(Signal.VAL_SCORE) else None
+    if below >= cfg.sharp_fall_points_hard:
+        why = f"{key} fell far below where the run started ({below} points in a row)"
+        return OutcomeReading(Outcome.COLLAPSED, why, since, hard=True)
+    if trend is not None and trend.collapsed:
+        return OutcomeReading(Outcome.COLLAPSED, f"{key} fell below its start or gave back most of its gains")
+    if below >= cfg.sharp_fall_points or (trend is not None and trend.falling):
+        return OutcomeReading(Outcome.FALLING, f"{key} is falling", since)
+    if (trend is not None and trend.improving) or (val is not None and val.improving):
+        what = trend.describe(key) if trend is not None and trend.improving else "the validation score improves"
+        return OutcomeReading(Outcome.IMPROVING, f"the run is still learning ({what})")
+    if trend is None or trend.gain is None:
+        return OutcomeReading(Outcome.YOUNG, f"{key} has too few steps for a trend yet")
+    if val is not None and val.falling:
+        return OutcomeReading(Outcome.FALLING, "the validation score is falling")
+    if _holding(trend, cfg, reward_cfg):
+        return OutcomeReading(Outcome.HOLDING, f"{trend.describe(key)} holds near its best ({trend.peak:.3g})")
+    return OutcomeReading(Outcome.STALLED, f"{trend.describe(key)} is not improving")
+
+
+def _holding(t: Trend, cfg: PolicyConfig, reward_cfg: RewardCollapseConfig) -> bool:
+    """Near its best. Where the run logs its best sample's score, that is the ceiling: holding means converged
+    within ``convergence_margin`` of it (a plateau at half the best sample's score is stalled - a rollback can
+    still buy much there). Without one: within noise of a peak the run earned (a gain clear of its noise) or of
+    one near the top of its scale. A run that never learned, far from the top, is stalled, not holding."""
+    if t.ceiling is not None:
+        return t.converged
+    near_peak = t.peak - t.level <= max(t.z * t.level_sigma, cfg.holding_margin * t.scale)
+    learned = t.peak - t.baseline > t.z * t.level_sigma
+    near_top = t.level >= (1 - reward_cfg.convergence_margin) * t.scale
+    return near_peak and (learned or near_top)
+
+
+def _points_below_start(h: RunHistory, step: int, cfg: PolicyConfig) -> tuple[int, int | None]:
+    """How many of the newest reward points, in a row, lie below the run's start by ``sharp_drop`` of the
+    reward's scale (a fall no noise explains, read before the trend has points enough to judge), and the
+    step the first of them was logged at."""
+    series = h.signal(Signal.REWARD)
+    finite = [(s, v) for s, v in zip(series.steps, series.values, strict=True) if s <= step and math.isfinite(v)]
+    scale = reward_scale(h, step)
+    if len(finite) <= cfg.start_points or scale is None:
+        return 0, None
+    bar = statistics.median(v for _, v in finite[: cfg.start_points]) - cfg.sharp_drop * scale
+    count, since = 0, None
+    for at, value in reversed(finite[cfg.start_points :]):
+        if not value < bar:
+            break
+        count, since = count + 1, at
+    return count, since
