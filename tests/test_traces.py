@@ -2,6 +2,10 @@
 
 Calibration contract: no critical finding on any healthy trace; every long unhealthy trace (>= 20
 records; the 4-6 record ones are spot checks too sparse for windowed checks) caught.
+
+The 41 traces added for issue 23 (other codebases, never looked at when the rules were written) are held to
+the same contract. Those the current rules do not meet it on are strict xfails (``NOT_MET_YET``): each flips
+to a failure the moment the judgment is fixed for it, so the mark must then be removed.
 """
 
 from __future__ import annotations
@@ -18,12 +22,40 @@ from guardian.keys import Signal
 LONG = 20
 
 
+# New traces (issue 23) whose verdict the current rules get wrong, and how (replayed with the default rules).
+NOT_MET_YET: dict[str, str] = {
+    "trl-rhogrpo-rho0.10-s43.jsonl": "unhealthy (truncation death, onset 50): first critical reward_collapse@115, "
+    "65 steps late",
+    "trl-rhogrpo-rho1.50-s42.jsonl": "borderline (author: 0% failure, eval 0.71) gets truncation@180 (every answer "
+    "at the cap)",
+    "trl-rhogrpo-rho1.50-s43.jsonl": "borderline (author: 0% failure, eval 0.64) gets reward_collapse@110",
+}
+
+
 def labels() -> list[dict[str, object]]:
     path = FIXTURES / "traces" / "labels.json"
     return json.loads(path.read_text())
 
 
-@pytest.mark.parametrize("label", labels(), ids=lambda lab: str(lab["file"]))
+def verdict_cases() -> list[object]:
+    return [
+        pytest.param(
+            lab,
+            id=str(lab["file"]),
+            marks=[pytest.mark.xfail(strict=True, reason=f"issue 23: {NOT_MET_YET[str(lab['file'])]}")]
+            if str(lab["file"]) in NOT_MET_YET
+            else [],
+        )
+        for lab in labels()
+    ]
+
+
+def test_not_met_yet_names_labelled_traces() -> None:
+    files = {str(lab["file"]) for lab in labels()}
+    assert set(NOT_MET_YET) <= files
+
+
+@pytest.mark.parametrize("label", verdict_cases())
 def test_trace_verdict(label: dict[str, object]) -> None:
     path = fixture_path("traces", str(label["file"]))
     result = replay_file(path, ChecksConfig())
