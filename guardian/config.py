@@ -60,9 +60,14 @@ class EntropyCollapseConfig(CheckBase):
 
     for_steps: int = Field(2, ge=1, description="Hysteresis: the condition must hold this many steps in a row.")
     warn_ratio: float = Field(0.3, gt=0, lt=1, description="Below this × the early level: a warning.")
-    critical_ratio: float = Field(0.15, gt=0, lt=1, description="Below this × the early level and still falling: a collapse.")
+    critical_ratio: float = Field(
+        0.15, gt=0, lt=1, description="Below this × the early level and still falling: a collapse."
+    )
     fast_drop: float = Field(
-        0.5, gt=0, lt=1, description="A fast collapse: entropy fell to this fraction of its value within fast_window_steps."
+        0.5,
+        gt=0,
+        lt=1,
+        description="A fast collapse: entropy fell to this fraction of its value within fast_window_steps.",
     )
     fast_window_steps: int = Field(10, ge=2, description="The window of a fast collapse, in steps.")
     fast_ratio: float = Field(0.5, gt=0, le=1, description="A fast collapse ends below this × the early level.")
@@ -259,6 +264,9 @@ class PolicyConfig(_Section):
     sharp_fall_points_hard: int = Field(3, ge=1, description="That many: collapsed below the start (acts alone).")
     outcome_points: int = Field(
         2, ge=1, description="Hysteresis: the most lenient outcome of this many newest steps is the one weighed."
+    )
+    min_steps_to_judge: int = Field(
+        10, ge=1, description="A finished run with fewer steps is 'not enough data', never healthy."
     )
     holding_margin: float = Field(
         0.1,

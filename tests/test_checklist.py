@@ -43,12 +43,19 @@ def checklist(
     return code, document, {str(i["name"]): i for i in document["items"]}
 
 
-def watched(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, metrics: Path, rollouts: Path | None = None) -> Path:
+def watched(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    metrics: Path,
+    rollouts: Path | None = None,
+    *,
+    exit_code: int = EXIT_UNHEALTHY,
+) -> Path:
     """A finished run's files loaded into a fresh store by ``guardian watch`` (observe: no rescue)."""
     home = tmp_path / "home"
     _use(home, monkeypatch)
     argv = ["--log-level", "ERROR", "watch", "--metrics", str(metrics), "--no-live", "--max-ticks", "3"]
-    assert main([*argv, *(["--rollouts", str(rollouts)] if rollouts else [])]) == EXIT_UNHEALTHY
+    assert main([*argv, *(["--rollouts", str(rollouts)] if rollouts else [])]) == exit_code
     return home
 
 
@@ -118,18 +125,18 @@ def test_a_rescued_collapse_passes_with_its_incident_resolved(
 # ------------------------------------------------------------------------------------------ collapsed runs
 
 
-def test_a_real_verl_collapse_fails(
+def test_a_real_verl_run_stopped_as_its_entropy_fell_fails(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    # the harness's collapse, stopped at step 18 while its reward still climbed: no incident by today's policy,
+    # but not ready to launch at scale either
     run = tmp_path / "attempt-1"
     shutil.copytree(COLLAPSE, run)
-    home = watched(tmp_path, monkeypatch, run / "metrics.jsonl", run / "rollouts")
+    home = watched(tmp_path, monkeypatch, run / "metrics.jsonl", run / "rollouts", exit_code=EXIT_OK)
     capsys.readouterr()
     code, document, items = checklist(home, monkeypatch, capsys)
     assert code == EXIT_UNHEALTHY and document["verdict"] == "fail"
-    assert (
-        items["incidents"]["mark"] == "fail" and items["incidents"]["reason"] == "open at critical: #1 entropy_collapse"
-    )
+    assert items["incidents"]["mark"] == "pass"
     assert items["truncation"]["mark"] == "fail"  # 16-token responses: nearly all cut at the cap
     assert items["entropy"]["mark"] == "warn" and "still falling" in str(items["entropy"]["reason"])
     assert items["checkpoints"]["mark"] == "warn"  # watch was given no checkpoint folder

@@ -369,7 +369,7 @@ def test_no_follow_on_the_real_verl_run_judges_it_like_replay(home: Path, capsys
         out = capsys.readouterr().out
         assert "watch ended: read" in out and "steps read: 31 (last step 30)" in out
         assert "verdict: UNHEALTHY from step 24 (entropy_collapse)" in out
-        assert "entropy_collapse critical open onset ~16" in out and "stall" not in out
+        assert "entropy_collapse critical open onset ~15" in out and "stall" not in out
         assert f"history: sqlite:///{home / 'guardian.db'}" in out
     assert main(["watch", "--metrics", str(RUN_10), "--no-follow"]) == 0
     out = capsys.readouterr().out

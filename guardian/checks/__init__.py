@@ -16,8 +16,8 @@ from guardian.checks.drift import kl_drift, logprob_decline
 from guardian.checks.egr import egr_collapse
 from guardian.checks.entropy import entropy_collapse, entropy_explosion
 from guardian.checks.findings import Finding, Severity
-from guardian.checks.policy import apply, read_outcome
 from guardian.checks.length import length_collapse, length_explosion, truncation
+from guardian.checks.policy import apply, read_progress
 from guardian.checks.reward import reward_collapse
 from guardian.checks.seed import seed_egr, seed_entropy, seed_kl, seed_lld
 from guardian.checks.spikes import grad_spike, non_finite
@@ -104,7 +104,7 @@ def evaluate(ctx: CheckContext, rules: RuleSet) -> list[Finding]:
     if rules.config is None:
         return findings
     c = rules.config
-    return apply(findings, read_outcome(ctx.history, c.policy, c.reward_collapse, ctx.baseline))
+    return apply(findings, read_progress(ctx.history, c.policy, c.reward_collapse, ctx.baseline))
 
 
 __all__ = ["RULE_SETS", "Check", "CheckContext", "RuleSet", "build_checks", "evaluate"]

@@ -80,7 +80,9 @@ def entropy_collapse(ctx: CheckContext, cfg: EntropyCollapseConfig, egr_cfg: Egr
         fall = _fell_from(series, smooth, i, cfg.fast_drop, cfg.fast_window_steps)
         recent_loss = _loss_over(series, smooth, i, 2 * cfg.fast_window_steps)
         still_falling = recent_loss is not None and recent_loss >= cfg.still_falling
-        if ratio < cfg.dead_ratio and _fell_from(series, smooth, i, value / (cfg.fast_ratio * ref), cfg.dead_window_steps):
+        if ratio < cfg.dead_ratio and _fell_from(
+            series, smooth, i, value / (cfg.fast_ratio * ref), cfg.dead_window_steps
+        ):
             return _Assessment(Severity.CRITICAL, "dead", ratio, fall, None, recent_loss)
         if fall is not None and ratio < cfg.fast_ratio:
             return _Assessment(Severity.CRITICAL, "fast", ratio, fall, None, recent_loss)
@@ -120,8 +122,8 @@ def entropy_collapse(ctx: CheckContext, cfg: EntropyCollapseConfig, egr_cfg: Egr
     }
     if now.fell_from is not None:
         evidence.update({"fell_from": rounded(now.fell_from[1]), "fell_from_step": now.fell_from[0]})
-    if verdict.severity == Severity.CRITICAL and now.reason == "dead":
-        evidence["hard"] = True
+    if verdict.severity == Severity.CRITICAL and now.reason in ("dead", "fast"):
+        evidence["hard" if now.reason == "dead" else "fast"] = True
     text = _describe(now, key, ref)
     return conclude(COLLAPSE, series.steps[-1], verdict, evidence, healthy=text, unhealthy=text)
 
@@ -152,15 +154,22 @@ def _loss_over(series: Series, smooth: list[float], i: int, steps: int) -> float
 def _describe(a: _Assessment, key: str, ref: float) -> str:
     level = f"{key} at {a.ratio:.0%} of its early level ({ref:.3g})"
     if a.reason == "dead" and a.fell_from is not None:
-        return f"{key} fell to {a.ratio * ref:.3g} ({a.ratio:.1%} of its early level) within a few steps: the policy went deterministic"
+        return (
+            f"{key} fell to {a.ratio * ref:.3g} ({a.ratio:.1%} of its early level) within a few steps: "
+            "the policy went deterministic"
+        )
     if a.reason == "dead":
         return f"{level}: the policy went deterministic within a few steps"
     if a.reason == "fast" and a.fell_from is not None:
-        return f"{key} fell from {a.fell_from[1]:.3g} to {a.ratio * ref:.3g} since step {a.fell_from[0]} ({a.ratio:.0%} of its early level)"
+        step, value = a.fell_from
+        now = f"{a.ratio * ref:.3g} ({a.ratio:.0%} of its early level)"
+        return f"{key} fell from {value:.3g} to {now} since step {step}"
     if a.reason == "deep":
         return f"{level} and still falling"
     if a.reason == "egr" and a.egr is not None:
-        return f"{level}, still falling, only {a.egr.egr:.0%} of groups with mixed rewards: the policy stopped exploring"
+        return (
+            f"{level}, still falling, only {a.egr.egr:.0%} of groups with mixed rewards: the policy stopped exploring"
+        )
     if a.reason == "low":
         return f"{level}, low but not falling fast"
     return f"{key} within range of its early level"

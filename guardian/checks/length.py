@@ -99,6 +99,8 @@ def length_explosion(ctx: CheckContext, cfg: LengthConfig) -> Finding:
     last = len(series) - 1
     evidence = _length_evidence(series, ctx, ratio_of(last))
     evidence["growth_over_fast_window"] = rounded(growth(last))
+    if verdict.severity == Severity.CRITICAL:
+        evidence["fast"] = True  # a runaway is fast growth by definition
     return conclude(
         EXPLOSION,
         series.steps[-1],

@@ -3,7 +3,7 @@
 A check reports the *shape* of its signal: in band, out of band (WARN), in its failure shape (CRITICAL), or a
 hard failure (``evidence["hard"]``). The outcome is the reward (or validation score) trend: improving, holding
 near its best, stalled, falling, collapsed below where the run started, too young to say, or not logged. The
-severity a finding ends with is ``TABLE[role][shape, outcome]``: a rollback needs a mechanism in its failure
+severity a finding ends with is ``TABLE[role][shape][progress]``: a rollback needs a mechanism in its failure
 shape *and* an outcome that is not improving; a lone signal while the run learns or holds its best is a
 warning with advice; only hard failures act alone. Checks never weigh the reward themselves.
 """
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from enum import Enum
 from types import MappingProxyType
@@ -24,12 +25,13 @@ from guardian.history.timeline import RunHistory
 from guardian.keys import Signal
 
 
-class Outcome(Enum):
+class Progress(Enum):
     """How the run's outcome (training reward, and the validation score where logged) is doing now."""
 
     IMPROVING = "improving"
     HOLDING = "holding near its best"
-    STALLED = "stalled"
+    SLOWING = "not clearly improving"  # short of its pace, not yet a plateau
+    STALLED = "stalled"  # a plateau over twice the reward's window short of its best, or never learned
     FALLING = "falling"
     COLLAPSED = "collapsed"  # below where the run started, or most of its gains lost
     YOUNG = "too young to judge"
@@ -42,7 +44,8 @@ class Shape(Enum):
     IN_BAND = "in band"
     OUT_OF_BAND = "out of band"
     FAILURE = "failure shape"
-    HARD = "hard failure"
+    FAST = "fast failure"  # a failure shape reached within a few steps (``evidence["fast"]``)
+    HARD = "hard failure"  # unambiguous on its own (``evidence["hard"]``)
 
 
 class Role(Enum):
@@ -50,41 +53,46 @@ class Role(Enum):
 
     MECHANISM = "mechanism"  # entropy, EGR, KL, length, truncation, log-prob: corroborated by the outcome
     ADVISORY = "advisory"  # grad spikes: a warning at most (verl clips the update)
-    OUTCOME = "outcome"  # the reward itself: collapsed is a hard failure, falling a warning
+    OUTCOME = "outcome"  # the reward itself: far below its start acts alone, any other fall is a warning
     ALONE = "alone"  # non-finite values, stalls: act without corroboration
 
 
 W, A, C = Severity.WARN, "advice", Severity.CRITICAL
-_OUTCOMES = tuple(Outcome)
+_PROGRESS = tuple(Progress)
 
 
-def _row(*cells: Severity | str) -> dict[Outcome, Severity | str]:
-    return dict(zip(_OUTCOMES, cells, strict=True))
+def _row(*cells: Severity | str) -> dict[Progress, Severity | str]:
+    return dict(zip(_PROGRESS, cells, strict=True))
 
 
-# The policy. Columns: IMPROVING, HOLDING, STALLED, FALLING, COLLAPSED, YOUNG, UNMEASURED.
+# The policy: the severity a finding ends with, by its check's role, its shape and the run's progress.
 # "advice" is a WARN that advises (a rescue on probation counts it healthy); IN_BAND is always OK.
+#                      improving holding slowing stalled falling collapsed young unmeasured
 TABLE: Final = MappingProxyType(
     {
         Role.MECHANISM: {
-            Shape.OUT_OF_BAND: _row(W, W, W, W, W, W, W),
-            Shape.FAILURE: _row(A, A, C, C, C, W, C),
-            Shape.HARD: _row(C, C, C, C, C, C, C),
+            Shape.OUT_OF_BAND: _row(W, W, W, W, W, W, W, W),
+            Shape.FAILURE: _row(A, A, W, C, C, C, W, C),
+            Shape.FAST: _row(A, A, C, C, C, C, W, C),
+            Shape.HARD: _row(C, C, C, C, C, C, C, C),
         },
         Role.ADVISORY: {
-            Shape.OUT_OF_BAND: _row(A, A, W, W, W, W, W),
-            Shape.FAILURE: _row(A, A, W, W, W, W, W),
-            Shape.HARD: _row(W, W, W, W, W, W, W),
+            Shape.OUT_OF_BAND: _row(A, A, W, W, W, W, W, W),
+            Shape.FAILURE: _row(A, A, W, W, W, W, W, W),
+            Shape.FAST: _row(A, A, W, W, W, W, W, W),
+            Shape.HARD: _row(W, W, W, W, W, W, W, W),
         },
         Role.OUTCOME: {
-            Shape.OUT_OF_BAND: _row(W, W, W, W, W, W, W),
-            Shape.FAILURE: _row(W, W, W, W, W, W, W),
-            Shape.HARD: _row(C, C, C, C, C, C, C),
+            Shape.OUT_OF_BAND: _row(W, W, W, W, W, W, W, W),
+            Shape.FAILURE: _row(W, W, W, W, W, W, W, W),
+            Shape.FAST: _row(W, W, W, W, W, W, W, W),
+            Shape.HARD: _row(C, C, C, C, C, C, C, C),
         },
         Role.ALONE: {
-            Shape.OUT_OF_BAND: _row(W, W, W, W, W, W, W),
-            Shape.FAILURE: _row(C, C, C, C, C, C, C),
-            Shape.HARD: _row(C, C, C, C, C, C, C),
+            Shape.OUT_OF_BAND: _row(W, W, W, W, W, W, W, W),
+            Shape.FAILURE: _row(C, C, C, C, C, C, C, C),
+            Shape.FAST: _row(C, C, C, C, C, C, C, C),
+            Shape.HARD: _row(C, C, C, C, C, C, C, C),
         },
     }
 )
@@ -110,81 +118,98 @@ ROLES: Final = MappingProxyType(
 _SHAPE_ORDER: Final = tuple(Shape)
 # the shape the outcome's own reading gives the reward's finding, at least (a sharp fall is seen before the
 # trend has points enough for the reward check to judge it)
-_OUTCOME_SHAPES: Final = MappingProxyType({Outcome.FALLING: Shape.OUT_OF_BAND, Outcome.COLLAPSED: Shape.FAILURE})
+_OUTCOME_SHAPES: Final = MappingProxyType({Progress.FALLING: Shape.OUT_OF_BAND, Progress.COLLAPSED: Shape.FAILURE})
 
 
 def shape_of(finding: Finding) -> Shape:
     if finding.severity == Severity.CRITICAL:
-        return Shape.HARD if finding.evidence.get("hard") is True else Shape.FAILURE
+        if finding.evidence.get("hard") is True:
+            return Shape.HARD
+        return Shape.FAST if finding.evidence.get("fast") is True else Shape.FAILURE
     if finding.severity == Severity.WARN:
         return Shape.OUT_OF_BAND
     return Shape.IN_BAND
 
 
 @dataclass(frozen=True, slots=True)
-class OutcomeReading:
-    outcome: Outcome
+class ProgressReading:
+    progress: Progress
     why: str
     since: int | None = None  # the step a sharp fall began, when the reading rests on one
     hard: bool = False  # far below the run's start for several points: acts alone
 
 
-def decide(finding: Finding, reading: OutcomeReading) -> Finding:
+def decide(finding: Finding, reading: ProgressReading) -> Finding:
     """The finding with the severity the policy gives it; the outcome it was weighed against in its evidence."""
     role = ROLES.get(finding.check)
     shape = shape_of(finding)
     if role is Role.OUTCOME:
-        own = Shape.HARD if reading.hard else _OUTCOME_SHAPES.get(reading.outcome, Shape.IN_BAND)
+        own = Shape.HARD if reading.hard else _OUTCOME_SHAPES.get(reading.progress, Shape.IN_BAND)
         if _SHAPE_ORDER.index(own) > _SHAPE_ORDER.index(shape):
             shape = own
             finding = replace(finding, severity=Severity.WARN, message=reading.why, onset_step=reading.since)
     if role is None or shape is Shape.IN_BAND:
         return finding
-    cell = TABLE[role][shape][reading.outcome]
+    cell = TABLE[role][shape][reading.progress]
     severity, advice = (W, True) if cell == A else (cell, False)
     assert isinstance(severity, Severity)
-    evidence = {**finding.evidence, "outcome": reading.outcome.value, "policy": f"{role.value}/{shape.value}"}
+    evidence = {**finding.evidence, "progress": reading.progress.value, "policy": f"{role.value}/{shape.value}"}
     message = finding.message
     if severity < finding.severity:
         message = f"{message} - a warning, not a rollback: {reading.why}"
-    elif severity == Severity.CRITICAL and role is Role.MECHANISM and shape is Shape.FAILURE:
+    elif severity == Severity.CRITICAL and role is Role.MECHANISM and shape in (Shape.FAILURE, Shape.FAST):
         message = f"{message}; {reading.why}"
     return replace(finding, severity=severity, message=message, evidence=evidence, advice=advice)
 
 
-def apply(findings: list[Finding], reading: OutcomeReading) -> list[Finding]:
+def apply(findings: list[Finding], reading: ProgressReading) -> list[Finding]:
     return [decide(f, reading) for f in findings]
 
 
-def read_outcome(
+def too_little_to_judge(steps: int, signals: Iterable[str], cfg: PolicyConfig) -> str | None:
+    """Why a run read to its end gives the policy too little to judge (a handful of steps, or no reward or
+    validation score to weigh a mechanism against), or None. A run so judged is never called healthy."""
+    seen = set(signals)
+    short = steps < cfg.min_steps_to_judge
+    no_outcome = Signal.REWARD.value not in seen and Signal.VAL_SCORE.value not in seen
+    if not (short or no_outcome):
+        return None
+    parts = [f"{steps} steps" + (f" (the checks need {cfg.min_steps_to_judge})" if short else "")]
+    if no_outcome:
+        parts.append("no reward signal")
+    return "not enough data: " + ", ".join(parts)
+
+
+def read_progress(
     h: RunHistory, cfg: PolicyConfig, reward_cfg: RewardCollapseConfig, bcfg: BaselineConfig
-) -> OutcomeReading:
+) -> ProgressReading:
     """The outcome at the newest step, with hysteresis: the most lenient reading of the last ``outcome_points``
     steps, so one noisy point does not turn a warning into a rollback. A sharp fall (already several points in
     a row) counts at once."""
     if h.last_step is None or not (h.has(Signal.REWARD) or h.has(Signal.VAL_SCORE)):
-        return OutcomeReading(Outcome.UNMEASURED, "the run logs no reward or validation score")
+        return ProgressReading(Progress.UNMEASURED, "the run logs no reward or validation score")
     readings = [_reading_at(h, step, cfg, reward_cfg, bcfg) for step in h.steps[-cfg.outcome_points :]]
     if readings[-1].since is not None:
         return readings[-1]
-    return min(readings, key=lambda r: _SEVERITY_ORDER.index(r.outcome))
+    return min(readings, key=lambda r: _SEVERITY_ORDER.index(r.progress))
 
 
 # most lenient first: the order in which a reading excuses a mechanism's failure shape
 _SEVERITY_ORDER: Final = (
-    Outcome.IMPROVING,
-    Outcome.HOLDING,
-    Outcome.YOUNG,
-    Outcome.UNMEASURED,
-    Outcome.STALLED,
-    Outcome.FALLING,
-    Outcome.COLLAPSED,
+    Progress.IMPROVING,
+    Progress.HOLDING,
+    Progress.YOUNG,
+    Progress.SLOWING,
+    Progress.UNMEASURED,
+    Progress.STALLED,
+    Progress.FALLING,
+    Progress.COLLAPSED,
 )
 
 
 def _reading_at(
     h: RunHistory, step: int, cfg: PolicyConfig, reward_cfg: RewardCollapseConfig, bcfg: BaselineConfig
-) -> OutcomeReading:
+) -> ProgressReading:
     """The outcome at ``step``: the reward's trend (checks/trend.py), a sharp fall below the run's start (seen
     before the trend has enough points), and the validation score where the run logs one."""
     key = h.key_of(Signal.REWARD)
@@ -193,21 +218,23 @@ def _reading_at(
     val = reward_trend_at(h, step, reward_cfg, bcfg, Signal.VAL_SCORE) if h.has(Signal.VAL_SCORE) else None
     if below >= cfg.sharp_fall_points_hard:
         why = f"{key} fell far below where the run started ({below} points in a row)"
-        return OutcomeReading(Outcome.COLLAPSED, why, since, hard=True)
+        return ProgressReading(Progress.COLLAPSED, why, since, hard=True)
     if trend is not None and trend.collapsed:
-        return OutcomeReading(Outcome.COLLAPSED, f"{key} fell below its start or gave back most of its gains")
+        return ProgressReading(Progress.COLLAPSED, f"{key} fell below its start or gave back most of its gains")
     if below >= cfg.sharp_fall_points or (trend is not None and trend.falling):
-        return OutcomeReading(Outcome.FALLING, f"{key} is falling", since)
+        return ProgressReading(Progress.FALLING, f"{key} is falling", since)
     if (trend is not None and trend.improving) or (val is not None and val.improving):
         what = trend.describe(key) if trend is not None and trend.improving else "the validation score improves"
-        return OutcomeReading(Outcome.IMPROVING, f"the run is still learning ({what})")
+        return ProgressReading(Progress.IMPROVING, f"the run is still learning ({what})")
     if trend is None or trend.gain is None:
-        return OutcomeReading(Outcome.YOUNG, f"{key} has too few steps for a trend yet")
+        return ProgressReading(Progress.YOUNG, f"{key} has too few steps for a trend yet")
     if val is not None and val.falling:
-        return OutcomeReading(Outcome.FALLING, "the validation score is falling")
+        return ProgressReading(Progress.FALLING, "the validation score is falling")
     if _holding(trend, cfg, reward_cfg):
-        return OutcomeReading(Outcome.HOLDING, f"{trend.describe(key)} holds near its best ({trend.peak:.3g})")
-    return OutcomeReading(Outcome.STALLED, f"{trend.describe(key)} is not improving")
+        return ProgressReading(Progress.HOLDING, f"{trend.describe(key)} holds near its best ({trend.peak:.3g})")
+    if trend.long_stalled or (trend.stalled and trend.pace == 0):
+        return ProgressReading(Progress.STALLED, f"{trend.describe(key)} has stalled")
+    return ProgressReading(Progress.SLOWING, f"{trend.describe(key)} is not clearly improving")
 
 
 def _holding(t: Trend, cfg: PolicyConfig, reward_cfg: RewardCollapseConfig) -> bool:

@@ -9,7 +9,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from guardian.cli.common import SEVERITY_STYLE, AddCommand, dir_problem, file_problem, log, print_json, resolved_config
-from guardian.exits import EXIT_ERROR, EXIT_OK, EXIT_UNHEALTHY, EXIT_USAGE
+from guardian.exits import EXIT_ERROR, EXIT_OK, EXIT_TOO_LITTLE, EXIT_UNHEALTHY, EXIT_USAGE
 from guardian.incidents.replay import ReplayResult, replay_trace
 from guardian.logs import event
 from guardian.sources.sniff import TraceKind, TraceShape
@@ -21,7 +21,8 @@ JSONL_HINT = "verl's file-logger JSONL: the file VERL_FILE_LOGGER_PATH names, wi
 def register(add: AddCommand) -> None:
     p = add(
         "replay",
-        "Run the checks over a finished metrics log as if live; exit 3 if unhealthy, 2 if no step could be read.",
+        "Run the checks over a finished metrics log as if live; exit 3 if unhealthy, 4 if too little to judge, "
+        "2 if no step could be read.",
     )
     p.add_argument("trace", nargs="?", help="verl file-logger JSONL ({'step':N,'data':{...}} per line)")
     p.add_argument("--console", metavar="FILE", help="a captured stdout log, read as verl console 'step:N - k:v' lines")
@@ -61,7 +62,9 @@ def cmd_replay(args: argparse.Namespace) -> int:
         print_json(result.to_json())
     else:
         print_timeline(result, Console())
-    return EXIT_OK if result.healthy else EXIT_UNHEALTHY
+    if not result.healthy:
+        return EXIT_UNHEALTHY
+    return EXIT_TOO_LITTLE if result.too_little else EXIT_OK
 
 
 def _no_steps_fix(shape: TraceShape | None, *, console: bool) -> str:
@@ -100,5 +103,10 @@ def print_timeline(result: ReplayResult, console: Console) -> None:
             f"{escape(f.message)}{onset}"
         )
     first = result.first_critical
-    verdict = f"[bold red]UNHEALTHY[/] from step {first.step} ({first.check})" if first else "[green]HEALTHY[/]"
+    if first is not None:
+        verdict = f"[bold red]UNHEALTHY[/] from step {first.step} ({first.check})"
+    elif result.too_little:
+        verdict = f"[yellow]NOT ENOUGH DATA[/] ({escape(result.too_little)}): no verdict of health"
+    else:
+        verdict = "[green]HEALTHY[/]"
     console.print(f"verdict: {verdict}")

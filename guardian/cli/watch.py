@@ -17,14 +17,15 @@ from typing import TYPE_CHECKING
 
 from sqlalchemy.exc import DBAPIError
 
+from guardian.checks.policy import too_little_to_judge
 from guardian.cli.common import AddCommand, dir_problem, file_problem, log, open_store, resolved_config
 from guardian.commands.watch.end import EndReason
 from guardian.commands.watch.summary import IncidentLine, Verdict, VerdictTracker, WatchSummary, summary_lines
 from guardian.commands.watch.trainer import TrainerLiveness
 from guardian.config import GuardianConfig
-from guardian.exits import EXIT_ERROR, EXIT_OK, EXIT_UNHEALTHY
+from guardian.exits import EXIT_ERROR, EXIT_OK, EXIT_TOO_LITTLE, EXIT_UNHEALTHY
 from guardian.ids import MAX_RUN_ID, checked_run_id
-from guardian.keys import signals_present
+from guardian.keys import Signal, signals_present
 from guardian.logs import event
 from guardian.sources.hydra_config import config_beside, total_training_steps
 from guardian.store import Store
@@ -33,7 +34,12 @@ from guardian.store.engine import reason as store_error_text
 if TYPE_CHECKING:  # the guard loop's modules load when a watch starts, not with the CLI
     from guardian.incidents.guardian import Guardian
 
-EXIT_CODES = {Verdict.HEALTHY: EXIT_OK, Verdict.UNHEALTHY: EXIT_UNHEALTHY, Verdict.NO_STEPS: EXIT_ERROR}
+EXIT_CODES = {
+    Verdict.HEALTHY: EXIT_OK,
+    Verdict.UNHEALTHY: EXIT_UNHEALTHY,
+    Verdict.NOT_ENOUGH_DATA: EXIT_TOO_LITTLE,
+    Verdict.NO_STEPS: EXIT_ERROR,
+}
 EPILOG = """\
 when the watch ends:
   --no-follow            at the end of the file.
@@ -256,13 +262,17 @@ def _summary(
     pid: int | None,
     total_steps: int | None,
 ) -> WatchSummary:
+    signals = tuple(s.value for s in signals_present(frozenset(guardian.history.keys_seen)))
+    if guardian.history.has(Signal.VAL_SCORE):
+        signals += (Signal.VAL_SCORE.value,)
     return WatchSummary(
         run_id=guardian.run_id,
         path=str(guardian.metrics.path),
         reason=reason,
         steps_read=steps_read,
         last_step=guardian.history.last_step,
-        signals=tuple(s.value for s in signals_present(frozenset(guardian.history.keys_seen))),
+        signals=signals,
+        too_little=too_little_to_judge(len(guardian.history.steps), signals, guardian.config.checks.policy),
         bad_lines=guardian.bad_lines_total,
         incidents=_incidents(guardian, store),
         first_critical=tracker.first_critical,

@@ -2,7 +2,8 @@
 
 Metric lines define the timeline. A line whose step is below the newest step is a resume (verl re-runs
 steps after a rollback or a restart from an older checkpoint): the steps after it belong to an abandoned
-branch and leave the active view, and the branch counter goes up. Several lines for one step merge,
+branch and leave the active view (the latest abandoned branch is kept aside, so a rescue's new branch can
+be compared with the one it replaced), and the branch counter goes up. Several lines for one step merge,
 later values winning (verl logs validation-before-train on its own line at the resume step, and
 fully-async runs log several lines per step). Rollout statistics arrive separately and are merged into
 their step without moving the timeline.
@@ -88,6 +89,13 @@ class Series:
             self.steps.insert(i, step)
             self.values.insert(i, value)
         self._forget_smoothed_from(i)
+
+    def tail_after(self, step: int) -> Series:
+        """A new series of the values after ``step``."""
+        tail = Series()
+        i = bisect_right(self.steps, step)
+        tail.steps, tail.values = self.steps[i:], self.values[i:]
+        return tail
 
     def truncate_after(self, step: int) -> None:
         i = bisect_right(self.steps, step)
@@ -178,6 +186,8 @@ class RunHistory:
     non_finite: dict[int, frozenset[str]] = field(default_factory=dict)
     # the key that last carried each signal (findings name it: "actor/entropy fell ...")
     source_keys: dict[Signal, str] = field(default_factory=dict)
+    # the steps the latest rewind abandoned, per signal (what a rescue's new branch is compared with)
+    abandoned: dict[Signal, Series] = field(default_factory=dict)
 
     def add(self, record: StepRecord, arrived_at: float | None = None) -> Arrival:
         """Add a metric line. Returns what it did to the timeline."""
@@ -193,6 +203,7 @@ class RunHistory:
         else:
             outcome = Arrival.REWOUND
             self.branch += 1
+            self.abandoned = {signal: s.tail_after(step) for signal, s in self.series.items()}
             for s in self.series.values():
                 s.truncate_after(step)
             del self.steps[bisect_right(self.steps, step) :]

@@ -14,10 +14,11 @@ from pathlib import Path
 
 from guardian.checks import CheckContext, build_checks, evaluate
 from guardian.checks.findings import Finding, Severity
+from guardian.checks.policy import too_little_to_judge
 from guardian.config import ChecksConfig, SourcesConfig
 from guardian.history.timeline import Arrival, RunHistory, StepRecord
 from guardian.incidents.tracker import Change, StatusTracker, Transition
-from guardian.keys import CHECKED_KEYS, signals_present
+from guardian.keys import CHECKED_KEYS, Signal, signals_present
 from guardian.sources.console import iter_console_records
 from guardian.sources.jsonl import BadLineReport, iter_records
 from guardian.sources.rollouts import read_finished
@@ -35,6 +36,7 @@ class ReplayResult:
     rewinds: int = 0
     console: bool = False  # read as verl console lines
     shape: TraceShape | None = None  # what the file looked like, when no step was read as JSONL
+    too_little: str | None = None  # why the steps read are too few to judge (policy.too_little_to_judge)
 
     @property
     def raised(self) -> list[Finding]:
@@ -49,13 +51,20 @@ class ReplayResult:
     def healthy(self) -> bool:
         return self.first_critical is None
 
+    @property
+    def verdict(self) -> str:
+        if self.first_critical is not None:
+            return "unhealthy"
+        return "not_enough_data" if self.too_little else "healthy"
+
     def to_json(self) -> dict[str, object]:
         return {
             "run": self.run,
             "steps": self.steps,
             "signals": self.signals,
             "findings": [f.to_json() for f in self.raised],
-            "verdict": "healthy" if self.healthy else "unhealthy",
+            "verdict": self.verdict,
+            "too_little": self.too_little,
             "first_critical_step": self.first_critical.step if self.first_critical else None,
             "format": "console" if self.console else "jsonl",
             "bad_lines": len(self.bad_lines),
@@ -85,6 +94,9 @@ def replay_records(
         result.transitions.extend(transitions)
     result.steps = len(history.steps)
     result.signals = {s.value: key for s, key in signals_present(frozenset(history.keys_seen)).items()}
+    if history.has(Signal.VAL_SCORE):
+        result.signals.setdefault(Signal.VAL_SCORE.value, Signal.VAL_SCORE.value)
+    result.too_little = too_little_to_judge(result.steps, result.signals, checks_config.policy)
     return result
 
 

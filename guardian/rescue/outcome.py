@@ -1,9 +1,11 @@
-"""What a rescue achieved: the run's figures at the rollback point and after it. Pure: history in, figures out.
+"""What a rescue achieved: the new branch against the branch it replaced. Pure: history in, figures out.
 
-A rescue is proven when the signal that raised the incident is back in its healthy band *and* the reward
-(and the validation score, when the run logs one on both sides) came back to at least its level at the
-rollback point, judged against the run's own noise: "nothing critical for N steps" is not enough (a fix
-that cuts the LR tenfold is quiet and learns nothing). ``policy.judge_probation`` reads these figures.
+A rescue is proven when the failure shape is gone - the incident's own check healthy as the decision policy
+judges it, or its signal better than on the abandoned branch at the same steps (KL grows in every run that
+learns: "back in its band" is the wrong test for it) - *and* the outcome held: the reward at the steps both
+branches logged at least the abandoned branch's, within noise (before they overlap: at least its level at the
+rollback point), and the validation score back to its rollback-point level. "Nothing critical for N steps" is
+not enough (a fix that cuts the LR tenfold is quiet and learns nothing). ``policy.judge_probation`` reads these.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import math
 from bisect import bisect_right
 from collections.abc import Mapping
 from dataclasses import dataclass
+from itertools import pairwise
 
 from guardian.checks.findings import Finding, Severity
 from guardian.checks.trend import reward_trend_at
@@ -49,6 +52,49 @@ class Comparison:
         }
 
 
+# the signal each check judges, and whether more of it is better (a rescue of that check is compared on it)
+CHECK_SIGNALS: dict[str, tuple[Signal, bool]] = {
+    "entropy_collapse": (Signal.ENTROPY, True),
+    "entropy_explosion": (Signal.ENTROPY, False),
+    "egr_collapse": (Signal.EGR, True),
+    "kl_drift": (Signal.KL, False),
+    "logprob_decline": (Signal.LOG_PPL, False),
+    "length_collapse": (Signal.LENGTH_MEAN, True),
+    "length_explosion": (Signal.LENGTH_MEAN, False),
+    "truncation": (Signal.TRUNCATION, False),
+    "reward_collapse": (Signal.REWARD, True),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class BranchComparison:
+    """One signal on the new branch and on the abandoned one, averaged over the steps both logged."""
+
+    key: str
+    steps: int
+    new: float
+    abandoned: float
+    tolerance: float
+    higher_is_better: bool
+
+    @property
+    def at_least_as_good(self) -> bool:
+        if self.higher_is_better:
+            return self.new >= self.abandoned - self.tolerance
+        return self.new <= self.abandoned + self.tolerance
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "key": self.key,
+            "steps": self.steps,
+            "new": round(self.new, 6),
+            "abandoned": round(self.abandoned, 6),
+            "tolerance": round(self.tolerance, 6),
+            "higher_is_better": self.higher_is_better,
+            "at_least_as_good": self.at_least_as_good,
+        }
+
+
 @dataclass(frozen=True, slots=True)
 class Outcome:
     """The figures probation judges, recorded on the intervention when it ends."""
@@ -61,16 +107,30 @@ class Outcome:
     signal_message: str
     reward: Comparison | None  # None: no reward on one side yet (or none logged)
     validation: Comparison | None
+    # the new branch against the abandoned one at the same steps (None: no overlap, or no abandoned branch)
+    reward_vs_abandoned: BranchComparison | None = None
+    signal_vs_abandoned: BranchComparison | None = None
 
     @property
     def recovered(self) -> bool | None:
-        """Reward and validation back to their rollback-point levels; None while neither can be judged."""
-        known = [c.recovered for c in (self.reward, self.validation) if c is not None]
+        """The reward at least the abandoned branch's at the same steps (before the branches overlap: back to
+        its rollback-point level) and the validation score back to its rollback-point level; None while
+        neither can be judged."""
+        reward = self.reward_vs_abandoned.at_least_as_good if self.reward_vs_abandoned else None
+        if reward is None and self.reward is not None:
+            reward = self.reward.recovered
+        known = [k for k in (reward, self.validation.recovered if self.validation else None) if k is not None]
         return all(known) if known else None
 
     @property
+    def shape_gone(self) -> bool:
+        """The incident's check is healthy, or its signal is better than on the abandoned branch."""
+        beat = self.signal_vs_abandoned is not None and self.signal_vs_abandoned.at_least_as_good
+        return self.signal_healthy or beat
+
+    @property
     def proven(self) -> bool:
-        return self.signal_healthy and self.recovered is not False
+        return self.shape_gone and self.recovered is not False
 
     def describe(self) -> str:
         parts = [f"{self.signal_check}: {self.signal_message}"] if self.signal_check else []
@@ -80,6 +140,9 @@ class Outcome:
                 parts.append(
                     f"{c.key} {c.now:.3g} {verdict} {c.at_rollback:.3g} at the rollback point (±{c.tolerance:.2g})"
                 )
+        for b in (self.reward_vs_abandoned, self.signal_vs_abandoned):
+            if b is not None:
+                parts.append(_versus(b.to_json()))
         return "; ".join(parts) or "no figures yet"
 
     def to_json(self) -> dict[str, object]:
@@ -92,6 +155,8 @@ class Outcome:
             "signal_message": self.signal_message,
             "reward": None if self.reward is None else self.reward.to_json(),
             "validation": None if self.validation is None else self.validation.to_json(),
+            "reward_vs_abandoned": None if self.reward_vs_abandoned is None else self.reward_vs_abandoned.to_json(),
+            "signal_vs_abandoned": None if self.signal_vs_abandoned is None else self.signal_vs_abandoned.to_json(),
             "recovered": self.recovered,
         }
 
@@ -106,9 +171,20 @@ def outcome_line(document: Mapping[str, object]) -> str:
             ratio = f"x{c['ratio']:.2f}, " if isinstance(c.get("ratio"), float) else ""
             verdict = "back" if c.get("recovered") else "below the rollback point"
             parts.append(f"{c.get('key')} {c.get('at_rollback'):.3g} -> {c.get('now'):.3g} ({ratio}{verdict})")
+    for name in ("reward_vs_abandoned", "signal_vs_abandoned"):
+        b = document.get(name)
+        if isinstance(b, Mapping):
+            parts.append(_versus(b))
     parts.append("signal healthy" if document.get("signal_healthy") else f"signal: {document.get('signal_message')}")
     parts.append(f"{document.get('steps_after')} steps after the rollback")
     return ", ".join(parts)
+
+
+def _versus(b: Mapping[str, object]) -> str:
+    """``critic/score/mean 0.52 vs 0.45 on the abandoned branch over 8 steps (at least as good)``."""
+    verdict = "at least as good" if b.get("at_least_as_good") else "worse"
+    figures = f"{b.get('new'):.3g} vs {b.get('abandoned'):.3g}"
+    return f"{b.get('key')} {figures} on the abandoned branch over {b.get('steps')} steps ({verdict})"
 
 
 def measure_outcome(
@@ -126,7 +202,55 @@ def measure_outcome(
         signal_message="no finding yet" if own is None else _status(own),
         reward=_compare_reward(history, target_step, checks),
         validation=_compare_validation(history, target_step, checks),
+        reward_vs_abandoned=versus_abandoned(history, Signal.REWARD, higher_is_better=True, checks=checks),
+        signal_vs_abandoned=_versus_own(history, own_check, checks),
     )
+
+
+def versus_abandoned(
+    history: RunHistory, signal: Signal, *, higher_is_better: bool, checks: ChecksConfig
+) -> BranchComparison | None:
+    """The signal's mean over the steps both the active branch and the latest abandoned one logged after the
+    rollback point; the tolerance is ``improve_z`` sigmas of the difference of the two means (the signal's own
+    step-to-step noise on both branches), at least ``recovery_tolerance`` of the abandoned mean."""
+    old = history.abandoned.get(signal)
+    if old is None or not len(old):
+        return None
+    new = history.signal(signal)
+    pairs = [
+        (v, old.values[i]) for s, v in zip(new.steps, new.values, strict=True) if (i := _index(old, s)) is not None
+    ]
+    pairs = [(a, b) for a, b in pairs if math.isfinite(a) and math.isfinite(b)]
+    if not pairs:
+        return None
+    n = len(pairs)
+    mean_new, mean_old = sum(a for a, _ in pairs) / n, sum(b for _, b in pairs) / n
+    noise = _scatter([a for a, _ in pairs] + [b for _, b in pairs])
+    cfg = checks.reward_collapse
+    tolerance = max(cfg.improve_z * noise * math.sqrt(2.0 / n), cfg.recovery_tolerance * abs(mean_old))
+    key = history.key_of(signal)
+    return BranchComparison(key, n, mean_new, mean_old, tolerance, higher_is_better)
+
+
+def _versus_own(history: RunHistory, check: str | None, checks: ChecksConfig) -> BranchComparison | None:
+    if check not in CHECK_SIGNALS:
+        return None
+    signal, higher_is_better = CHECK_SIGNALS[check]
+    return versus_abandoned(history, signal, higher_is_better=higher_is_better, checks=checks)
+
+
+def _index(series: Series, step: int) -> int | None:
+    i = bisect_right(series.steps, step) - 1
+    return i if i >= 0 and series.steps[i] == step else None
+
+
+def _scatter(values: list[float]) -> float:
+    """The step-to-step noise of one value: the spread of first differences over sqrt(2) (0 for fewer than 3)."""
+    if len(values) < 3:
+        return 0.0
+    diffs = [b - a for a, b in pairwise(values)]
+    mean = sum(diffs) / len(diffs)
+    return math.sqrt(sum((d - mean) ** 2 for d in diffs) / len(diffs)) / math.sqrt(2.0)
 
 
 def _status(finding: Finding) -> str:

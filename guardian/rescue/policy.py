@@ -8,11 +8,11 @@ and ends early in RELAPSED (the same trouble came back during probation, or the 
 the next intervention climbs one rung of the ladder and rolls back one checkpoint further) or GAVE_UP
 (budget spent, or no healthy checkpoint to go back to: the trainer is left stopped, the guardian
 alerts loudly and exits 93, "do not requeue", the NVRx convention). RESOLVED needs proof that the fix
-helped (``outcome.Outcome``): the incident's own signal back in its healthy band and the reward (and
-validation score) back to their level at the rollback point; a probation that cannot show it ends in
-UNRESOLVED - the trainer keeps running with the patch and a person must look - or, when the trouble
-itself persists, in RELAPSED. A crash or a stall gets a *restart* intervention: the same path with no
-patch (same config, latest healthy checkpoint).
+helped (``outcome.Outcome``): the failure shape gone (the incident's check healthy, or its signal better
+than on the abandoned branch at the same steps) and the reward at least the abandoned branch's at those steps;
+a probation that cannot show it ends in UNRESOLVED - the trainer keeps running with the patch and a person must
+look - or, when the trouble itself persists, in RELAPSED. A crash or a stall gets a *restart* intervention:
+the same path with no patch (same config, latest healthy checkpoint).
 """
 
 from __future__ import annotations
@@ -138,7 +138,7 @@ def judge_probation(
     trainer_finished: bool = False,
 ) -> ProbationVerdict:
     """A resumed run passes probation after ``probation_steps`` steps past the checkpoint once the fix is
-    proven: the incident's signal healthy and reward (and validation) back to their rollback-point level.
+    proven (``Outcome.proven``: the failure shape gone and the reward at least the abandoned branch's).
     Any critical finding on the new branch is a relapse. Not proven yet: probation runs on, up to
     ``max_factor`` times as long (or until the trainer finishes); then a fix whose signal still shows the
     trouble while the reward also stayed short relapses (the next rung), and anything else short of proof
@@ -157,7 +157,7 @@ def judge_probation(
     if done < longest and not trainer_finished:
         return ProbationVerdict(Ending.ON_PROBATION, f"on probation, not proven yet: {figures}")
     when = "the trainer finished" if trainer_finished and done < longest else f"{done} steps"
-    if not outcome.signal_healthy and outcome.recovered is False:
+    if not outcome.shape_gone and outcome.recovered is False:
         return ProbationVerdict(Ending.RELAPSED, f"after {when} the trouble persists: {figures}")
     return ProbationVerdict(Ending.UNRESOLVED, f"after {when} the fix is not proven: {figures}")
 

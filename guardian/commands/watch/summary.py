@@ -41,6 +41,7 @@ class VerdictTracker(StatusTracker):
 class Verdict(StrEnum):
     HEALTHY = "healthy"
     UNHEALTHY = "unhealthy"
+    NOT_ENOUGH_DATA = "not_enough_data"
     NO_STEPS = "no_steps"
 
 
@@ -67,12 +68,15 @@ class WatchSummary:
     store_url: str  # password masked
     pid: int | None = None
     total_steps: int | None = None
+    too_little: str | None = None  # why the steps read are too few to judge (policy.too_little_to_judge)
 
     @property
     def verdict(self) -> Verdict:
         if self.first_critical is not None:
             return Verdict.UNHEALTHY
-        return Verdict.HEALTHY if self.steps_read else Verdict.NO_STEPS
+        if not self.steps_read:
+            return Verdict.NO_STEPS
+        return Verdict.NOT_ENOUGH_DATA if self.too_little else Verdict.HEALTHY
 
 
 def verdict_text(summary: WatchSummary) -> str:
@@ -81,6 +85,8 @@ def verdict_text(summary: WatchSummary) -> str:
         return f"UNHEALTHY from step {first.step} ({first.check})"
     if summary.verdict is Verdict.NO_STEPS:
         return f"NO STEPS: nothing read from {summary.path} to judge"
+    if summary.verdict is Verdict.NOT_ENOUGH_DATA:
+        return f"NOT ENOUGH DATA ({summary.too_little}): no verdict of health"
     return "HEALTHY"
 
 
