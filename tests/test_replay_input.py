@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 from conftest import fixture_path
 
-from guardian.cli import EXIT_ERROR, EXIT_OK, EXIT_UNHEALTHY, EXIT_USAGE, main
+from guardian.cli import EXIT_ERROR, EXIT_UNHEALTHY, EXIT_USAGE, main
 from guardian.config import ChecksConfig, SourcesConfig
+from guardian.exits import EXIT_TOO_LITTLE
 from guardian.history.timeline import RunHistory
 from guardian.incidents.replay import replay_file, replay_trace
 from guardian.sources.sniff import SAMPLE_BYTES, TraceKind, read_sample, sniff
@@ -211,10 +212,10 @@ def test_replay_skips_a_line_longer_than_the_configured_max_line_bytes(
     path = make(tmp_path)
     trace = ["--console", str(path)] if console else [str(path)]
     code, out, _ = _replay([*trace, "--json"], capsys)
-    assert code == EXIT_OK
+    assert code == EXIT_TOO_LITTLE  # three steps: read, and too few to judge
     assert (json.loads(out)["steps"], json.loads(out)["bad_lines"]) == (3, 0)  # the default limit reads it
     code, out, err = _replay(["--config", str(_small_line_config(tmp_path)), *trace, "--json"], capsys)
-    assert code == EXIT_OK
+    assert code == EXIT_TOO_LITTLE
     assert (json.loads(out)["steps"], json.loads(out)["bad_lines"]) == (2, 1)
     assert f"line longer than {SMALL_LINE} bytes, skipped" in err
 

@@ -203,7 +203,7 @@ class RunHistory:
         else:
             outcome = Arrival.REWOUND
             self.branch += 1
-            self.abandoned = {signal: s.tail_after(step) for signal, s in self.series.items()}
+            self.abandoned = {signal: s.tail_after(step - 1) for signal, s in self.series.items()}
             for s in self.series.values():
                 s.truncate_after(step)
             del self.steps[bisect_right(self.steps, step) :]
