@@ -55,13 +55,15 @@ class Requirement:
     ``spec`` is a pip requirement. ``pinned_by`` names an earlier entry whose wheel metadata pins this one exactly
     (pydantic pins pydantic-core): the version is read from that wheel, so ``--no-deps`` cannot pair mismatched
     versions. ``build_from_sdist`` builds a wheel locally (PyPI has only an sdist). ``trim`` ships the wheel
-    unpacked as ``.tar.xz`` without the members matching these patterns.
+    unpacked as ``.tar.xz`` without the members matching these patterns; ``pack`` ships it as ``.tar.xz`` whole
+    (xz takes about a third off a large wheel's zip, and the carry limit counts the bundle with the working tree).
     """
 
     spec: str
     pinned_by: str | None = None
     build_from_sdist: bool = False
     trim: tuple[str, ...] = ()
+    pack: bool = False
 
     @property
     def name(self) -> str:
@@ -76,7 +78,7 @@ RAY_TRIM = ("ray/jars/*", "ray/rllib/*", "ray/dashboard/client/build/*", "*.js.m
 # What verl 0.9.1's trainer (V1, FSDP, Ray, TransferQueue, Hydra) and the guardian need beyond the GPU machine's
 # own packages.
 REQUIREMENTS: tuple[Requirement, ...] = (
-    Requirement("verl==0.9.1"),
+    Requirement("verl==0.9.1", pack=True),
     Requirement("hydra-core==1.3.2"),
     Requirement("omegaconf==2.3.0"),
     # sdist only on PyPI; 4.13 does not work with hydra 1.3
@@ -92,7 +94,7 @@ REQUIREMENTS: tuple[Requirement, ...] = (
     Requirement("datasets==5.2.0"),
     Requirement("multiprocess"),
     Requirement("pydantic>=2.14,<2.15"),
-    Requirement("pydantic-core", pinned_by="pydantic"),
+    Requirement("pydantic-core", pinned_by="pydantic", pack=True),
     Requirement("annotated-types"),
     Requirement("typing-inspection"),
     # Ray imports jsonschema
@@ -109,7 +111,7 @@ REQUIREMENTS: tuple[Requirement, ...] = (
     Requirement("starlette"),
     Requirement("ray==2.60.0", trim=RAY_TRIM),
     # the guardian's own dependencies the GPU machine lacks (it has rich, PyYAML, numpy, prometheus-client, requests)
-    Requirement("SQLAlchemy>=2.0.30,<2.2"),
+    Requirement("SQLAlchemy>=2.0.30,<2.2", pack=True),
     Requirement("alembic>=1.13"),
     Requirement("Mako"),
     Requirement("grafana-client>=5.1.4,<6"),
@@ -316,7 +318,7 @@ def build(
             platforms=platforms,
         )
         fetched[requirement.name] = wheel
-        if requirement.trim:
+        if requirement.trim or requirement.pack:
             shipped = trim_wheel(wheel, dest, requirement.trim)
             wheel.unlink()
         else:
@@ -364,8 +366,16 @@ def verify(dest: Path) -> list[Entry]:
     return entries
 
 
-def tree_bytes(repo: Path) -> int:
-    """Bytes of what a device call copies of the working tree: tracked files and untracked ones git does not ignore."""
+def on_disk(path: Path) -> int:
+    """What a file uses on disk (whole blocks, as ``du`` counts): the device call's carry limit counts this, not
+    the files' lengths - a tree of many small files weighs more than its bytes."""
+    st = path.stat()
+    return max(st.st_size, st.st_blocks * 512)
+
+
+def tree_bytes(repo: Path, *, allocated: bool = False) -> int:
+    """Bytes of what a device call copies of the working tree: tracked files and untracked ones git does not ignore
+    (``allocated``: counted as on disk)."""
     result = subprocess.run(
         ["git", "-C", str(repo), "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
         capture_output=True,
@@ -377,8 +387,24 @@ def tree_bytes(repo: Path) -> int:
     for name in result.stdout.decode().split("\0"):
         path = repo / name
         if name and path.is_file() and not path.is_symlink():
-            total += path.stat().st_size
+            total += on_disk(path) if allocated else path.stat().st_size
     return total
+
+
+def trim(dest: Path, names: Sequence[str]) -> list[Entry]:
+    """Leave requirements out of a built bundle (their files removed, the manifest rewritten): for a call that does
+    not load them, when the bundle and the working tree no longer fit the carry limit together."""
+    entries = verify(dest)
+    gone = {canonical(name) for name in names}
+    unknown = gone - {e.name for e in entries}
+    if unknown:
+        raise BundleError(f"not in the bundle: {', '.join(sorted(unknown))}")
+    for e in entries:
+        if e.name in gone:
+            (dest / e.file).unlink()
+    kept = [e for e in entries if e.name not in gone]
+    write_manifest(dest, kept)
+    return kept
 
 
 def check_size(bundle_bytes: int, tree: int, limit: int = CARRY_LIMIT_BYTES) -> None:
@@ -411,6 +437,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_build.add_argument("--skip", action="append", default=[], help="leave a requirement out (e.g. ray)")
     p_build.add_argument("--pip-arg", action="append", default=[], help="extra argument for pip (index options)")
     sub.add_parser("check", help="verify the manifest and the carry-size budget")
+    p_trim = sub.add_parser("trim", help="leave requirements out of a built bundle (e.g. qh3 bm25s pystemmer)")
+    p_trim.add_argument("names", nargs="+")
     p_install = sub.add_parser("install", help="install the bundle into a --target folder (GPU machine)")
     p_install.add_argument("--target", type=Path, required=True)
     args = parser.parse_args(argv)
@@ -420,11 +448,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             entries = build(args.dest, pip_args=args.pip_arg, skip=args.skip)
         elif args.command == "check":
             entries = verify(args.dest)
+        elif args.command == "trim":
+            entries = trim(args.dest, args.names)
         else:
             entries = install(args.dest, args.target)
         total = sum(e.size for e in entries)
         if args.command != "install":
-            check_size(total, tree_bytes(repo))
+            check_size(sum(on_disk(args.dest / e.file) for e in entries), tree_bytes(repo, allocated=True))
     except BundleError as exc:
         print(f"gpu.bundle {args.command}: {exc}", file=sys.stderr)
         return 1

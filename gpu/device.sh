@@ -4,6 +4,7 @@
 #   bash gpu/device.sh SCENARIOS [gpu.device_run options...]     e.g.  bash gpu/device.sh healthy,unguarded
 #   bash gpu/device.sh collapse,healthy,unguarded --gpus 2        (FSDP over 2 ranks, 2 hf rollout replicas)
 #   bash gpu/device.sh search-8gpu --shape-steps 12               (the recipe on 8 GPUs, Qwen2.5-7B-shaped model)
+#   bash gpu/device.sh twins --settings sane,lr-high --both --steps 40   (twins: gpu.scenarios.SETTINGS, gpu/twins.py)
 set -u
 scenarios=${1:?usage: gpu/device.sh SCENARIOS [options]}; shift
 out=${OUT:-/tmp/harness-out}; result=$out/harness; mkdir -p "$result"
@@ -16,6 +17,9 @@ have=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ' || true)
 # NVLink multicast stays off (the machine's GPUs are shared); no network: everything offline
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 RAY_USAGE_STATS_ENABLED=0 PYTHONUNBUFFERED=1
+# twins run many Ray clusters side by side while MemTotal still reads a fraction of the machine's memory (it grows as
+# memory is used): Ray's memory monitor, which compares use with MemTotal, would kill workers that fit
+[[ ,$scenarios, == *,twins,* ]] && export RAY_memory_monitor_refresh_ms=0
 rm -rf /tmp/harness  # a warm machine keeps the last call's scratch folder
 python3 -m gpu.bundle install --target /tmp/site > "$result/install.log" 2>&1 || { tail -20 "$result/install.log"; exit 3; }
 export PYTHONPATH=/tmp/site:$PWD VERL_USE_EXTERNAL_MODULES=gpu.verl_plugin

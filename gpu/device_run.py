@@ -42,6 +42,7 @@ from gpu.scenarios import (
     recipe_command,
     recipe_env,
     scenarios,
+    twin_scenarios,
 )
 from gpu.scenarios import trainer_command as build_trainer_command
 
@@ -217,8 +218,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument(
         "--scenarios",
         required=True,
-        help="comma-separated: collapse, collapse-kill, healthy, unguarded, search, search-8gpu",
+        help="comma-separated: collapse, collapse-kill, healthy, unguarded, search, search-8gpu; "
+        "'twins' (or empty) for the twins of --settings alone",
     )
+    p.add_argument("--settings", default="", help="comma-separated gpu.scenarios.SETTINGS to run as twins")
+    twin = p.add_mutually_exclusive_group()
+    for mode in ("both", "guarded", "unguarded"):
+        twin.add_argument(f"--{mode}", dest="twin_mode", action="store_const", const=mode, help=f"twins: {mode}")
+    p.set_defaults(twin_mode="both")
+    p.add_argument("--steps", type=int, default=40, help="training steps of every twin")
     p.add_argument("--work", type=Path, required=True)
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--collapse-steps", type=int, default=28)
@@ -244,10 +252,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         gpus=args.gpus,
         shape_steps=args.shape_steps,
     )
-    chosen = [known[n] for n in args.scenarios.split(",") if n]
-    unknown = [n for n in args.scenarios.split(",") if n and n not in known]
+    names = [n for n in args.scenarios.split(",") if n and n != "twins"]
+    chosen = [known[n] for n in names if n in known]
+    unknown = [n for n in names if n not in known]
+    try:
+        twins = twin_scenarios(
+            args.trainer,
+            [n for n in args.settings.split(",") if n],
+            steps=args.steps,
+            mode=args.twin_mode,
+            gpus=args.gpus,
+        )
+    except ValueError as e:
+        print(e, file=sys.stderr)
+        return 2
+    chosen += twins.values()
     if unknown or not chosen:
-        print(f"gpu.device_run: unknown scenarios {unknown}; choose from {sorted(known)}", file=sys.stderr)
+        print(f"gpu.device_run: unknown scenarios {unknown}; choose from {sorted(known)} or twins", file=sys.stderr)
         return 2
     extra = dict(kv.split("=", 1) for kv in args.extra)
     setup = TrainerSetup(

@@ -21,7 +21,7 @@ line, to rehearse the whole harness on a laptop). Settings are recorded here, on
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -47,6 +47,7 @@ class Scenario:
     recipe: bool = False  # launched by recipe/run.sh (which runs the guardian itself) instead of guardian run
     gpus: int = 1  # trainer.n_gpus_per_node: FSDP ranks, and hf rollout replicas (TP=1)
     shape: bool = False  # the recipe on the Qwen2.5-7B-shaped model (search-8gpu) instead of the tiny one
+    setting: str = ""  # a twin of this named setting (SETTINGS): guarded = under guardian run, unguarded = bare
 
     @property
     def run_id(self) -> str:
@@ -78,6 +79,97 @@ VERL_HEALTHY = {
 }
 CPU_COLLAPSE = {LR_KEY: "2e-5", ENTROPY_KEY: "-0.3", "+trainer.seed": "1"}
 CPU_HEALTHY = {LR_KEY: "2e-5", ENTROPY_KEY: "0", "+trainer.seed": "1"}
+
+
+@dataclass(frozen=True)
+class Setting:
+    """A named set of trainer overrides on top of the tiny task's base (``verl_overrides``), run as twins: the
+    same command once bare and once under ``guardian run --mode enforce``. ``verl`` is what runs on the GPU; ``cpu``
+    is the same intent for the guardian's CPU trainer (rehearsal only: its scales differ, and it refuses responses
+    shorter than 16 tokens)."""
+
+    name: str
+    verl: Mapping[str, str]
+    cpu: Mapping[str, str]
+    why: str
+
+
+KL_KEY = "actor_rollout_ref.actor.use_kl_loss"
+KL_COEF_KEY = "actor_rollout_ref.actor.kl_loss_coef"
+TEMPERATURE_KEY = "actor_rollout_ref.rollout.temperature"
+RESPONSE_KEY = "data.max_response_length"
+CPU_SANE = {**CPU_HEALTHY, KL_KEY: "True", KL_COEF_KEY: "0.001"}
+
+
+def _setting(name: str, verl: Mapping[str, str], cpu: Mapping[str, str], why: str) -> Setting:
+    return Setting(name, {**VERL_HEALTHY, **verl}, {**CPU_SANE, **cpu}, why)
+
+
+# Every setting is the sane control (VERL_HEALTHY: lr 1e-4, no entropy bonus, KL loss 0.001, temperature 1, 16
+# response tokens) with one or two things changed. The entropy-bonus settings run at lr-fast's 1e-3: verl's AdamW
+# moves each weight by about lr a step whatever the loss's scale, so at 1e-4 no entropy coefficient, however large,
+# moves entropy far in 40 steps (the control's entropy goes 4.09 -> 3.95 in 20); lr-fast is their comparison. The keys
+# are verl 0.9.1's (actor/actor.yaml, rollout/rollout.yaml, data/legacy_data.yaml); gpu/tests/test_twins.py composes
+# every command with verl's own Hydra config.
+FAST = {LR_KEY: "1e-3"}
+CPU_FAST = {LR_KEY: "6e-5"}
+SETTINGS: dict[str, Setting] = {
+    s.name: s
+    for s in (
+        _setting("sane", {}, {}, "the control: the healthy scenario's settings"),
+        _setting("lr-high", {LR_KEY: "1e-2"}, {LR_KEY: "2e-4"}, "learning rate 100x the control's"),
+        _setting("lr-fast", FAST, CPU_FAST, "learning rate 10x the control's: learns fast and spends entropy"),
+        _setting(
+            "entropy-neg-mild",
+            {**FAST, ENTROPY_KEY: "-0.03"},
+            {**CPU_FAST, ENTROPY_KEY: "-0.1"},
+            "lr-fast with a small wrong-signed entropy bonus",
+        ),
+        _setting(
+            "entropy-neg-strong",
+            {**FAST, ENTROPY_KEY: "-0.3"},
+            {**CPU_FAST, ENTROPY_KEY: "-0.3"},
+            "lr-fast with a large wrong-signed entropy bonus (3x the collapse scenario's)",
+        ),
+        _setting(
+            "entropy-pos-strong",
+            {**FAST, ENTROPY_KEY: "1.0"},
+            {**CPU_FAST, ENTROPY_KEY: "0.3"},
+            "lr-fast with an entropy bonus far too large: the policy is held near uniform",
+        ),
+        _setting("kl-off", {KL_KEY: "False"}, {KL_KEY: "False"}, "the control without its KL loss"),
+        _setting("temp-high", {TEMPERATURE_KEY: "2.0"}, {TEMPERATURE_KEY: "2.0"}, "rollout temperature 2"),
+        _setting(
+            "len-cap-short",
+            {RESPONSE_KEY: "4"},
+            {},
+            "4 response tokens where the reward reads 8 characters: every answer cut at the cap, reward at most 0.5",
+        ),
+    )
+}
+TWIN_MODES = {"both": (True, False), "guarded": (True,), "unguarded": (False,)}
+
+
+def twin_name(setting: str, guarded: bool) -> str:
+    return f"{setting}.{'guarded' if guarded else 'unguarded'}"
+
+
+def twin_scenarios(
+    kind: str, settings: Sequence[str], *, steps: int, mode: str = "both", gpus: int | None = None
+) -> dict[str, Scenario]:
+    """The twins of each named setting: ``<setting>.guarded`` (guardian run, enforce mode) and/or
+    ``<setting>.unguarded`` (the trainer alone), the same command and seed."""
+    unknown = [name for name in settings if name not in SETTINGS]
+    if unknown:
+        raise ValueError(f"gpu.scenarios: unknown settings {unknown}; choose from {sorted(SETTINGS)}")
+    out = {}
+    for name in settings:
+        chosen = SETTINGS[name]
+        overrides = chosen.verl if kind == "verl" else chosen.cpu
+        for guarded in TWIN_MODES[mode]:
+            s = Scenario(twin_name(name, guarded), guarded, overrides, total_steps=steps, gpus=gpus or 1, setting=name)
+            out[s.name] = s
+    return out
 
 
 def scenarios(

@@ -17,6 +17,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from gpu import twins
 from gpu.scenarios import LR_KEY, Scenario
 from guardian.actions.overrides import parse_command
 from guardian.sources.jsonl import read_all
@@ -578,6 +579,82 @@ def judge_unguarded(out: Path, s: Scenario, result: Mapping[str, Any]) -> dict[s
     return {"checks": checks, "measures": {"step_time_s": _step_time(metrics), "returncodes": codes}}
 
 
+def twin_metrics(out: Path, s: Scenario) -> list[dict[int, dict[str, Any]]]:
+    """A twin's metrics: the bare trainer's one file, or each attempt's under the guardian, in attempt order."""
+    if not s.guarded:
+        return [read_metrics(out / s.name / "unguarded" / "metrics.jsonl")]
+    run_dir = out / s.name / "runs" / s.run_id
+    numbers = sorted(int(p.name.split("-")[1]) for p in run_dir.glob("attempt-*") if p.name.split("-")[1].isdigit())
+    return [read_metrics(_attempt_dir(out, s, n) / "metrics.jsonl") for n in numbers]
+
+
+def judge_twin(out: Path, s: Scenario, result: Mapping[str, Any]) -> dict[str, Any]:
+    """A twin ran its steps (the report, ``twins.twin_row``, says what it did); the control's guarded twin must not
+    have been touched."""
+    checks: list[dict[str, Any]] = []
+    codes = list(result.get("returncodes", []))
+    attempts = twin_metrics(out, s)
+    run = twins.branch(attempts)
+    last = twins.figures(run).steps
+    _check(checks, "reached_total_steps", last >= s.total_steps, f"last step {last} of {s.total_steps}")
+    measures: dict[str, Any] = {"returncodes": codes, "step_time_s": _step_time(attempts[-1]) if attempts else None}
+    if s.guarded:
+        store_path = out / s.name / "store.json"
+        store = json.loads(store_path.read_text()) if store_path.exists() else {}
+        outcome = twins.guardian_outcome(store)
+        measures.update(outcome)
+        if s.setting == twins.CONTROL:
+            _check(
+                checks,
+                "no_intervention_on_the_control",
+                not outcome["interventions"],
+                f"{outcome['interventions']} intervention(s)",
+            )
+    else:
+        _check(checks, "trainer_exit_0", codes[-1:] == [0], f"exit codes {codes}")
+    return {"checks": checks, "measures": measures}
+
+
+def twin_report(out: Path, chosen: Mapping[str, Scenario], judged: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Per setting: both twins' figures, the guardian's detection, steps lost and outcome, the unguarded twin's
+    label against the control's unguarded twin (its guarded twin when it ran alone)."""
+    by_setting: dict[str, dict[bool, Scenario]] = {}
+    for s in chosen.values():
+        if s.setting:
+            by_setting.setdefault(s.setting, {})[s.guarded] = s
+    control_pair = by_setting.get(twins.CONTROL, {})
+    control_s = control_pair.get(False) or control_pair.get(True)
+    control = twins.branch(twin_metrics(out, control_s)) if control_s else None
+    rows = []
+    for name, pair in by_setting.items():
+        bare, guarded = pair.get(False), pair.get(True)
+        store: dict[str, Any] = {}
+        findings: list[dict[str, Any]] = []
+        if guarded is not None:
+            if (out / guarded.name / "store.json").exists():
+                store = json.loads((out / guarded.name / "store.json").read_text())
+            log = out / guarded.name / "runs" / guarded.run_id / "guardian.log"
+            if log.exists():
+                findings = twins.first_findings(parse_log(log.read_text(errors="replace")))
+        times = {
+            "unguarded": judged[bare.name]["measures"].get("step_time_s") if bare else None,
+            "guarded": judged[guarded.name]["measures"].get("step_time_s") if guarded else None,
+        }
+        rows.append(
+            twins.twin_row(
+                name,
+                (bare or guarded).overrides,  # type: ignore[union-attr]
+                twins.branch(twin_metrics(out, bare)) if bare else None,
+                twin_metrics(out, guarded) if guarded else None,
+                store,
+                control,
+                times,
+                findings,
+            )
+        )
+    return rows
+
+
 def judge(
     out: Path,
     scenarios: Mapping[str, Scenario],
@@ -591,7 +668,9 @@ def judge(
     judged: dict[str, Any] = {}
     for name, s in scenarios.items():
         result = results.get(name, {})
-        if s.recipe:
+        if s.setting:
+            judged[name] = judge_twin(out, s, result)
+        elif s.recipe:
             judged[name] = judge_recipe(out, s, result, samples)
         elif s.guarded:
             judged[name] = judge_guarded(out, s, result, samples)
@@ -603,7 +682,10 @@ def judge(
         if on and off:
             overhead = {"guarded_s": on, "unguarded_s": off, "overhead_percent": round(100 * (on - off) / off, 1)}
     passed = not timed_out and all(c["passed"] for v in judged.values() for c in v["checks"])
-    return {"passed": passed, "timed_out": timed_out, "scenarios": judged, "step_time_overhead": overhead}
+    report = {"passed": passed, "timed_out": timed_out, "scenarios": judged, "step_time_overhead": overhead}
+    if any(s.setting for s in scenarios.values()):
+        report["twins"] = twin_report(out, scenarios, judged)
+    return report
 
 
 def render(judged: Mapping[str, Any]) -> str:
@@ -617,4 +699,6 @@ def render(judged: Mapping[str, Any]) -> str:
         lines.append(f"    measures: {json.dumps(v['measures'], default=str)}")
     if judged.get("step_time_overhead"):
         lines.append(f"  step time, guardian on vs off: {judged['step_time_overhead']}")
+    if judged.get("twins"):
+        lines.append(twins.render(judged["twins"]))
     return "\n".join(lines)
