@@ -1,10 +1,13 @@
-"""Replays of the real verl 0.9.1 runs the GPU harness guarded (tests/fixtures/verl-0.9.1-run/harness, gpu/README.md).
+"""Replays of the real verl 0.9.1 runs the GPU harness guarded (gpu/README.md).
 
-Each scenario ran under ``guardian run`` in enforce mode on one H200: ``collapse`` (a wrong-signed entropy bonus),
-``collapse-kill`` (the same, with the guardian SIGKILLed after it relaunched the patched trainer and re-attached),
-``healthy`` (a sound config) and ``unguarded`` (the same config without the guardian). The live decisions are in
-each run's guardian.log and store.json; here the guardian replays the files those runs wrote and must reach them
-again, and the harness's own verdict on the recorded evidence must pass.
+``tests/fixtures/verl-twins/guarded-call``: twins of five settings, each run under ``guardian run`` in enforce mode
+beside an unguarded twin on one H200 - two wrong-signed entropy bonuses (rescued), the sane control, a high LR and a
+high temperature (no intervention). The live decisions are in each run's guardian.log and store.json; here the
+guardian replays the files those runs wrote and must reach them again.
+
+``tests/fixtures/verl-0.9.1-run/harness``: the earlier call (``collapse``, ``collapse-kill`` with the guardian
+SIGKILLed and re-attached, ``healthy``, ``unguarded``), recorded under the judgment before the decision policy; its
+stop, quarantine, GPU-release and re-attach evidence is judged by the harness's own verdict.
 """
 
 from __future__ import annotations
@@ -29,11 +32,13 @@ from guardian.rescue.outcome import measure_outcome
 from guardian.sources.jsonl import read_all
 
 HARNESS = fixture_path("verl-0.9.1-run", "harness")
-GUARDED = ["collapse", "collapse-kill", "healthy"]
+TWINS = fixture_path("verl-twins", "guarded-call")
+GUARDED = [f"{s}.guarded" for s in ("entropy-neg-mild", "entropy-neg-strong", "sane", "lr-high", "temp-high")]
+RESCUED = GUARDED[:2]
 
 
 def run_dir(name: str) -> Path:
-    return HARNESS / name / "runs" / f"gpu-{name}"
+    return TWINS / name / "runs" / f"gpu-{name}"
 
 
 def live_findings_of_attempt_1(name: str) -> list[tuple[str, str, str, int]]:
@@ -49,12 +54,20 @@ def live_findings_of_attempt_1(name: str) -> list[tuple[str, str, str, int]]:
 
 def replay_attempt(name: str, attempt: int) -> ReplayResult:
     folder = run_dir(name) / f"attempt-{attempt}"
-    return replay_file(folder / "metrics.jsonl", ChecksConfig(), rollouts=folder / "rollouts")
+    rollouts = folder / "rollouts"
+    return replay_file(folder / "metrics.jsonl", ChecksConfig(), rollouts=rollouts if rollouts.is_dir() else None)
 
 
 def store(name: str) -> dict[str, Any]:
-    loaded: dict[str, Any] = json.loads((HARNESS / name / "store.json").read_text())
+    loaded: dict[str, Any] = json.loads((TWINS / name / "store.json").read_text())
     return loaded
+
+
+def labelled_onset(name: str) -> int:
+    """The onset the unguarded twin of the same setting shows (tests/fixtures/verl-twins/labels.json)."""
+    labels = json.loads((TWINS.parent / "labels.json").read_text())
+    (entry,) = [e for e in labels if e["file"] == name.replace(".guarded", ".jsonl")]
+    return int(entry["onset_step"])
 
 
 @pytest.mark.parametrize("name", GUARDED)
@@ -68,13 +81,12 @@ def test_a_replay_of_attempt_1_reaches_every_live_decision(name: str) -> None:
     assert replayed == live_findings_of_attempt_1(name)
 
 
-@pytest.mark.parametrize("name", ["collapse", "collapse-kill"])
-def test_the_collapse_is_called_within_six_steps_and_the_rollback_keeps_the_progress(name: str) -> None:
+@pytest.mark.parametrize("name", RESCUED)
+def test_the_collapse_is_called_within_ten_steps_and_the_rollback_keeps_the_progress(name: str) -> None:
     result = replay_attempt(name, 1)
     first = result.first_critical
     assert first is not None and first.check == "entropy_collapse" and first.severity is Severity.CRITICAL
-    collapse = verdict.collapse_step(verdict.read_metrics(run_dir(name) / "attempt-1" / "metrics.jsonl"))
-    assert collapse is not None and first.step is not None and first.step - collapse <= 6
+    assert first.step is not None and 0 <= first.step - labelled_onset(name) <= 10
     (incident,) = store(name)["shown"]
     assert (incident["opened_step"], incident["onset_step"]) == (first.step, first.onset_step)
 
@@ -100,23 +112,29 @@ def test_the_collapse_is_called_within_six_steps_and_the_rollback_keeps_the_prog
     assert target is not None and target.step == intervention["target_step"]
 
 
-@pytest.mark.parametrize("name", ["collapse", "collapse-kill"])
-def test_the_resumed_branch_is_resolved_by_its_outcome_as_it_was_live(name: str) -> None:
+@pytest.mark.parametrize("name", RESCUED)
+def test_the_resumed_branch_is_judged_against_the_abandoned_one_as_it_was_live(name: str) -> None:
+    (incident,) = store(name)["shown"]
+    (intervention,) = incident["interventions"]
+    (resolved,) = [e["detail"]["outcome"] for e in intervention["events"] if e["state"] == "RESOLVED"]
     history = RunHistory()
     for attempt in (1, 2):
         for record in read_all(run_dir(name) / f"attempt-{attempt}" / "metrics.jsonl")[0]:
-            history.add(record)
-    (incident,) = store(name)["shown"]
-    (intervention,) = incident["interventions"]
-    target = intervention["target_step"]
-    outcome = measure_outcome(history, target_step=target, own=None, own_check=None, checks=ChecksConfig())
-    assert outcome.reward is not None and outcome.reward.recovered, outcome.describe()
+            if attempt == 1 or record.step <= resolved["newest_step"]:
+                history.add(record)
+    outcome = measure_outcome(
+        history, target_step=intervention["target_step"], own=None, own_check="entropy_collapse", checks=ChecksConfig()
+    )
+    assert outcome.proven and outcome.reward_vs_abandoned is not None, outcome.describe()
+    for comparison in ("reward_vs_abandoned", "signal_vs_abandoned"):
+        assert outcome.to_json()[comparison] == resolved[comparison]
     assert intervention["state"] == "RESOLVED" and incident["status"] == "resolved"
 
 
-def test_the_healthy_control_got_no_intervention_and_replays_without_a_critical() -> None:
-    assert store("healthy")["incidents"] == []
-    assert replay_attempt("healthy", 1).first_critical is None
+@pytest.mark.parametrize("name", GUARDED[2:])
+def test_the_settings_that_did_not_collapse_got_no_intervention_and_replay_without_a_critical(name: str) -> None:
+    assert store(name)["incidents"] == []
+    assert replay_attempt(name, 1).first_critical is None
 
 
 @pytest.mark.parametrize(
