@@ -26,7 +26,7 @@ from guardian.cli import main
 from guardian.config import ChecksConfig
 from guardian.exits import EXIT_OK, EXIT_TOO_LITTLE
 from guardian.history.timeline import RunHistory, StepRecord
-from guardian.rescue.outcome import measure_outcome
+from guardian.rescue.outcome import measure_outcome, outcome_line
 from guardian.rescue.policy import Ending, judge_probation
 
 C = ChecksConfig()
@@ -155,6 +155,9 @@ def test_a_rescue_whose_kl_keeps_growing_slower_than_the_abandoned_branch_is_res
     verdict = judge_probation(outcome=outcome, probation_steps=10, max_factor=2, critical_checks_since_resume=[])
     assert verdict.ending is Ending.RESOLVED
     assert "on the abandoned branch over 10 steps (at least as good)" in verdict.reason
+    # as `guardian incidents show` and the report print the stored figures
+    line = outcome_line(outcome.to_json())
+    assert "critic/score/mean 0.41 vs 0.3 on the abandoned branch over 10 steps (at least as good)" in line
 
 
 def test_a_rescue_that_learns_less_than_the_abandoned_branch_is_not_proven() -> None:
