@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Final, cast
+from typing import Any, Final, TypeVar, cast
 
 from alembic import command
 from alembic.config import Config
@@ -65,6 +65,7 @@ _PASSWORD_IN_CONNINFO = re.compile(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|[^\s']+
 PG_CONNECT_TIMEOUT_S: Final = 10  # libpq waits for ever by default: an unreachable server would hang a tick
 MIGRATION_POLL_S: Final = 0.1
 _PG_MIGRATION_LOCK: Final = 0x67756172640001  # pg_advisory_xact_lock key: one migration of a database at a time
+_T = TypeVar("_T")
 
 
 def mask_url(url: str) -> str:
@@ -131,19 +132,34 @@ def _alembic_config(url: URL | None) -> Config:
     return config
 
 
-def _upgrade_when_free(engine: Engine, url: URL, wait_s: float = MIGRATION_WAIT_S) -> None:
-    """``_upgrade``, waiting up to ``wait_s`` while another connection holds SQLite's write lock (another guardian
-    migrating the same new database: its transaction may outlast the busy timeout)."""
+def is_locked(exc: BaseException) -> bool:
+    """Whether ``exc`` is SQLite's "database is locked": another connection's write transaction outlasted the busy
+    timeout (nothing of the refused transaction was written: ``BEGIN IMMEDIATE`` takes the lock before any write)."""
+    return (
+        isinstance(exc, OperationalError)
+        and isinstance(exc.orig, sqlite3.OperationalError)
+        and "locked" in str(exc.orig)
+    )
+
+
+def when_free(work: Callable[[], _T], wait_s: float) -> _T:
+    """``work()`` (one whole write transaction), run again while SQLite refuses it as locked, until ``wait_s`` has
+    passed; then the lock's error is raised. SQLite's busy handler is no queue: a writer among many (a fleet's runs
+    starting together) can be passed over for longer than the busy timeout while the others take turns."""
     deadline = time.monotonic() + wait_s
     while True:
         try:
-            _upgrade(engine, url)
-            return
+            return work()
         except OperationalError as exc:
-            locked = isinstance(exc.orig, sqlite3.OperationalError) and "locked" in str(exc.orig)
-            if not locked or time.monotonic() >= deadline:
+            if not is_locked(exc) or time.monotonic() >= deadline:
                 raise
             time.sleep(MIGRATION_POLL_S)
+
+
+def _upgrade_when_free(engine: Engine, url: URL, wait_s: float = MIGRATION_WAIT_S) -> None:
+    """``_upgrade``, waiting up to ``wait_s`` while another connection holds SQLite's write lock (another guardian
+    migrating the same new database: its transaction may outlast the busy timeout)."""
+    when_free(lambda: _upgrade(engine, url), wait_s)
 
 
 def _upgrade(engine: Engine, url: URL) -> None:

@@ -16,23 +16,24 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Collection, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from types import TracebackType
-from typing import Final, Self, SupportsFloat
+from typing import Final, Self, SupportsFloat, TypeVar
 
 import orjson
 from sqlalchemy import Connection, Engine, func, insert, select, text, update
+from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 from guardian.checks.findings import Finding
-from guardian.config import BUSY_TIMEOUT_S, STATEMENT_TIMEOUT_S
+from guardian.config import BUSY_TIMEOUT_S, MIGRATION_WAIT_S, STATEMENT_TIMEOUT_S
 from guardian.history.timeline import StepRecord
 from guardian.ids import MAX_RUN_ID
 from guardian.states import CLOSED_INCIDENT_STATUSES, IncidentStatus, RunStatus
 from guardian.store.deliveries import DeliveryRecords
-from guardian.store.engine import WRITE_OPTION, current_revision, mask_url, open_engine
+from guardian.store.engine import WRITE_OPTION, current_revision, is_locked, mask_url, open_engine, when_free
 from guardian.store.errors import NotFoundError, StoreError
 from guardian.store.evaluations import EvaluationRecords
 from guardian.store.interventions import InterventionRecords
@@ -58,6 +59,10 @@ from guardian.store.views import (
 )
 
 _IN_CHUNK: Final = 500
+# a run's registration (and its first attempt) waits this long for a store other writers keep locked (SQLite): the
+# runs of a fleet start together, and SQLite's busy handler can pass one writer over for longer than the busy timeout
+REGISTER_WAIT_S: Final = MIGRATION_WAIT_S
+_T = TypeVar("_T")
 
 StepValues = dict[str, float | None]
 
@@ -114,6 +119,7 @@ class Store(InterventionRecords, DeliveryRecords, EvaluationRecords, PinRecords)
     def __init__(self, engine: Engine, masked_url: str, connection: Connection | None = None) -> None:
         self._engine = engine
         self._url = masked_url
+        self._joined = connection is not None  # inside ``transaction``: the caller's transaction, never retried here
         if connection is not None:  # every session joins the connection's transaction (see ``transaction``)
             self._read: sessionmaker[Session] = sessionmaker(connection)
             self._write: sessionmaker[Session] = self._read
@@ -202,6 +208,49 @@ class Store(InterventionRecords, DeliveryRecords, EvaluationRecords, PinRecords)
                 f"run id of {len(run_id)} characters: the store keeps ids of 1-{MAX_RUN_ID} "
                 "(guardian.ids.checked_run_id is the rule the command line applies)"
             )
+        return self._registering(
+            run_id,
+            "register it",
+            lambda: self._ensure_run(
+                run_id,
+                name=name,
+                metrics_path=metrics_path,
+                rollouts_dir=rollouts_dir,
+                checkpoints_dir=checkpoints_dir,
+                mode=mode,
+                now=now,
+                config_json=config_json,
+            ),
+        )
+
+    def _registering(self, run_id: str, what: str, work: Callable[[], _T]) -> _T:
+        """``work`` (one write transaction of a run's start), waiting up to ``REGISTER_WAIT_S`` while SQLite refuses
+        it as locked by other writers; past that, one ``StoreError`` line that says so (never a driver traceback)."""
+        if self._joined:
+            return work()
+        wait_s = REGISTER_WAIT_S
+        try:
+            return when_free(work, wait_s)
+        except OperationalError as exc:
+            if not is_locked(exc):
+                raise
+            raise StoreError(
+                f"run {run_id}: cannot {what}: the store at {self._url} stayed locked by other writers for "
+                f"{wait_s:g} s; find the process that holds it (fuser or lsof on the file) and start the run again"
+            ) from None
+
+    def _ensure_run(
+        self,
+        run_id: str,
+        *,
+        name: str,
+        metrics_path: str,
+        rollouts_dir: str,
+        checkpoints_dir: str | None,
+        mode: str,
+        now: float,
+        config_json: str | None,
+    ) -> RunView:
         with self._write() as session, session.begin():
             row = session.get(Run, run_id)
             if row is None:
@@ -250,7 +299,26 @@ class Store(InterventionRecords, DeliveryRecords, EvaluationRecords, PinRecords)
         command: Sequence[str] | Mapping[str, object] | None = None,
         pid: int | None = None,
     ) -> AttemptView:
-        """Record a new launch of the trainer; its number is one more than the run's last."""
+        """Record a new launch of the trainer; its number is one more than the run's last. The first one is part of
+        the run's start and waits, as its registration does, for a store other writers keep locked; a relaunch's
+        refusal is the guard loop's to handle (an outage)."""
+
+        def work() -> AttemptView:
+            return self._start_attempt(run_id, metrics_path=metrics_path, now=now, command=command, pid=pid)
+
+        if self._joined or self.latest_attempt(run_id) is not None:
+            return work()
+        return self._registering(run_id, "record its first attempt", work)
+
+    def _start_attempt(
+        self,
+        run_id: str,
+        *,
+        metrics_path: str,
+        now: float,
+        command: Sequence[str] | Mapping[str, object] | None,
+        pid: int | None,
+    ) -> AttemptView:
         with self._write() as session, session.begin():
             if session.get(Run, run_id) is None:
                 raise NotFoundError(f"no run {run_id!r}")
