@@ -6,16 +6,22 @@ Every launch is an *attempt* with its own folder under ``<home>/runs/<run_id>/at
 by the runner wrapper when the trainer ends) and ``rollouts/`` (its ``trainer.rollout_data_dir``, unless
 the command sets its own: verl overwrites a replayed step's dump, and the abandoned branch's dumps are
 the evidence behind the decision to abandon it).
+
+A rollout dump folder the run's command names itself is one run's at a time (``holding_dumps``): a rollback moves
+the dumps of the steps it abandons into the folder's quarantine, which would take another run's dumps with them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import os
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import orjson
 
+from guardian.actions.dirlock import LOCK_NAME, DirLockedError, holding
 from guardian.actions.process import TrainerControl, TrainerHandle, read_runner_start
 from guardian.atomic import write_atomically
 from guardian.logs import event, get_logger
@@ -113,3 +119,41 @@ def attach_attempt(
         )
     log.info(event("attempt_attached", {"attempt": number, "pid": handle.pid}))
     return handle
+
+
+@contextmanager
+def holding_dumps(directory: Path, run_id: str, run_folder: Path | None = None) -> Iterator[Path]:
+    """Hold the guardian lock of the rollout dump folder ``directory`` (the run's own ``trainer.rollout_data_dir``)
+    for the block, as a checkpoint dir's is held (``guardian.actions.dirlock``: one lock file, gone with the
+    guardian's process); yields the lock file. Raises ``DirLockedError`` naming both runs and the folder when another
+    guardian (of this process too: a fleet's other run) holds it, or a trainer its guardian left running writes there.
+    """
+    held = ExitStack()
+    try:
+        lock = held.enter_context(holding(directory, run_id, run_folder))
+    except DirLockedError as exc:
+        other = _holder_run(directory)
+        whose = f"run {other}'s" if other else "another run's"
+        raise DirLockedError(
+            f"run {run_id} is refused: its rollout dump folder {directory} (trainer.rollout_data_dir) is {whose} too, "
+            f"and a rollback of either run would move the other's step dumps into its own quarantine. Give run "
+            f"{run_id} its own trainer.rollout_data_dir ({exc})"
+        ) from None
+    with held:
+        yield lock
+
+
+def _holder_run(directory: Path) -> str | None:
+    """The run named by the holder line of ``directory``'s lock file (never through a symlink), if any."""
+    try:
+        fd = os.open(directory / LOCK_NAME, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        line = os.read(fd, 4096).decode(errors="replace")
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    fields = dict(part.split("=", 1) for part in line.split() if "=" in part)
+    return fields.get("run") or None

@@ -19,6 +19,12 @@ def register(add: AddCommand) -> None:
     p.add_argument("--mode", choices=("observe", "advise", "enforce"), help="default: config mode (enforce)")
     p.add_argument("--run-id", help="run id (default: derived from the command and the working directory)")
     p.add_argument("--attach", metavar="RUN_ID", help="re-attach to a run this store knows (after a guardian restart)")
+    p.add_argument(
+        "--new",
+        action="store_true",
+        help="start a new run even if the store records this one as over (finished, or gave up: 93); it gets the "
+        "run id with a timestamp added. Without it such a run is not launched again: it answers its recorded exit",
+    )
     p.add_argument("--dry-run", action="store_true", help="print the command the first attempt would run, and exit")
     p.add_argument("--no-live", action="store_true", help="no live terminal view (logs only)")
     p.add_argument("--export", type=int, metavar="PORT", help="serve Prometheus metrics on 127.0.0.1:PORT")
@@ -56,6 +62,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     command = list(args.command)
     if command and command[0] == "--":
         command = command[1:]
+    if args.new and args.attach:
+        log.error(event("usage", {"message": "--new starts a new run and --attach follows a known one: give one"}))
+        return EXIT_USAGE
     if not command and not args.attach:
         log.error(event("usage", {"message": "give the training command after --, or --attach RUN_ID"}))
         return EXIT_USAGE
@@ -67,6 +76,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         dry_run=args.dry_run,
         live=sys.stdout.isatty() and not args.no_live,
         ray_address=args.ray_address,
+        new=args.new,
     )
     return run_guarded(config, request)
 

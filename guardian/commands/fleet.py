@@ -16,17 +16,20 @@ import sys
 import threading
 from collections.abc import Sequence
 from contextlib import nullcontext
+from pathlib import Path
 
+from guardian.actions.patch import prepare_attempt
 from guardian.actions.verl_keys import PatchError
-from guardian.commands.run import RunRequest, guard_request
+from guardian.commands.run import RunEnd, RunRequest, guard_request, users_dump_dir
 from guardian.config import ConfigError, GuardianConfig
 from guardian.exits import EXIT_ERROR, EXIT_USAGE
 from guardian.faults import fault_fields
-from guardian.fleet.outcome import fleet_exit, meaning
+from guardian.fleet.outcome import already_over, fleet_exit, meaning
 from guardian.fleet.spec import FleetRun
 from guardian.logs import event, get_logger
 from guardian.sinks.export import FleetSource, serving
 from guardian.store import Store, StoreError, mask_url
+from guardian.store.engine import is_locked, reason
 
 log = get_logger("fleet")
 JOIN_POLL_S = 0.5  # the main thread wakes this often while runs are guarded (signals are handled there)
@@ -36,20 +39,33 @@ def run_fleet(fleet_config: GuardianConfig, runs: Sequence[FleetRun], *, stop: t
     """Guard ``runs`` until each ends or the guardian is told to stop; prints one summary line per run."""
     stop = stop or threading.Event()
     previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
+    over: dict[str, RunEnd] = {}
     try:
-        codes = guard_fleet(fleet_config, runs, stop)
+        codes = guard_fleet(fleet_config, runs, stop, over=over)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     width = max(len(run.run_id) for run in runs)
     for run in runs:
         code = codes[run.run_id]
-        sys.stdout.write(f"{run.run_id:<{width}}  exit {code:<3}  {meaning(code)}\n")
+        ended = over.get(run.run_id)
+        said = already_over(ended.status, code) if ended is not None else meaning(code)
+        sys.stdout.write(f"{run.run_id:<{width}}  exit {code:<3}  {said}\n")
     return fleet_exit(codes, interrupted=stop.is_set())
 
 
-def guard_fleet(fleet_config: GuardianConfig, runs: Sequence[FleetRun], stop: threading.Event) -> dict[str, int]:
-    """Guard each run in its own thread, serving their snapshots on the fleet's exporter; each run's exit code."""
+def guard_fleet(
+    fleet_config: GuardianConfig,
+    runs: Sequence[FleetRun],
+    stop: threading.Event,
+    *,
+    over: dict[str, RunEnd] | None = None,
+) -> dict[str, int]:
+    """Guard each run in its own thread, serving their snapshots on the fleet's exporter; each run's exit code.
+    A run the store records as over is not launched again: it answers its recorded code, and ``over`` gets how it
+    ended."""
+    over = {} if over is None else over
+    refuse_shared_dump_dirs(runs)
     source = FleetSource()
     codes: dict[str, int] = {}
     served = (
@@ -64,7 +80,7 @@ def guard_fleet(fleet_config: GuardianConfig, runs: Sequence[FleetRun], stop: th
         log.info(event("fleet", {"runs": len(runs), "db": mask_url(fleet_config.database_url())}))
         threads = [
             threading.Thread(
-                target=_guard_one, args=(run, stop, source, codes), name=f"guard-{run.run_id}", daemon=True
+                target=_guard_one, args=(run, stop, source, codes, over), name=f"guard-{run.run_id}", daemon=True
             )
             for run in runs
         ]
@@ -76,20 +92,57 @@ def guard_fleet(fleet_config: GuardianConfig, runs: Sequence[FleetRun], stop: th
     return codes
 
 
-def _guard_one(run: FleetRun, stop: threading.Event, source: FleetSource, codes: dict[str, int]) -> None:
+def refuse_shared_dump_dirs(runs: Sequence[FleetRun]) -> None:
+    """Refuse, before any run starts, a fleet whose runs' commands name one rollout dump folder: a rollback of one
+    would move the other's step dumps into its quarantine (``guardian.actions.launcher.holding_dumps`` keeps runs of
+    different guardians apart the same way). A command the guardian cannot read is left to its run's own refusal."""
+    owners: dict[Path, list[str]] = {}
+    for run in runs:
+        try:
+            files = prepare_attempt(run.command, metrics_path=Path("metrics.jsonl"), rollout_dir=Path("r"), cwd=run.cwd)
+        except (PatchError, ValueError):
+            continue
+        folder = users_dump_dir(files, files.checkpoint_dir)
+        if folder is not None:
+            owners.setdefault(folder, []).append(run.run_id)
+    shared = [
+        f"{' and '.join(f'run {run_id}' for run_id in ids)} share the rollout dump folder {folder}"
+        for folder, ids in owners.items()
+        if len(ids) > 1
+    ]
+    if shared:
+        raise ConfigError(
+            f"fleet refused: {'; '.join(shared)} (trainer.rollout_data_dir): a rollback of one run would move the "
+            "others' step dumps into its quarantine. Give each run its own trainer.rollout_data_dir"
+        )
+
+
+def _guard_one(
+    run: FleetRun, stop: threading.Event, source: FleetSource, codes: dict[str, int], over: dict[str, RunEnd]
+) -> None:
     """One run's thread: guard it, record its exit code. Nothing it raises reaches another run."""
     request = RunRequest(command=run.command, cwd=run.cwd, run_id=run.run_id, ray_address=run.ray_address)
     code = EXIT_ERROR
     try:
-        code = guard_request(run.config, request, stop, join_fleet=lambda out: source.join(run.run_id, out.snapshots))
+        code = guard_request(
+            run.config,
+            request,
+            stop,
+            join_fleet=lambda out: source.join(run.run_id, out.snapshots),
+            over=lambda ended: over.__setitem__(run.run_id, ended),
+        )
     except (ConfigError, PatchError) as exc:  # this run's settings or command are wrong: the others go on
         code = EXIT_USAGE
         log.error(event("fleet_run_refused", {"run": run.run_id, "message": str(exc)}))
     except StoreError as exc:
         log.error(event("store_error", {"run": run.run_id, "message": str(exc)}))
     except Exception as exc:  # a bug in this run's set-up or loop: the other runs go on
-        fields = {"run": run.run_id, **fault_fields(exc), "message": str(exc), "others": "still guarded"}
-        log.error(event("fleet_run_failed", fields), exc_info=True)
+        if is_locked(exc):  # a lock outlasting the busy timeout where nothing waits for it: one line, no traceback
+            fix = "another writer held the store locked; start the fleet again"
+            log.error(event("store_error", {"run": run.run_id, "message": reason(exc), "fix": fix}))
+        else:
+            fields = {"run": run.run_id, **fault_fields(exc), "message": str(exc), "others": "still guarded"}
+            log.error(event("fleet_run_failed", fields), exc_info=True)
     finally:
         codes[run.run_id] = code
         source.stopped(run.run_id)

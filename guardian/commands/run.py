@@ -20,12 +20,16 @@ from typing import Any
 import orjson
 from rich.console import Group
 from rich.live import Live
+from sqlalchemy.exc import SQLAlchemyError
 
 from guardian.actions.dirlock import DirLockedError, holding
+from guardian.actions.launcher import holding_dumps
+from guardian.actions.patch import AttemptFiles
 from guardian.actions.process import LocalProcessControl
 from guardian.commands.view import run_view
 from guardian.config import GuardianConfig
-from guardian.exits import EXIT_INTERRUPTED
+from guardian.exits import EXIT_GAVE_UP, EXIT_INTERRUPTED, EXIT_OK, EXIT_UNHEALTHY
+from guardian.fleet.outcome import meaning
 from guardian.ids import MAX_RUN_ID, checked_run_id
 from guardian.logs import event, get_logger, logging_to_file
 from guardian.loop.guard import guard
@@ -36,7 +40,8 @@ from guardian.rescue.ray_jobs import JobsClient, RayJobsError, connect
 from guardian.rescue.ray_survivors import ClusterState, StateApi
 from guardian.rescue.supervisor import Supervisor
 from guardian.sinks.snapshot import GuardianSource
-from guardian.store import Store
+from guardian.states import IncidentStatus, RunStatus, State
+from guardian.store import RunView, Store, StoreError
 
 log = get_logger("run")
 # Test hook for the chaos tests: the guardian SIGKILLs itself right after committing this state.
@@ -52,6 +57,33 @@ class RunRequest:
     dry_run: bool = False
     live: bool = False
     ray_address: str | None = None  # submit each attempt to this Ray cluster's Jobs API (http://HEAD:8265)
+    new: bool = False  # a run the store knows is started anew under a fresh id (never re-attached nor refused)
+
+
+@dataclass(frozen=True, slots=True)
+class RunEnd:
+    """How a run the store records as over ended: its status (finished, gave_up) and its guardian's exit code."""
+
+    status: str
+    code: int
+
+
+def recorded_end(store: Store, run: RunView) -> RunEnd | None:
+    """The end of ``run`` as the store records it, or None while it is not over. The exit code is the one its
+    guardian recorded; a run that gave up answers 93 (do not requeue); a finished run whose guardian died before
+    recording its code answers as its end would have: 3 with an incident left open or a rescue left unproven,
+    else 0."""
+    if run.status not in (RunStatus.FINISHED, RunStatus.GAVE_UP):
+        return None
+    if run.status == RunStatus.GAVE_UP:
+        return RunEnd(RunStatus.GAVE_UP.value, EXIT_GAVE_UP)
+    saved = orjson.loads(run.config_json or "{}")
+    code = saved.get("exit_code") if isinstance(saved, dict) else None
+    if isinstance(code, int) and not isinstance(code, bool):
+        return RunEnd(RunStatus.FINISHED.value, code)
+    unproven = any(iv.state is State.UNRESOLVED for iv in store.interventions(run.id))
+    left_open = any(incident.status == IncidentStatus.OPEN for incident in store.list_incidents(run.id))
+    return RunEnd(RunStatus.FINISHED.value, EXIT_UNHEALTHY if unproven or left_open else EXIT_OK)
 
 
 def _die_after(state: str) -> Callable[[str], None]:
@@ -126,6 +158,43 @@ def register_run(store: Store, supervisor: Supervisor, *, name: str, ray_address
     )
 
 
+def users_dump_dir(files: AttemptFiles, checkpoint_dir: Path) -> Path | None:
+    """The rollout dump folder a run's own command names (``trainer.rollout_data_dir``), which every attempt shares
+    and no other run may; None when the guardian gives each attempt its own, or when it is the checkpoint dir (whose
+    lock already covers it)."""
+    if not files.rollout_dir_is_users:
+        return None
+    folder = Path(os.path.abspath(files.rollout_dir))
+    return None if folder == Path(os.path.abspath(checkpoint_dir)) else folder
+
+
+def _say_already_over(run_id: str, ended: RunEnd, *, fleet: bool) -> None:
+    """The one line that says a run is not launched again, and how a person starts it anew on purpose."""
+    anew = (
+        "give it a new run_id in the fleet file"
+        if fleet
+        else "run the same command with --new (a new run beside it) or with --run-id NEW_ID"
+    )
+    fields = {
+        "run": run_id,
+        "status": ended.status,
+        "exit": ended.code,
+        "meaning": meaning(ended.code),
+        "launched": "no",
+        "fix": f"the store records this run as over; to start it anew {anew}",
+    }
+    log.warning(event("run_already_over", fields))
+
+
+def _record_exit(store: Store, run_id: str, code: int) -> None:
+    """Keep the guardian's exit code with the run (see ``recorded_end``); a store that refuses it is no reason to
+    lose the answer: a later start recomputes it."""
+    try:
+        store.record_run_exit(run_id, code)
+    except (StoreError, SQLAlchemyError) as exc:
+        log.warning(event("run_exit_unrecorded", {"run": run_id, "exit": code, "error": type(exc).__name__}))
+
+
 def guard_loop(
     supervisor: Supervisor,
     stop: threading.Event,
@@ -191,11 +260,16 @@ def guard_request(
     stop: threading.Event,
     *,
     join_fleet: Callable[[Outlets], None] | None = None,
+    over: Callable[[RunEnd], None] = lambda end: None,
 ) -> int:
     """Open the store, start or re-attach the request's run and guard it until it ends (its exit code) or ``stop``
     is set (``EXIT_INTERRUPTED``, the trainer left running). ``join_fleet``: the run is one of several this process
     guards (``guardian fleet``, each in its own thread): it serves no exporter of its own but hands its outlets to
-    the fleet's, which serves every run's snapshots, and its guardian.log takes its own lines only."""
+    the fleet's, which serves every run's snapshots, and its guardian.log takes its own lines only.
+
+    A run the store records as over (finished, or given up: 93, do not requeue) is not launched again: one line
+    says so, ``over`` hears how it ended and its recorded exit code is returned; ``request.new`` starts a new run
+    under a fresh id instead."""
     fleet = join_fleet is not None
     check_sinks(config, os.environ)  # a missing webhook URL or token refuses before anything is written
     with Store.open(
@@ -205,8 +279,13 @@ def guard_request(
     ) as store:
         known = store.get_run(request.run_id)
         command, cwd, ray_address = request.command, request.cwd, request.ray_address
-        if known is not None and known.status in ("finished", "gave_up") and not request.attach:
-            # a new run under a fresh id; the request's flags (--dry-run above all) stay as asked
+        ended = recorded_end(store, known) if known is not None and not request.attach else None
+        if ended is not None and not request.new:
+            _say_already_over(request.run_id, ended, fleet=fleet)
+            over(ended)
+            return ended.code
+        if known is not None and request.new and not request.attach:
+            # asked for: a new run under a fresh id; the request's flags (--dry-run above all) stay as asked
             fresh = f"{request.run_id[: MAX_RUN_ID - 15]}-{time.strftime('%Y%m%d%H%M%S')}"
             request = replace(request, run_id=checked_run_id(fresh))
             known = None
@@ -249,6 +328,13 @@ def guard_request(
                 held.enter_context(holding(Path(supervisor.checkpoint_dir), request.run_id, supervisor.folder.root))
             except DirLockedError as exc:
                 log.error(event("checkpoint_dir_locked", {"run": request.run_id, "message": str(exc)}))
+                return 1
+            dumps = users_dump_dir(supervisor.files.prepare(command), Path(supervisor.checkpoint_dir))
+            try:  # a dump folder the command names itself is one run's: a rollback quarantines what lies there
+                if dumps is not None:
+                    held.enter_context(holding_dumps(dumps, request.run_id, supervisor.folder.root))
+            except DirLockedError as exc:
+                log.error(event("rollout_dir_locked", {"run": request.run_id, "message": str(exc)}))
                 return 1
             if known is None:
                 register_run(store, supervisor, name=" ".join(command)[:200], ray_address=ray_address)
@@ -295,6 +381,8 @@ def guard_request(
                 code = guard_loop(
                     supervisor, stop, config.sources.poll_interval_s, live=request.live, snapshots=out.snapshots
                 )
+                if code is not None:  # before the outlets' linger: a guardian killed then still left its answer
+                    _record_exit(store, request.run_id, code)
             if code is not None:
                 return code
             log.warning(

@@ -20,6 +20,13 @@ def meaning(code: int) -> str:
     return MEANING.get(code, f"the trainer's exit code {code}")
 
 
+def already_over(status: str, code: int) -> str:
+    """A fleet summary's words for a run the store recorded as over, which the fleet did not launch again."""
+    if status == "gave_up":
+        return f"already gave up (exit {code}): do not requeue it as is; a new run_id starts it anew"
+    return f"already finished (exit {code}); a new run_id starts it anew"
+
+
 def fleet_exit(codes: Mapping[str, int], *, interrupted: bool) -> int:
     """The fleet's exit code: 0 when every run finished; the guardian was stopped: 130; else the code every run
     that did not finish shares (93 when each of them gave up), or 1 when they differ (the summary names each)."""

@@ -284,6 +284,17 @@ class Store(InterventionRecords, DeliveryRecords, EvaluationRecords, PinRecords)
             row.status = status
             return run_view(row)
 
+    def record_run_exit(self, run_id: str, exit_code: int) -> None:
+        """Keep the exit code the run's guardian ended with (``exit_code`` in its ``config_json``): a later start of
+        the same run, finished or given up, answers with it instead of launching again."""
+        with self._write() as session, session.begin():
+            row = session.get(Run, run_id)
+            if row is None:
+                raise NotFoundError(f"no run {run_id!r}")
+            saved = orjson.loads(row.config_json or "{}")
+            saved = saved if isinstance(saved, dict) else {}
+            row.config_json = orjson.dumps({**saved, "exit_code": int(exit_code)}).decode()
+
     def list_runs(self) -> list[RunView]:
         """All runs, newest first."""
         with self._read() as session:
