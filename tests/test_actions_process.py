@@ -3,6 +3,7 @@ grandchildren, re-attach after a guardian restart or SIGKILL, and the safety ref
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import json
 import os
@@ -55,6 +56,16 @@ TRAINER = textwrap.dedent(
             f.write(str(child.pid))
     if mode == "escapee_then_exit":
         open(ready, "w").close()
+        sys.exit(0)
+    if mode in ("noenv_escapee", "noenv_escapee_then_exit"):
+        # leaves the group and the environment: no GUARDIAN_TRAINER marker to find it by
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True, env={})
+        with open(ready + ".grandchild", "w") as f:
+            f.write(str(child.pid))
+    if mode == "noenv_escapee_then_exit":
+        open(ready, "w").close()
+        while not os.path.exists(ready + ".go"):
+            time.sleep(0.02)
         sys.exit(0)
     with open(ready + ".tmp", "w") as f:
         f.write(str(os.getpid()))
@@ -391,6 +402,32 @@ def test_stop_also_stops_what_left_the_group(
     assert result.gone and result.strays == (escapee,)
     wait_for(lambda: not pid_alive(escapee), what="the escapee to be gone")
     assert any("event=trainer_strays" in r.getMessage() and str(escapee) in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.parametrize("mode", ["noenv_escapee", "noenv_escapee_then_exit"])
+def test_a_child_that_left_the_group_and_the_environment_is_still_found_and_stopped(
+    control: LocalProcessControl, attempt: Attempt, mode: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """H9: a child started with ``start_new_session=True, env={...}`` carries neither the trainer's process group
+    nor its ``GUARDIAN_TRAINER`` marker; the pid tree the control saw while the trainer ran still finds it."""
+    handle = attempt.launch(control, mode)
+    escapee = int(Path(str(attempt.ready) + ".grandchild").read_text())
+    try:
+        assert os.getpgid(escapee) != handle.pgid
+        assert b"GUARDIAN_TRAINER" not in Path(f"/proc/{escapee}/environ").read_bytes()
+        assert control.is_running(handle)  # a tick of the guard loop: the control looks at the trainer's tree
+        if mode == "noenv_escapee_then_exit":
+            Path(str(attempt.ready) + ".go").touch()
+            final_status(control, handle)  # the trainer ended by itself; its helper lives on, now init's child
+            assert escapee in strays.find(str(handle.exit_file)), "named as a stray after the exit (observe)"
+        with caplog.at_level("WARNING", logger="guardian"):
+            result = control.stop(handle, FAST)
+        assert result.gone and escapee in result.strays
+        wait_for(lambda: not pid_alive(escapee), what="the escapee to be gone")
+        assert any("event=trainer_strays" in r.getMessage() and str(escapee) in r.getMessage() for r in caplog.records)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(escapee, signal.SIGKILL)
 
 
 def test_stray_scan_matches_the_exact_marker_of_live_processes_only(tmp_path: Path) -> None:

@@ -132,6 +132,8 @@ def holding_dumps(directory: Path, run_id: str, run_folder: Path | None = None) 
     try:
         lock = held.enter_context(holding(directory, run_id, run_folder))
     except DirLockedError as exc:
+        if type(exc) is not DirLockedError:  # not another run's: the folder itself is unsafe (says so itself)
+            raise
         other = _holder_run(directory)
         whose = f"run {other}'s" if other else "another run's"
         raise DirLockedError(

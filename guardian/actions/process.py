@@ -24,7 +24,9 @@ What is covered:
 
   - processes that left the group (``setsid``, daemonised) on this machine: every trainer gets
     ``GUARDIAN_TRAINER=<exit file>`` in its environment, and once the group is gone ``stop`` finds the processes
-    still carrying it and stops them too (strays.py; Linux ``/proc``).
+    still carrying it and stops them too (strays.py; Linux ``/proc``); and, for a child that left the environment
+    as well (``env={...}``), its descendants by pid tree, which ``is_running`` and ``exit_status`` (every tick, at
+    most every ``TREE_SCAN_S``) and ``stop`` (before its first signal) record while the trainer runs.
 
 What is not covered (the caller must check or clean up):
   - GPU memory being released: a stopped group does not prove that the driver freed it (check ``nvidia-smi``);
@@ -37,6 +39,7 @@ What is not covered (the caller must check or clean up):
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -59,6 +62,7 @@ POLL_INTERVAL_S = 0.05
 CMDLINE_ATTEMPTS = 20
 CMDLINE_RETRY_S = 0.01
 STRAY_ROUNDS = 3  # scans for processes outside the group (a stray may fork while it is stopped)
+TREE_SCAN_S = 1.0  # a running trainer's descendants are recorded at most this often (strays.track)
 
 
 @dataclass(frozen=True)
@@ -322,6 +326,7 @@ class LocalProcessControl:
         self._poll_interval_s = poll_interval_s
         self._python = python
         self._children: dict[int, subprocess.Popen[bytes]] = {}
+        self._tree_scanned: dict[int, float] = {}  # wrapper pid -> when its descendants were last recorded
 
     def launch(
         self,
@@ -400,6 +405,7 @@ class LocalProcessControl:
         is our child, else lost once the wrapper is gone; None while the wrapper (hence the trainer) still runs.
         A status means the trainer's main process ended; descendants may linger in its group (``is_running``),
         so call ``stop`` before launching the next attempt."""
+        self._track(handle)
         returncode = self._reap(handle)
         recorded = read_exit_file(handle.exit_file)
         if recorded is not None:
@@ -414,6 +420,7 @@ class LocalProcessControl:
     def is_running(self, handle: TrainerHandle) -> bool:
         """Whether any live process of the trainer's process group remains (the wrapper, the trainer, or any
         descendant still in the group): False is what "never two trainers at once" needs."""
+        self._track(handle)
         self._reap(handle)
         return _group_alive(handle.pgid)
 
@@ -422,6 +429,7 @@ class LocalProcessControl:
         docstring). Returns at once with ``gone=True`` and no signal sent when the group is already gone."""
         _check_signallable(handle.pgid)
         start = self._clock()
+        self._track(handle, force=True)  # what it spawned since the last tick, before the group goes
         if not self.is_running(handle):
             log.info(event("trainer_stop", {"pgid": handle.pgid, "result": "already_gone"}))
             found, stuck = self._stop_strays(handle, policy)
@@ -498,6 +506,19 @@ class LocalProcessControl:
                 sleep=self._sleep,
             )
         return tuple(found), survivors
+
+    def _track(self, handle: TrainerHandle, *, force: bool = False) -> None:
+        """Record the trainer's descendants by pid tree (``strays.track``) while its wrapper runs: a child that
+        leaves both the group and the environment is still found by ``stop`` and the end-of-run sweep. At most
+        every ``TREE_SCAN_S`` unless ``force``; our own wrapper once reaped (its pid may be reused) never."""
+        child = self._children.get(handle.pid)
+        if child is not None and child.returncode is not None:
+            return
+        now = time.monotonic()
+        if not force and now - self._tree_scanned.get(handle.pid, -math.inf) < TREE_SCAN_S:
+            return
+        self._tree_scanned[handle.pid] = now
+        strays.track(str(handle.exit_file), handle.pid)
 
     def _wait_gone(self, handle: TrainerHandle, wait_s: float) -> bool:
         """Poll until the group has no live member (True) or ``wait_s`` has passed (False); reaps our child."""

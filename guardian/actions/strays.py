@@ -1,4 +1,4 @@
-"""Trainer processes that left the trainer's process group, found by an environment marker.
+"""Trainer processes that left the trainer's process group, found by an environment marker and by the pid tree.
 
 Stopping a process group misses whatever escaped it: a daemonised helper, a process that called
 ``setsid``, the workers of a Ray instance the trainer started. Every process the trainer spawns
@@ -7,8 +7,15 @@ file>`` (and ``SPT_NOENV=1``, so that ``setproctitle``, which Ray and vLLM use, 
 block alone) and, after stopping the group, looks for live processes still carrying that exact value
 (``/proc/<pid>/environ``: Linux; the environment a process started with) and stops them too.
 
+A child started with an environment of its own (``env={...}``) carries no marker. So while the trainer runs, the
+control also records its descendants by parentage (``track``: ``/proc/<pid>/stat``, each pid with its start time,
+so a pid reused later is never taken for one of them); ``find`` adds those still alive, and every live descendant
+of what it found (a stray's own children). A child that left the group and the environment is then found even after
+the trainer ended and it was re-parented to init.
+
 Missed: workers of a Ray cluster that existed before the trainer (they do not inherit it: use
-``ray stop`` or the Jobs API) and a process that rewrites its own environment block.
+``ray stop`` or the Jobs API); a process that rewrites its own environment block *and* left the tree before a
+look at it (a double fork between two ticks: its parent exits at once, so no tick saw it as the trainer's).
 """
 
 from __future__ import annotations
@@ -17,7 +24,9 @@ import contextlib
 import os
 import signal
 import threading
-from collections.abc import Callable
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
@@ -28,6 +37,96 @@ log = get_logger("strays")
 MARKER: Final = "GUARDIAN_TRAINER"
 PROC: Final = Path("/proc")
 SCAN_TIMEOUT_S: Final = 10.0  # reading a process stuck in the kernel (D state) can block
+
+
+# marker value -> {pid: start time} of the trainer's descendants seen so far (``track``), for every trainer this
+# process follows (a fleet's runs, each in its thread)
+_TREE: dict[str, dict[int, int]] = {}
+_ROOTS: dict[str, tuple[int, int]] = {}  # marker value -> (the wrapper's pid, its start time) when first seen
+_TREE_LOCK = threading.Lock()
+
+
+@dataclass(frozen=True, slots=True)
+class _Stat:
+    state: str
+    ppid: int
+    start: int | None  # clock ticks since boot; None where the line is short (not a real /proc)
+
+
+def _read_stat(entry: Path) -> _Stat | None:
+    try:
+        stat = (entry / "stat").read_text(errors="replace")
+    except OSError:
+        return None
+    fields = stat[stat.rfind(")") + 2 :].split()  # after "pid (comm) ": state ppid pgrp ... starttime (20th)
+    if len(fields) < 2 or not fields[1].lstrip("-").isdigit():
+        return None
+    start = int(fields[19]) if len(fields) > 19 and fields[19].isdigit() else None
+    return _Stat(fields[0], int(fields[1]), start)
+
+
+def _table(proc: Path) -> dict[int, _Stat]:
+    table: dict[int, _Stat] = {}
+    try:
+        entries = [e for e in proc.iterdir() if e.name.isdigit()]
+    except OSError:
+        return table
+    for entry in entries:
+        stat = _read_stat(entry)
+        if stat is not None:
+            table[int(entry.name)] = stat
+    return table
+
+
+def _descendants(table: Mapping[int, _Stat], roots: Iterable[int]) -> dict[int, _Stat]:
+    children: dict[int, list[int]] = defaultdict(list)
+    for pid, stat in table.items():
+        children[stat.ppid].append(pid)
+    found: dict[int, _Stat] = {}
+    stack = list(roots)
+    while stack:
+        for child in children.get(stack.pop(), ()):
+            if child not in found:
+                found[child] = table[child]
+                stack.append(child)
+    return found
+
+
+def _live(stat: _Stat | None) -> bool:
+    return stat is not None and stat.state not in ("Z", "X")
+
+
+def track(value: str, root: int, proc: Path = PROC) -> None:
+    """Record the live descendants of ``root`` (the trainer's wrapper, the leader of its group) under the marker
+    ``value``: what ``find`` also returns later, whatever became of their group and environment. ``root`` counts
+    as the one first seen under ``value`` only while its start time stays the same (a reused pid adopts nothing).
+    """
+    table = _table(proc)
+    root_stat = table.get(root)
+    with _TREE_LOCK:
+        known = _TREE.setdefault(value, {})
+        for pid, start in list(known.items()):  # forget the dead: the table stays the size of the live tree
+            if table.get(pid) is None or table[pid].start != start or not _live(table[pid]):
+                del known[pid]
+        if not _live(root_stat) or root_stat is None or root_stat.start is None:
+            return
+        first = _ROOTS.setdefault(value, (root, root_stat.start))
+        if first != (root, root_stat.start):
+            return
+        for pid, stat in _descendants(table, [root]).items():
+            if stat.start is not None and _live(stat) and pid != os.getpid():
+                known[pid] = stat.start
+
+
+def _tracked(value: str, under: bool) -> dict[int, int]:
+    prefix = value.rstrip("/") + "/"
+    with _TREE_LOCK:
+        return {
+            pid: start
+            for key, pids in _TREE.items()
+            if (key.startswith(prefix) if under else key == value)
+            for pid, start in pids.items()
+        }
 
 
 def marker_env(value: str) -> dict[str, str]:
@@ -56,23 +155,35 @@ def find(value: str, proc: Path = PROC, timeout_s: float = SCAN_TIMEOUT_S, *, un
     except OSError as exc:
         log.warning(event("stray_scan_unavailable", {"proc": proc, "detail": exc.strerror}))
         return []
+    tracked = _tracked(value, under)
 
     def scan() -> None:
+        table: dict[int, _Stat] = {}
         for entry in entries:
             at[:] = [entry.name]
+            pid = int(entry.name)
+            stat = _read_stat(entry)
+            if stat is not None:
+                table[pid] = stat
+            if pid in tracked and _live(stat) and stat is not None and stat.start == tracked[pid]:
+                found.append(pid)  # a descendant seen while the trainer ran, still the same process
+                continue
             try:
                 environ = (entry / "environ").read_bytes()
             except OSError:  # gone meanwhile, a kernel thread, or not ours to read
                 continue
             if any(matches(e) for e in environ.split(b"\0")) and not _is_zombie(entry):
-                found.append(int(entry.name))
+                found.append(pid)
+        # what those forked since (a stray's children inherit its environment: no marker where it had none)
+        more = _descendants(table, found)
+        found.extend(pid for pid, stat in more.items() if _live(stat) and pid != os.getpid() and pid not in found)
 
     worker = threading.Thread(target=scan, name="guardian-stray-scan", daemon=True)
     worker.start()
     worker.join(timeout_s)
     if worker.is_alive():
         log.warning(event("stray_scan_timeout", {"after_s": timeout_s, "stuck_at_pid": at[0] if at else "?"}))
-    return sorted(found)
+    return sorted(set(found))
 
 
 def command_of(pid: int, proc: Path = PROC) -> str:
