@@ -249,3 +249,22 @@ def test_a_run_whose_dump_folder_another_guardian_guards_is_refused_naming_both(
         assert any("rollout_dir_locked" in line and "run a" in line for line in lines.lines)
     with holding_dumps(dumps, "b"):  # free again once its guardian let go
         pass
+
+
+def test_guardian_run_again_on_the_command_line_says_so_and_new_starts_another(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from guardian.cli import EXIT_USAGE, main
+
+    home = tmp_path / "home"
+    (tmp_path / "guardian.yaml").write_text(f"home: {home}\nsources:\n  poll_interval_s: 0.05\n")
+    argv = ["run", "--config", str(tmp_path / "guardian.yaml"), "--no-live", "--", *quick_command(tmp_path, "cli")]
+    assert main(argv) == EXIT_OK
+    capsys.readouterr()
+    assert main(argv) == EXIT_OK
+    err = capsys.readouterr().err
+    assert err.count("event=run_already_over") == 1 and "Traceback" not in err, err
+    assert main([*argv[:4], "--new", *argv[4:]]) == EXIT_OK
+    assert main(["run", "--config", str(tmp_path / "guardian.yaml"), "--new", "--attach", "x"]) == EXIT_USAGE
+    with Store.open(f"sqlite:///{home / 'guardian.db'}") as store:
+        assert len(store.list_runs()) == 2
