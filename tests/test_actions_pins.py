@@ -198,14 +198,14 @@ def test_a_checkpoint_dir_that_cannot_be_written_is_one_clear_error(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     save(tmp_path, 30)
-    real_mkdir = Path.mkdir
+    real_mkdir = os.mkdir
 
-    def read_only(self: Path, *args: object, **kwargs: object) -> None:
-        if self.name == PIN_DIR:
-            raise OSError(errno.EROFS, "Read-only file system", str(self))
-        real_mkdir(self, *args, **kwargs)  # type: ignore[arg-type]
+    def read_only(path: str | os.PathLike[str], *args: int, **kwargs: object) -> None:
+        if Path(path).name == PIN_DIR:
+            raise OSError(errno.EROFS, "Read-only file system", str(path))
+        real_mkdir(path, *args, **kwargs)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(Path, "mkdir", read_only)
+    monkeypatch.setattr(os, "mkdir", read_only)
     with pytest.raises(PinError) as failed:
         pin_checkpoint(tmp_path, 30, min_free_bytes=0)
     message = str(failed.value)

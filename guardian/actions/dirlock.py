@@ -7,6 +7,11 @@ holds it. The lock belongs to the open file, which is not inherited by the train
 with the guardian's process (a ``kill -9`` included) and ``guardian run --attach`` can take it again.
 flock is reliable on local disks; on NFS it depends on the server, so it is a safety net there, not a
 guarantee.
+
+The lock file is opened relative to the checkpoint dir's descriptor with ``O_NOFOLLOW``: a symlink planted in
+its place (dangling or not) is refused, never written through, and so is a folder, a FIFO or a device. Once the
+lock is held, the guardian's own folders (``.guardian-pinned/``, ``.guardian-quarantine/``) are checked the same
+way: a symlink or a file in their place is refused at start, in one line naming the path, before the run starts.
 """
 
 from __future__ import annotations
@@ -14,18 +19,28 @@ from __future__ import annotations
 import fcntl
 import os
 import socket
+import stat
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Final
 
 from guardian.actions import strays
+from guardian.actions.checkpoints import QUARANTINE_DIR, CheckpointError, check_own_folders, os_reason
+from guardian.actions.pins import PIN_DIR
+from guardian.sources.checkpoints import entry_kind, kind_of, wrong_kind
 
 LOCK_NAME: Final = ".guardian.lock"
+_LOCK_FLAGS: Final = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
 
 class DirLockedError(RuntimeError):
     """Another guardian guards this checkpoint dir."""
+
+
+class UnsafeCheckpointDirError(DirLockedError):
+    """The lock file or one of the guardian's own folders is not what the guardian keeps there (a symlink, a file
+    where a folder goes, a FIFO): refused before anything is written."""
 
 
 @contextmanager
@@ -37,7 +52,7 @@ def holding(directory: Path, run_id: str, run_folder: Path | None = None) -> Ite
     second trainer on the same checkpoint dir."""
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / LOCK_NAME
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    fd = _open_lock(directory, path)
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -49,6 +64,11 @@ def holding(directory: Path, run_id: str, run_folder: Path | None = None) -> Ite
                 "or give this run its own trainer.default_local_dir (on NFS, a lock of a dead client lasts "
                 "until the server's lease ends, about 90 s)"
             ) from None
+        for own in (PIN_DIR, QUARANTINE_DIR):
+            try:
+                check_own_folders(directory, own)
+            except CheckpointError as exc:
+                raise UnsafeCheckpointDirError(str(exc)) from None
         _refuse_if_a_trainer_was_left(directory, os.pread(fd, 4096, 0).decode(errors="replace"), run_id)
         folder = f" folder={run_folder.resolve()}" if run_folder is not None else ""
         line = f"run={run_id} pid={os.getpid()} host={socket.gethostname()}{folder}\n".encode()
@@ -57,6 +77,36 @@ def holding(directory: Path, run_id: str, run_folder: Path | None = None) -> Ite
         yield path
     finally:
         os.close(fd)  # releases the lock; the file stays (removing it would race a new holder)
+
+
+def _open_lock(directory: Path, path: Path) -> int:
+    """The lock file's descriptor: a regular file in ``directory`` itself, created if missing (0644); never
+    through a symlink, never a FIFO or device (O_NONBLOCK: opening one cannot hang). ``directory`` itself may be
+    a symlink (a checkpoint dir on another volume): only the entries inside it are the guardian's."""
+    try:
+        folder = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError as exc:
+        raise UnsafeCheckpointDirError(f"cannot open checkpoint dir {directory}: {os_reason(exc)}") from None
+    try:
+        fd = os.open(LOCK_NAME, _LOCK_FLAGS, 0o644, dir_fd=folder)
+    except OSError as exc:
+        found = entry_kind(path)
+        if found is not None and found != "regular file":
+            raise UnsafeCheckpointDirError(str(_wrong_lock(path, found))) from None
+        raise UnsafeCheckpointDirError(
+            f"cannot open the lock file {path}: {os_reason(exc)}; make the checkpoint dir writable for the guardian"
+        ) from None
+    finally:
+        os.close(folder)
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):  # a FIFO or a device opens (O_NONBLOCK): refused all the same
+        os.close(fd)
+        raise UnsafeCheckpointDirError(str(_wrong_lock(path, kind_of(mode))))
+    return fd
+
+
+def _wrong_lock(path: Path, found: str) -> CheckpointError:
+    return wrong_kind(path, found, "regular file", "its lock file (who guards this checkpoint dir)")
 
 
 def _refuse_if_a_trainer_was_left(directory: Path, previous: str, run_id: str) -> None:

@@ -12,6 +12,11 @@ into place, so a pinned folder is always complete and a crash leaves only a temp
 attempt. Nothing here removes anything but the guardian's own ``.guardian-pinned/`` folders: a folder in the way
 of a restore is moved into ``.guardian-quarantine/`` (never deleted), and errors say what happened and to which
 path (``PinError``; a ``CheckpointError``, so a rollback that cannot restore its target says why).
+
+``.guardian-pinned/`` and the quarantine folders are used only as real folders of the checkpoint dir: a symlink
+or a file planted in their place is refused before anything is built, linked or moved there, and the temporary
+folders are removed through a descriptor of ``.guardian-pinned/`` opened without following links
+(``remove_own_tree``), so nothing outside the checkpoint dir is ever removed.
 """
 
 from __future__ import annotations
@@ -24,10 +29,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final, Literal
 
-from guardian.actions.checkpoints import QUARANTINE_DIR, CheckpointError, free_name, move_no_overwrite
+from guardian.actions.checkpoints import (
+    QUARANTINE_DIR,
+    CheckpointError,
+    free_name,
+    move_no_overwrite,
+    open_own_folder,
+    os_reason,
+    own_folder,
+    remove_own_tree,
+)
 from guardian.atomic import fsync_dir
-from guardian.history.timeline import valid_step
-from guardian.sources.checkpoints import STEP_DIR
+from guardian.sources.checkpoints import entry_kind, step_of
 from guardian.states import PinMode
 
 PIN_DIR: Final = ".guardian-pinned"
@@ -90,17 +103,25 @@ def pinned_path(ckpt_dir: Path, step: int) -> Path:
 
 
 def pinned_steps(ckpt_dir: Path) -> dict[int, Path]:
-    """The pinned folders on disk, by step (temporary folders are no pins)."""
+    """The pinned folders on disk, by step (temporary folders are no pins; nothing behind a symlink is one)."""
+    root = pin_root(ckpt_dir)
+    if entry_kind(root) != "folder":
+        return {}
     try:
-        entries = list(pin_root(ckpt_dir).iterdir())
+        entries = list(root.iterdir())
     except (FileNotFoundError, NotADirectoryError):
         return {}
     found = {}
     for entry in entries:
-        match = STEP_DIR.match(entry.name)
-        if match and valid_step(step := int(match.group(1))) and entry.is_dir() and not entry.is_symlink():
+        step = step_of(entry.name)
+        if step is not None and entry_kind(entry) == "folder":
             found[step] = entry
     return dict(sorted(found.items()))
+
+
+def _pin_root(ckpt_dir: Path, *, create: bool) -> Path | None:
+    """``.guardian-pinned/`` as a real folder of the checkpoint dir (``PinError`` for a symlink or a file there)."""
+    return own_folder(ckpt_dir, PIN_DIR, create=create, error=PinError)
 
 
 # -- pin --------------------------------------------------------------------------------------------------------
@@ -111,11 +132,11 @@ def pin_checkpoint(ckpt_dir: Path, step: int, *, min_free_bytes: int) -> PinResu
     behind: the checkpoint vanished or changed while it was linked, a folder that cannot be written, a full disk."""
     source = ckpt_dir / f"global_step_{step}"
     dest = pinned_path(ckpt_dir, step)
+    _pin_root(ckpt_dir, create=False)
     tree = _tree(source, "checkpoint")
-    if dest.is_dir():
+    if entry_kind(dest) == "folder":
         return _adopt(step, source, dest, tree)
-    root = pin_root(ckpt_dir)
-    _make_dir(root)
+    root = _created(_pin_root(ckpt_dir, create=True))
     temp = _fresh_temp(root, f"pin-{source.name}")
     mode, because = _build_from(source, temp, tree, root, min_free_bytes)
     try:
@@ -151,6 +172,8 @@ def release_pin(ckpt_dir: Path, step: int) -> bool:
     """Remove ``.guardian-pinned/global_step_{step}`` - the guardian's own folder, nothing else: it is renamed to a
     temporary name first, so a half-removed pin never looks like a pin. False when it was not there."""
     pinned = pinned_path(ckpt_dir, step)
+    if _pin_root(ckpt_dir, create=False) is None:
+        return False
     if pinned.is_symlink():
         raise PinError(f"{pinned} is a symlink, not a pin the guardian made; it is left alone: remove it by hand")
     if not pinned.is_dir():
@@ -158,7 +181,7 @@ def release_pin(ckpt_dir: Path, step: int) -> bool:
     temp = _fresh_temp(pin_root(ckpt_dir), f"release-{pinned.name}")
     try:
         os.rename(pinned, temp)
-        shutil.rmtree(temp)
+        _remove_temp(temp, ignore_errors=False)
     except OSError as exc:
         raise PinError(
             f"cannot remove the pin {pinned}: {_reason(exc)}; what is left is in {pin_root(ckpt_dir)} (remove "
@@ -176,19 +199,19 @@ def restore_pin(ckpt_dir: Path, step: int, *, min_free_bytes: int) -> RestoreRes
     ``.guardian-quarantine/before-restore/`` first. Nothing is done when the original still holds every file of
     the pin. Idempotent; raises ``PinError``."""
     pinned = pinned_path(ckpt_dir, step)
-    if not pinned.is_dir():
+    if _pin_root(ckpt_dir, create=False) is None or entry_kind(pinned) != "folder":
         raise PinError(f"no pinned copy of step {step}: {pinned} does not exist; choose another checkpoint")
     target = ckpt_dir / f"global_step_{step}"
     tree = _tree(pinned, "pinned copy")
     if target.is_dir() and _holds(target, tree):
         return RestoreResult(step, pinned, target, None, None)
+    own_folder(ckpt_dir, QUARANTINE_DIR, RESTORED_OVER, create=False, error=PinError)  # before anything is built
     temp = _fresh_temp(pin_root(ckpt_dir), f"restore-{target.name}")
     mode, because = _build_from(pinned, temp, tree, pin_root(ckpt_dir), min_free_bytes)
     set_aside = None
     try:
-        if target.exists() or target.is_symlink():
-            aside = ckpt_dir / QUARANTINE_DIR / RESTORED_OVER
-            _make_dir(aside)
+        if os.path.lexists(target):
+            aside = _created(own_folder(ckpt_dir, QUARANTINE_DIR, RESTORED_OVER, create=True, error=PinError))
             set_aside = free_name(aside, target.name)
             try:
                 move_no_overwrite(target, set_aside)
@@ -221,14 +244,17 @@ def set_aside_pins(ckpt_dir: Path, incident_id: int, *, after_step: int | None) 
     of the old branch under the same name would be restored in their place. Moved, never deleted (it may be the
     only copy left of a checkpoint verl deleted). Idempotent; the steps moved."""
     moved = []
-    folder = ckpt_dir / QUARANTINE_DIR / f"incident-{incident_id}" / "pinned"
+    parts = (QUARANTINE_DIR, f"incident-{incident_id}", "pinned")
+    own_folder(ckpt_dir, *parts, create=False)  # a planted symlink or file: refused before anything moves
+    _pin_root(ckpt_dir, create=False)
+    folder: Path | None = None
     for step, pinned in pinned_steps(ckpt_dir).items():
         if after_step is not None and step <= after_step:
             continue
-        _make_dir(folder)
+        folder = folder or _created(own_folder(ckpt_dir, *parts, create=True))
         move_no_overwrite(pinned, free_name(folder, pinned.name))
         moved.append(step)
-    if moved:
+    if folder is not None:
         fsync_dir(folder)
         fsync_dir(pin_root(ckpt_dir))
     return moved
@@ -361,37 +387,51 @@ def _check_space(source: Path, root: Path, size: int, min_free_bytes: int, becau
         )
 
 
-def _make_dir(folder: Path) -> None:
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise PinError(
-            f"cannot create {folder}: {_reason(exc)}; make the checkpoint dir writable for the guardian, or set "
-            "checkpoints.pin_keep: 0"
-        ) from None
+def _created(folder: Path | None) -> Path:
+    assert folder is not None, "own_folder(create=True) returns the folder"
+    return folder
 
 
 def remove_leftovers(ckpt_dir: Path) -> list[str]:
     """Remove the temporary folders an interrupted pin, release or restore left in ``.guardian-pinned/`` (call it
-    while this guardian holds the checkpoint dir's lock and builds nothing: none of them is in use); their names."""
-    root = pin_root(ckpt_dir)
-    names = sorted(p.name for p in root.glob(f"{TEMP_PREFIX}*")) if root.is_dir() else []
+    while this guardian holds the checkpoint dir's lock and builds nothing: none of them is in use); their names.
+    ``PinError`` when ``.guardian-pinned`` is a symlink or a file: nothing is removed then."""
+    root = _pin_root(ckpt_dir, create=False)
+    if root is None:
+        return []
+    names = _temps(root, TEMP_PREFIX)
     for name in names:
         _remove_temp(root / name)
     return names
 
 
+def _temps(root: Path, prefix: str) -> list[str]:
+    """The names in the guardian's own ``root`` (read through a descriptor: never a folder a symlink names)."""
+    try:
+        fd = open_own_folder(root)
+    except CheckpointError as exc:
+        raise PinError(str(exc)) from None
+    try:
+        return sorted(name for name in os.listdir(fd) if name.startswith(prefix))
+    finally:
+        os.close(fd)
+
+
 def _fresh_temp(root: Path, name: str) -> Path:
     """A temporary folder name for ``name`` in ``root``; what an interrupted earlier attempt left there is removed."""
-    for stale in root.glob(f"{TEMP_PREFIX}{name}-*"):
-        _remove_temp(stale)
+    for stale in _temps(root, f"{TEMP_PREFIX}{name}-"):
+        _remove_temp(root / stale)
     return root / f"{TEMP_PREFIX}{name}-{os.getpid()}"
 
 
-def _remove_temp(temp: Path) -> None:
-    """Remove one of the guardian's temporary folders (only ever a ``.tmp-*`` inside ``.guardian-pinned/``)."""
+def _remove_temp(temp: Path, *, ignore_errors: bool = True) -> None:
+    """Remove one of the guardian's temporary folders (only ever a ``.tmp-*`` inside ``.guardian-pinned/``, reached
+    without following a symlink)."""
     assert temp.name.startswith(TEMP_PREFIX) and temp.parent.name == PIN_DIR, temp
-    shutil.rmtree(temp, ignore_errors=True)
+    try:
+        remove_own_tree(temp.parent, temp.name, ignore_errors=ignore_errors)
+    except CheckpointError as exc:
+        raise PinError(str(exc)) from None
 
 
 def _rename_into_place(temp: Path, dest: Path) -> None:
@@ -408,6 +448,4 @@ def _same_file(a: Path, b: Path) -> bool:
         return False
 
 
-def _reason(exc: OSError) -> str:
-    name = errno.errorcode.get(exc.errno or 0, "")
-    return f"{exc.strerror or exc}" + (f" ({name})" if name else "")
+_reason = os_reason

@@ -69,7 +69,11 @@ def cmd_checkpoints(args: argparse.Namespace) -> int:
         listed = store.checkpoints(run_id)
         pins = store.pins(run_id)
         holds = {p.id: held_bytes(Path(p.pinned_path)) for p in pins if p.live}
-        quarantined = {str(p): incident for incident, paths in list_quarantine(ckpt_dir).items() for p in paths}
+        try:
+            quarantined = {str(p): incident for incident, paths in list_quarantine(ckpt_dir).items() for p in paths}
+        except CheckpointError as exc:  # a symlink or a file where the quarantine goes: said, the rest is listed
+            log.warning(event("quarantine_not_listed", {"run": run_id, "message": str(exc)}))
+            quarantined = {}
         if args.json:
             print_json(
                 {

@@ -50,7 +50,12 @@ class Pinner:
         ``incident_open`` as the caller just read it (None: read it from the store here)."""
         if not self._swept:  # what a guardian killed while pinning left behind
             self._swept = True
-            if removed := remove_leftovers(self.checkpoint_dir):
+            try:
+                removed = remove_leftovers(self.checkpoint_dir)
+            except PinError as exc:  # .guardian-pinned is a symlink or a file: nothing removed, said once
+                log.error(event("pin_failed", {"run": self.run_id, "error": str(exc)}))
+                removed = []
+            if removed:
                 log.info(event("pin_leftovers_removed", {"run": self.run_id, "folders": ",".join(removed)}))
         if branch != self._branch:
             self.refused.clear()

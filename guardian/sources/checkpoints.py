@@ -1,16 +1,39 @@
 """verl checkpoint folders: ``{default_local_dir}/global_step_N/`` and the tracker file
-``latest_checkpointed_iteration.txt`` (facts §3.1; the tracker is written last, after the folder)."""
+``latest_checkpointed_iteration.txt`` (facts §3.1; the tracker is written last, after the folder).
+
+A step folder counts only under the name verl writes, ``global_step_`` and the step in canonical ASCII decimal
+(``global_step_300``, never ``global_step_0300``, Unicode digits or a trailing newline): the rollback renames
+``global_step_{step}``, and a name that parses to a step it does not spell would be a folder nobody can move
+or resume from. Any other ``global_step_*`` entry is left alone, with one warning. A step folder that is a
+symlink counts by its own path (verl resumes from ``ckpt/global_step_N`` whatever it points to).
+
+The checkpoint dir is shared with the trainer and, on a cluster, with other people: every entry the guardian
+reads or writes is checked for its kind without following a symlink (``entry_kind``), and one of the wrong
+kind is refused in a ``CheckpointError`` that names the path and what to do.
+"""
 
 from __future__ import annotations
 
+import os
 import re
+import stat
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Final, Literal
 
 from guardian.history.timeline import valid_step
+from guardian.logs import event, get_logger
 
-TRACKER_FILE = "latest_checkpointed_iteration.txt"
-STEP_DIR = re.compile(r"^global_step_(\d+)$")
+TRACKER_FILE: Final = "latest_checkpointed_iteration.txt"
+# the names verl writes (f"global_step_{step}"); match with fullmatch
+STEP_DIR: Final = re.compile(r"global_step_(0|[1-9][0-9]*)", re.ASCII)
+TRACKER_MAX_BYTES: Final = 4096  # verl writes a step number; anything longer is no tracker of its
+log = get_logger("checkpoints")
+_warned: set[tuple[str, str]] = set()  # (dir, name) of the odd step folder names said once already
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint-dir operation refused; the message names the path and what to do."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -19,18 +42,47 @@ class CheckpointDir:
     path: Path
 
 
+def step_of(name: str) -> int | None:
+    """The step of a folder named exactly as verl names it (``global_step_<N>``, N canonical); None for any other
+    name."""
+    match = STEP_DIR.fullmatch(name)
+    if match is None:
+        return None
+    step = int(match.group(1))
+    return step if valid_step(step) else None
+
+
 def scan_checkpoints(root: Path) -> list[CheckpointDir]:
-    """The ``global_step_N`` folders under ``root``, by step; none when ``root`` does not exist."""
+    """The ``global_step_N`` folders under ``root``, by step, each by its own path (a symlink is not resolved);
+    none when ``root`` does not exist. Other ``global_step_*`` names are warned about once and left out."""
     try:
         entries = list(root.iterdir())
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):
         return []
+    base = Path(os.path.abspath(root))
     found = []
     for entry in entries:
-        match = STEP_DIR.match(entry.name)
-        if match and valid_step(step := int(match.group(1))) and entry.is_dir():
-            found.append(CheckpointDir(step, entry.resolve()))
+        step = step_of(entry.name)
+        if step is None:
+            if entry.name.startswith("global_step_"):
+                _warn_odd_name(base, entry.name)
+            continue
+        if entry.is_dir():
+            found.append(CheckpointDir(step, base / entry.name))
     return sorted(found, key=lambda c: c.step)
+
+
+def _warn_odd_name(root: Path, name: str) -> None:
+    if (str(root), name) in _warned:
+        return
+    _warned.add((str(root), name))
+    fields = {
+        "dir": root,
+        "name": ascii(name)[1:-1],  # Unicode digits and a newline shown as escapes: what is really there
+        "why": "not a name verl writes (global_step_ and the step without leading zeros, ASCII digits only): "
+        "never a rollback target nor moved; rename or remove it by hand if it is a checkpoint",
+    }
+    log.warning(event("checkpoint_name_ignored", fields))
 
 
 def resumable(folder: Path) -> bool:
@@ -40,10 +92,71 @@ def resumable(folder: Path) -> bool:
     return (folder / "actor").is_dir()
 
 
-def read_tracker(root: Path) -> int | None:
-    """The step the tracker file names, or None when it is missing or unreadable."""
+Kind = Literal["folder", "regular file", "symlink", "FIFO", "socket", "device", "entry"]
+
+
+def entry_kind(path: Path) -> Kind | None:
+    """What ``path`` itself is (a symlink is not followed); None when there is nothing."""
     try:
-        text = (root / TRACKER_FILE).read_text(encoding="utf-8").strip()
+        return kind_of(os.lstat(path).st_mode)
     except (FileNotFoundError, NotADirectoryError):
         return None
-    return int(text) if text.isascii() and text.isdigit() and valid_step(int(text)) else None
+
+
+def kind_of(mode: int) -> Kind:
+    """The kind of entry an ``st_mode`` stands for, in words."""
+    if stat.S_ISLNK(mode):
+        return "symlink"
+    if stat.S_ISDIR(mode):
+        return "folder"
+    if stat.S_ISREG(mode):
+        return "regular file"
+    if stat.S_ISFIFO(mode):
+        return "FIFO"
+    if stat.S_ISSOCK(mode):
+        return "socket"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "device"
+    return "entry"
+
+
+def wrong_kind(path: Path, found: str, wanted: Literal["folder", "regular file"], what: str) -> CheckpointError:
+    """The one refusal for an entry of the checkpoint dir that is not what the guardian keeps there."""
+    fix = (
+        "the guardian never follows a symlink it did not make: remove the link (what it points to is left alone)"
+        if found == "symlink"
+        else "move it out of the checkpoint dir (the guardian never deletes it)"
+    )
+    return CheckpointError(f"{path} is a {found}, not a {wanted}: the guardian keeps {what} there; {fix}, then retry")
+
+
+def read_tracker(root: Path) -> int | None:
+    """The step the tracker file names, or None when it is missing or holds no step number. Never blocks: a FIFO,
+    a device or a folder in its place is refused (``CheckpointError``) without opening it."""
+    path = root / TRACKER_FILE
+    try:
+        before = os.stat(path)  # verl would follow a symlink to its tracker; a FIFO is refused before any open
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    if not stat.S_ISREG(before.st_mode):
+        kind: str = kind_of(before.st_mode)
+        if entry_kind(path) == "symlink":
+            kind = f"symlink to a {kind}"
+        raise CheckpointError(
+            f"{path} is a {kind}, not a regular file: verl's tracker is a file holding the step number; move it out "
+            "of the checkpoint dir (the guardian never deletes it), then retry"
+        )
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):  # swapped since the stat above
+            raise CheckpointError(f"{path} is not a regular file (it changed while read); retry")
+        raw = os.read(fd, TRACKER_MAX_BYTES + 1)
+    finally:
+        os.close(fd)
+    text = raw.decode("utf-8", errors="replace").strip()
+    if len(raw) > TRACKER_MAX_BYTES or not (text.isascii() and text.isdigit()):
+        return None
+    return int(text) if valid_step(int(text)) else None
