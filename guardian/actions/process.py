@@ -39,7 +39,6 @@ What is not covered (the caller must check or clean up):
 from __future__ import annotations
 
 import json
-import math
 import os
 import signal
 import subprocess
@@ -62,7 +61,7 @@ POLL_INTERVAL_S = 0.05
 CMDLINE_ATTEMPTS = 20
 CMDLINE_RETRY_S = 0.01
 STRAY_ROUNDS = 3  # scans for processes outside the group (a stray may fork while it is stopped)
-TREE_SCAN_S = 1.0  # a running trainer's descendants are recorded at most this often (strays.track)
+TREE_SCAN_S = 5.0  # a running trainer's descendants are recorded at most this often (strays.track)
 
 
 @dataclass(frozen=True)
@@ -510,15 +509,18 @@ class LocalProcessControl:
     def _track(self, handle: TrainerHandle, *, force: bool = False) -> None:
         """Record the trainer's descendants by pid tree (``strays.track``) while its wrapper runs: a child that
         leaves both the group and the environment is still found by ``stop`` and the end-of-run sweep. At most
-        every ``TREE_SCAN_S`` unless ``force``; our own wrapper once reaped (its pid may be reused) never."""
+        every ``TREE_SCAN_S`` unless ``force`` (and from a reading of /proc another run's tick made within
+        ``strays.TABLE_REUSE_S``, but for the first look and a forced one); our own wrapper once reaped (its pid may
+        be reused) never."""
         child = self._children.get(handle.pid)
         if child is not None and child.returncode is not None:
             return
         now = time.monotonic()
-        if not force and now - self._tree_scanned.get(handle.pid, -math.inf) < TREE_SCAN_S:
+        last = self._tree_scanned.get(handle.pid)
+        if not force and last is not None and now - last < TREE_SCAN_S:
             return
         self._tree_scanned[handle.pid] = now
-        strays.track(str(handle.exit_file), handle.pid)
+        strays.track(str(handle.exit_file), handle.pid, fresh=force or last is None)  # a first look reads /proc now
 
     def _wait_gone(self, handle: TrainerHandle, wait_s: float) -> bool:
         """Poll until the group has no live member (True) or ``wait_s`` has passed (False); reaps our child."""

@@ -24,6 +24,7 @@ import contextlib
 import os
 import signal
 import threading
+import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -96,12 +97,30 @@ def _live(stat: _Stat | None) -> bool:
     return stat is not None and stat.state not in ("Z", "X")
 
 
-def track(value: str, root: int, proc: Path = PROC) -> None:
+TABLE_REUSE_S: Final = 1.0  # a fleet's runs record their trees from one reading of /proc within this long
+_last_table: tuple[float, Path, dict[int, _Stat]] | None = None
+
+
+def _shared_table(proc: Path) -> dict[int, _Stat]:
+    """``_table(proc)``, read again only when the last reading (by any thread) is older than ``TABLE_REUSE_S``."""
+    global _last_table
+    with _TREE_LOCK:
+        last = _last_table
+    now = time.monotonic()
+    if last is not None and last[1] == proc and now - last[0] < TABLE_REUSE_S:
+        return last[2]
+    table = _table(proc)
+    with _TREE_LOCK:
+        _last_table = (now, proc, table)
+    return table
+
+
+def track(value: str, root: int, proc: Path = PROC, *, fresh: bool = False) -> None:
     """Record the live descendants of ``root`` (the trainer's wrapper, the leader of its group) under the marker
     ``value``: what ``find`` also returns later, whatever became of their group and environment. ``root`` counts
     as the one first seen under ``value`` only while its start time stays the same (a reused pid adopts nothing).
-    """
-    table = _table(proc)
+    ``fresh``: read /proc now (a stop's last look), not a reading another run's tick made a moment ago."""
+    table = _table(proc) if fresh else _shared_table(proc)
     root_stat = table.get(root)
     with _TREE_LOCK:
         known = _TREE.setdefault(value, {})
@@ -136,7 +155,8 @@ def marker_env(value: str) -> dict[str, str]:
 
 def find(value: str, proc: Path = PROC, timeout_s: float = SCAN_TIMEOUT_S, *, under: bool = False) -> list[int]:
     """Live pids (not this process) whose start-up environment has ``GUARDIAN_TRAINER=value`` (with
-    ``under``: a value inside the folder ``value``, i.e. any attempt of one run).
+    ``under``: a value inside the folder ``value``, i.e. any attempt of one run), the trainer's descendants ``track``
+    recorded under it that are still the same processes, and every live descendant of those found.
 
     Processes we may not read (another user's) are skipped. Where there is no readable ``/proc`` the
     answer is [] with a warning. The scan runs in a helper thread: if it takes longer than
