@@ -16,12 +16,14 @@ from types import FrameType
 import pytest
 from conftest import ManualClock
 from test_actions_pins import retention_deletes, save
+from test_run_e2e import collapse_command, config_for
 
 from guardian.actions.checkpoints import (
     QUARANTINE_DIR,
     CheckpointError,
     quarantine_after,
     quarantine_all,
+    quarantine_dumps_after,
     restore_quarantine,
     resume_path_for,
     write_tracker,
@@ -38,10 +40,12 @@ from guardian.actions.pins import (
     set_aside_pins,
 )
 from guardian.cli import main
+from guardian.commands.run import RunRequest, run_guarded
 from guardian.config import CheckpointsConfig
 from guardian.incidents.health import StepHealth
 from guardian.rescue.pinner import Pinner
 from guardian.sources.checkpoints import TRACKER_FILE, read_tracker, scan_checkpoints
+from guardian.states import State
 from guardian.store import Store
 
 FREE = 1 << 40
@@ -129,6 +133,18 @@ def test_c1_checkpoints_restore_never_writes_through_a_lock_symlink(tmp_path: Pa
     assert restore_cli(tmp_path, ckpt) == 1
     assert victim.read_text() == "keep\n"
     assert not (ckpt / "global_step_10").exists()  # nothing restored without the lock
+
+
+def test_c1_guardian_run_with_a_planted_lock_symlink_refuses_before_anything_starts(tmp_path: Path) -> None:
+    ckpt = ckpt_with(tmp_path)
+    victim = tmp_path / "precious.txt"
+    victim.write_text("keep\n")
+    (ckpt / LOCK_NAME).symlink_to(victim)
+    config = config_for(tmp_path / "home")
+    assert run_guarded(config, RunRequest(tuple(collapse_command(ckpt)), tmp_path, "lock1")) == 1
+    assert victim.read_text() == "keep\n"
+    with Store.open(config.database_url()) as store:
+        assert store.get_run("lock1") is None  # nothing registered, nothing launched
 
 
 def test_the_lock_still_works_on_a_checkpoint_dir_that_is_itself_a_symlink(tmp_path: Path) -> None:
@@ -241,6 +257,18 @@ def test_c3_restore_never_reads_a_quarantine_through_a_symlink(tmp_path: Path) -
     assert (victim / "incident-1" / "global_step_20").is_dir() and not (ckpt / "global_step_20").exists()
 
 
+def test_c3_the_dump_dirs_quarantine_is_never_a_planted_symlink(tmp_path: Path) -> None:
+    dumps, victim = tmp_path / "dumps", tmp_path / "victim-d"
+    dumps.mkdir()
+    victim.mkdir()
+    for step in (5, 10):
+        (dumps / f"{step}.jsonl").write_text("{}\n")
+    (dumps / QUARANTINE_DIR).symlink_to(victim)
+    with pytest.raises(CheckpointError, match=rf"{QUARANTINE_DIR} is a symlink"):
+        quarantine_dumps_after(dumps, 5, 1)
+    assert list(victim.iterdir()) == [] and (dumps / "10.jsonl").is_file()
+
+
 def test_c7_a_regular_file_where_the_quarantine_folder_goes_is_a_clear_error_before_any_change(
     tmp_path: Path,
 ) -> None:
@@ -295,6 +323,22 @@ def test_c4_a_rollback_beside_a_non_canonical_folder_moves_the_real_ones_and_lea
     assert [m.step for m in result.moved] == [20, 30]
     assert read_tracker(ckpt) == 10
     assert all((ckpt / name).is_dir() for name in ODD_NAMES[:2])  # not the guardian's: left alone
+
+
+@pytest.mark.slow
+def test_c4_a_collapse_beside_non_canonical_folders_is_rolled_back_and_resolved(tmp_path: Path) -> None:
+    """The red-team repro: ``global_step_0300`` (and Unicode digits) in the checkpoint dir used to kill every
+    rollback (FileNotFoundError x5, guardian_cannot_continue, the trainer left stopped)."""
+    home, ckpt = tmp_path / "home", tmp_path / "ckpt"
+    for name in ODD_NAMES[:2]:
+        (ckpt / name / "actor").mkdir(parents=True)
+    config = config_for(home)
+    assert run_guarded(config, RunRequest(tuple(collapse_command(ckpt)), tmp_path, "odd2")) == 0
+    with Store.open(config.database_url()) as store:
+        (iv,) = store.interventions("odd2")
+    assert iv.state == State.RESOLVED and iv.target_step is not None
+    assert read_tracker(ckpt) is not None and (ckpt / f"global_step_{read_tracker(ckpt)}").is_dir()
+    assert all((ckpt / name / "actor").is_dir() for name in ODD_NAMES[:2])  # not the guardian's: left alone
 
 
 @pytest.mark.parametrize("name", ODD_NAMES)
