@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 from collections.abc import Callable
 
 
@@ -21,3 +22,15 @@ def integer_at_least(minimum: int) -> Callable[[str], int]:
 
 POSITIVE = integer_at_least(1)
 NON_NEGATIVE = integer_at_least(0)
+
+
+def positive_seconds(text: str) -> float:
+    """An argparse ``type``: a finite number of seconds above zero."""
+    value = float(text)
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a finite number of seconds > 0, got {text}")
+    return value
+
+
+positive_seconds.__name__ = "seconds"
+POSITIVE_SECONDS = positive_seconds

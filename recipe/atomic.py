@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import tempfile
 from collections.abc import Iterator
@@ -22,3 +23,42 @@ def replacing(path: Path) -> Iterator[Path]:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+@contextmanager
+def replacing_pair(first: Path, second: Path) -> Iterator[tuple[Path, Path]]:
+    """Temporary paths for two files that belong together (verl's val and train), in their folders. On success
+    ``first`` is replaced, then ``second``; if replacing ``second`` fails, the old ``first`` is put back (it was
+    kept as a hard link), so an error anywhere leaves the old pair (or no pair) and removes the temporary files.
+
+    Not atomic to a reader or a crash: between the two renames ``first`` is new and ``second`` old. A target that
+    is a folder is refused before either is touched (``os.replace`` would fail on it only for the second)."""
+    made: list[Path] = []
+    try:
+        for path in (first, second):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+            os.close(fd)
+            made.append(Path(tmp))
+        yield made[0], made[1]
+        for path in (first, second):
+            if path.is_dir():
+                raise IsADirectoryError(errno.EISDIR, f"{path} is a folder, not a file", str(path))
+        backup: Path | None = None
+        if os.path.lexists(first):
+            backup = first.parent / f".{first.name}.{os.getpid()}.old"
+            backup.unlink(missing_ok=True)
+            os.link(first, backup, follow_symlinks=False)
+            made.append(backup)
+        os.replace(made[0], first)
+        try:
+            os.replace(made[1], second)
+        except BaseException:
+            if backup is not None:
+                os.replace(backup, first)
+            else:
+                first.unlink(missing_ok=True)
+            raise
+    finally:
+        for tmp in made:
+            tmp.unlink(missing_ok=True)

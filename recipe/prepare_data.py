@@ -9,7 +9,17 @@ Hugging Face cache (offline; needs the ``datasets`` package), e.g. ``hf:hotpotqa
 The questions of both sources are pooled, duplicates dropped (questions equal after case folding and removing
 punctuation; the first seen is kept, HotpotQA before 2Wiki), shuffled with ``--seed`` and split into val (first)
 and train without overlap. With fewer records than ``--train-size + --val-size`` the split keeps their ratio and
-the output says so. Files are written atomically: a temporary file in the output folder, then ``os.replace``.
+the output says so. An input with no records is refused (exit 2) and nothing is written.
+
+The pair is replaced as a pair (``atomic.replacing_pair``): both files are written to temporary files in the output
+folder first (any bad input or write error leaves the old pair untouched), then val.parquet and train.parquet are
+renamed over the old ones, and if the second rename fails the old val.parquet is put back. What does not hold: a
+reader in the instant between the two renames, or a crash (SIGKILL, power loss) in it, sees the new val beside the
+old train; running the same command again repairs it.
+
+Every bad input is one line ``error: FILE line N: what`` (``record N`` in a .json list, ``row N`` in parquet) and
+exit 2, never a traceback: malformed or too deeply nested JSON, an integer of more than 4300 digits, a lone
+surrogate in a question, answer or id, a NaN or infinite answer, an id that is not a string or an integer.
 
 The pure steps (records → items → rows, dedup, split) are separate from the file IO below them.
 """
@@ -18,8 +28,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import random
+import re
 import sys
 import unicodedata
 from collections import Counter
@@ -126,18 +138,44 @@ def normalize_question(text: str) -> str:
     return " ".join(kept.split())
 
 
-def _answers_of(record: Mapping[str, Any]) -> tuple[str, ...]:
+def _text(where: str, field: str, text: str) -> str:
+    """``text`` when it can be written as UTF-8; a DataError naming the field for a lone surrogate (JSON's
+    ``"\\ud800"`` decodes to one, and parquet cannot store it)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as error:
+        raise DataError(
+            f"{where}: '{field}' holds a lone surrogate (U+{ord(text[error.start]):04X}) at character "
+            f"{error.start}, which is not valid Unicode text"
+        ) from None
+    return text
+
+
+def _answers_of(record: Mapping[str, Any], where: str = "record") -> tuple[str, ...]:
     found: list[str] = []
     for field in ANSWER_FIELDS:
         value = record.get(field)
         values = list(value) if isinstance(value, list | tuple) else [value]
         for answer in values:
             # a number is an answer too ("answer": 1998 in some re-exports); bool is not (it is an int in Python)
+            if isinstance(answer, float) and not math.isfinite(answer):
+                # NaN, Infinity and 1e999 parse as floats and would become the gold answers "nan" and "inf"
+                raise DataError(f"{where}: '{field}' is not a finite number ({answer}); an answer is text or a number")
             if isinstance(answer, str | int | float) and not isinstance(answer, bool):
-                text = str(answer).strip()
+                text = _text(where, field, str(answer).strip())
                 if text and text not in found:
                     found.append(text)
     return tuple(found)
+
+
+def _id_of(record: Mapping[str, Any], where: str) -> str:
+    field = next((f for f in ID_FIELDS if record.get(f) is not None), None)
+    if field is None:
+        return ""
+    ident = record[field]
+    if isinstance(ident, bool) or not isinstance(ident, str | int):
+        raise DataError(f"{where}: '{field}' must be a string or an integer, got {type(ident).__name__}")
+    return _text(where, field, str(ident))
 
 
 def record_to_item(record: Mapping[str, Any], source: str, where: str) -> QAItem:
@@ -145,11 +183,11 @@ def record_to_item(record: Mapping[str, Any], source: str, where: str) -> QAItem
     question = record.get("question")
     if not isinstance(question, str) or not question.strip():
         raise DataError(f"{where}: no question (a non-empty string field 'question' is needed)")
-    answers = _answers_of(record)
+    question = _text(where, "question", question.strip())
+    answers = _answers_of(record, where)
     if not answers:
         raise DataError(f"{where}: no answer (one of the fields {', '.join(ANSWER_FIELDS)} is needed)")
-    ident = next((record[f] for f in ID_FIELDS if record.get(f) is not None), None)
-    return QAItem(source=source, id="" if ident is None else str(ident), question=question.strip(), answers=answers)
+    return QAItem(source=source, id=_id_of(record, where), question=question, answers=answers)
 
 
 def dedup(items: Iterable[QAItem]) -> tuple[list[QAItem], list[QAItem]]:
@@ -263,6 +301,42 @@ def _read_hf(spec: str, flag: str) -> Iterator[tuple[str, Mapping[str, Any]]]:
         yield f"{spec} record {i}", record
 
 
+# JSON's tokens as far as locating a failure needs them: strings (skipped whole), brackets, newlines, numbers
+_JSON_TOKENS: Final = re.compile(r'"(?:[^"\\]|\\.)*"|[\[\]{}\n]|-?\d+(\.\d+)?([eE][-+]?\d+)?')
+INT_DIGITS_LIMIT: Final = 4300  # Python's int/str conversion limit (sys.get_int_max_str_digits), json's too
+
+
+def _json_failure(path: Path, text: str, first_line: int, error: ValueError | RecursionError) -> DataError:
+    """The one-line error for JSON that ``json`` cannot decode although it is well formed: nesting past the
+    recursion limit, or an integer past Python's digit limit; the line is found by scanning ``text``."""
+    line, depth, deepest, deepest_line = first_line, 0, 0, first_line
+    for match in _JSON_TOKENS.finditer(text):
+        token = match.group()
+        if token == "\n":
+            line += 1
+        elif token[0] == '"':
+            line += token.count("\n")
+        elif token in "[{":
+            depth += 1
+            if depth > deepest:
+                deepest, deepest_line = depth, line
+        elif token in "]}":
+            depth -= 1
+        elif (
+            isinstance(error, ValueError)
+            and match.group(1) is None
+            and match.group(2) is None
+            and len(token.lstrip("-")) > INT_DIGITS_LIMIT
+        ):
+            return DataError(
+                f"{path} line {line}: an integer of more than {INT_DIGITS_LIMIT} digits ({len(token.lstrip('-'))}); "
+                "write a long id as a string"
+            )
+    if isinstance(error, RecursionError):
+        return DataError(f"{path} line {deepest_line}: JSON nested too deeply ({deepest} levels)")
+    return DataError(f"{path} line {first_line}: not valid JSON ({error})")
+
+
 def _read_local(path: Path) -> Iterator[tuple[str, Mapping[str, Any]]]:
     try:
         yield from _read_local_file(path)
@@ -283,15 +357,20 @@ def _read_local_file(path: Path) -> Iterator[tuple[str, Mapping[str, Any]]]:
                     record = json.loads(line)
                 except json.JSONDecodeError as error:
                     raise DataError(f"{path} line {number}: not valid JSON ({error.msg})") from None
+                except (ValueError, RecursionError) as error:
+                    raise _json_failure(path, line, number, error) from None
                 if not isinstance(record, dict):
                     raise DataError(f"{path} line {number}: a JSON object is needed, got {type(record).__name__}")
                 yield f"{path} line {number}", record
     elif suffix == ".json":
+        text = path.read_text(encoding="utf-8")
         try:
-            with path.open(encoding="utf-8") as handle:
-                data = json.load(handle)
+            data = json.loads(text)
         except json.JSONDecodeError as error:
             raise DataError(f"{path} line {error.lineno}: not valid JSON ({error.msg})") from None
+        except (ValueError, RecursionError) as error:
+            raise _json_failure(path, text, 1, error) from None
+        del text
         if not isinstance(data, list):
             raise DataError(f"{path}: a JSON list of records is needed, got {type(data).__name__}")
         for i, record in enumerate(data):
@@ -361,15 +440,18 @@ def build_parser() -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> None:
     inputs = [(HOTPOTQA, "--hotpotqa", args.hotpotqa), (TWOWIKI, "--2wiki", args.twowiki)]
     items: list[QAItem] = []
+    out = Path(args.out)
     for source, flag, spec in inputs:
         if spec is not None:
-            items.extend(load_items(spec, flag, source))
+            loaded = load_items(spec, flag, source)
+            if not loaded:  # a blank file would otherwise replace a good pair with empty ones
+                raise DataError(f"{flag} {spec}: no records (an empty or blank input); nothing written to {out}")
+            items.extend(loaded)
     kept, dropped = dedup(items)
     train, val = split(shuffled(kept, args.seed), args.train_size, args.val_size)
-    out = Path(args.out)
-    # both written before either replaces its file: a failure leaves the old pair, never a new train beside an old
-    # val (which could hold the same questions)
-    with atomic.replacing(out / "train.parquet") as train_tmp, atomic.replacing(out / "val.parquet") as val_tmp:
+    # both written before either replaces its file, then replaced as a pair (val first, put back if train cannot
+    # be replaced): an error leaves the old pair, never a new file beside an old one (which could share questions)
+    with atomic.replacing_pair(out / "val.parquet", out / "train.parquet") as (val_tmp, train_tmp):
         write_parquet(items_to_rows(train, "train", args.agent_name), train_tmp)
         write_parquet(items_to_rows(val, "val", args.agent_name), val_tmp)
 
@@ -397,6 +479,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.hotpotqa is None and args.twowiki is None:
         parser.print_usage(sys.stderr)
         print("error: give at least one of --hotpotqa FILE and --2wiki FILE", file=sys.stderr)
+        return 2
+    try:
+        _text("--agent-name", "--agent-name", args.agent_name)
+    except DataError as error:
+        print(f"error: {error}", file=sys.stderr)
         return 2
     try:
         run(args)

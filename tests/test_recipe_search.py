@@ -25,7 +25,7 @@ from recipe.search.client import RetrievalClient, RetrievalError
 from recipe.search.engine import IndexLoadError, SearchEngine
 from recipe.search.hotpot_corpus import write_corpus
 from recipe.search.index import CorpusError, IndexExistsError, build_index, make_tokenizer
-from recipe.search.server import Settings, create_app
+from recipe.search.server import Settings, create_app, uvicorn_config
 from recipe.search.topk import Scratch, batch_topk
 
 REPO = Path(__file__).resolve().parents[1]
@@ -70,7 +70,7 @@ class LiveServer:
         import uvicorn
 
         self.app = create_app(engine, settings)
-        config = uvicorn.Config(self.app, host="127.0.0.1", port=0, log_level="warning", access_log=False)
+        config = uvicorn_config(self.app, settings, host="127.0.0.1", port=0, log_level="warning")
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, daemon=True)
         self.thread.start()

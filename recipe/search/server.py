@@ -10,6 +10,17 @@ passage count and the index's manifest. A bad request gets a 4xx ``{"detail": ".
 Requests are coalesced: a micro-batcher gathers the queries of requests that arrive while the engine is busy or
 within ``--batch-wait-ms`` of the first, up to ``--max-batch-queries``, and scores them in one engine call on a
 single worker thread (verl's tool sends one query per request, ~100 at a time). The event loop never scores.
+
+Limits (each a flag): a request body over ``--max-body-bytes`` gets a 413 (refused unread when its Content-Length
+says so, cut off while it streams otherwise); a connection whose request head is not complete ``--header-timeout``
+seconds after it opened (or after its first byte, on a kept-alive connection) is closed, with a 408 when part of a
+head came; a body not complete ``--body-timeout`` seconds after its head gets a 408 and the connection is closed;
+a kept-alive connection idle for ``--keep-alive`` seconds is closed; and at most ``--max-connections`` connections
+are held (by default 1024, or fewer under a low open-files limit): a new one past the cap closes the connection
+that has stalled longest (idle, or still sending a head or body), or is refused with a 503 when every connection
+is busy with a search. Trickling bytes does not extend a timeout: each is a deadline from the start of its phase.
+A request head is at most 16 KiB (h11's own limit, answered with a 400). A request key other than ``queries``,
+``topk`` and ``return_scores`` is a 422 naming it.
 """
 
 from __future__ import annotations
@@ -19,21 +30,27 @@ import asyncio
 import contextlib
 import logging
 import os
+import resource
 import sys
 import time
 from collections.abc import AsyncIterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, ClassVar, Final
 
+import h11
 import orjson
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict
+from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from recipe.arguments import POSITIVE
+from recipe.arguments import POSITIVE, POSITIVE_SECONDS
 from recipe.search.engine import MAX_TOPK, Hit, IndexLoadError, SearchEngine
+
+if TYPE_CHECKING:
+    import uvicorn
 
 log = logging.getLogger("recipe.search.server")
 
@@ -42,6 +59,23 @@ DEFAULT_MAX_QUERIES: Final = 8192
 DEFAULT_MAX_QUERY_CHARS: Final = 4096
 DEFAULT_BATCH_WAIT_MS: Final = 2.0
 DEFAULT_MAX_BATCH_QUERIES: Final = 1024
+DEFAULT_MAX_BODY_BYTES: Final = 16 * 1024 * 1024
+DEFAULT_HEADER_TIMEOUT_S: Final = 10.0
+DEFAULT_BODY_TIMEOUT_S: Final = 30.0
+DEFAULT_KEEP_ALIVE_S: Final = 5.0
+DEFAULT_MAX_CONNECTIONS: Final = 1024
+MAX_HEAD_BYTES: Final = 16 * 1024
+# open files kept free of connections under a low RLIMIT_NOFILE: the listening socket, the index, logs, the loop
+RESERVED_FDS: Final = 64
+
+
+def default_max_connections() -> int:
+    """``DEFAULT_MAX_CONNECTIONS``, or fewer when the open-files limit would run out first (then accept() fails
+    with EMFILE and nothing, /health included, gets through)."""
+    soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return DEFAULT_MAX_CONNECTIONS
+    return max(1, min(DEFAULT_MAX_CONNECTIONS, soft - RESERVED_FDS))
 
 
 @dataclass(frozen=True)
@@ -53,10 +87,16 @@ class Settings:
     batch_wait_ms: float = DEFAULT_BATCH_WAIT_MS
     max_batch_queries: int = DEFAULT_MAX_BATCH_QUERIES
     coalesce: bool = True
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    header_timeout_s: float = DEFAULT_HEADER_TIMEOUT_S
+    body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S
+    keep_alive_s: float = DEFAULT_KEEP_ALIVE_S
+    max_connections: int = DEFAULT_MAX_CONNECTIONS
 
 
 class RetrieveRequest(BaseModel):
-    model_config = ConfigDict(strict=True)
+    # extra="forbid": a misspelt key (top_k, return_score) is a 422 naming it, not a default silently used
+    model_config = ConfigDict(strict=True, extra="forbid")
 
     queries: list[str]
     topk: int | None = None
@@ -95,6 +135,10 @@ def describe_validation(errors: Sequence[Any]) -> tuple[int, str]:
     if first.get("type") == "json_invalid":
         return 400, f"request body is not valid JSON: {first.get('ctx', {}).get('error', first.get('msg'))}"
     loc = [part for part in first.get("loc", ()) if part != "body"]
+    if first.get("type") == "extra_forbidden" and len(loc) == 1:
+        known = ", ".join(RetrieveRequest.model_fields)
+        more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+        return 422, f"{loc[0]}: unknown key; a request has only {known}{more}"
     if not loc:
         return 422, 'request body: expected a JSON object {"queries": [str, ...], "topk": int, "return_scores": bool}'
     name = str(loc[0]) + "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in loc[1:])
@@ -197,6 +241,203 @@ def _json(body: object, status: int = 200) -> Response:
     return Response(orjson.dumps(body), status_code=status, media_type="application/json")
 
 
+def _raw_response(status: int, reason: str, detail: str) -> bytes:
+    """A whole HTTP/1.1 response that closes the connection, for the protocol to write past the app."""
+    body = orjson.dumps({"detail": detail})
+    head = (
+        f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\ncontent-length: {len(body)}\r\n"
+        "connection: close\r\n\r\n"
+    )
+    return head.encode("ascii") + body
+
+
+class BodyLimit:
+    """ASGI middleware: an HTTP request body over ``max_bytes`` is answered 413 and the connection closed. A
+    Content-Length over the limit is refused before a byte of the body is read; a chunked body is counted as it
+    streams. The body under the limit is read here and handed on whole, so the app never sees more."""
+
+    def __init__(self, app: Any, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def _too_large(self, send: Any) -> None:
+        body = orjson.dumps({"detail": f"request body over {self.max_bytes} bytes (--max-body-bytes); split the batch"})
+        headers = [(b"content-type", b"application/json"), (b"connection", b"close")]
+        headers.append((b"content-length", str(len(body)).encode()))
+        await send({"type": "http.response.start", "status": 413, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = next((value for name, value in scope["headers"] if name == b"content-length"), None)
+        if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
+            await self._too_large(send)
+            return
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":  # the client went away (or a body timeout closed it)
+                return
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.max_bytes:
+                await self._too_large(send)
+                return
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                break
+        whole: dict[str, Any] | None = {"type": "http.request", "body": b"".join(chunks), "more_body": False}
+
+        async def replay() -> Any:
+            nonlocal whole
+            if whole is not None:
+                message, whole = whole, None
+                return message
+            return await receive()
+
+        await self.app(scope, replay, send)
+
+
+class LimitedH11Protocol(H11Protocol):
+    """uvicorn's h11 protocol with the deadlines and the connection cap that uvicorn lacks: it arms its keep-alive
+    timer only after a response, so a connection that never completes a head or a body is held for ever, and
+    ``limit_concurrency`` answers 503 but still holds every connection (and its file descriptor).
+
+    Each connection is in one phase: ``head`` (waiting for a request head: from the connection's start, or from
+    the first byte after a kept-alive response), ``body`` (the head came, the body has not), ``app`` (the request
+    is complete, the app is answering) or ``idle`` (kept alive between requests; uvicorn's keep-alive timer).
+    ``head`` and ``body`` have a deadline from the phase's start that bytes do not push back. ``settings`` is set
+    on a subclass per server (``protocol_for``)."""
+
+    settings: ClassVar[Settings] = Settings()
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._phase = ""
+        self._since = 0.0
+        self._deadline: asyncio.TimerHandle | None = None
+
+    # -- phases
+
+    def _phase_now(self) -> str:
+        state = self.conn.their_state
+        if state is h11.IDLE:
+            return "head" if self.cycle is None or self.conn.trailing_data[0] else "idle"
+        if state is h11.SEND_BODY:
+            return "body"
+        return "app"
+
+    def _sync(self) -> None:
+        if self.transport is None or self.transport.is_closing():
+            self._cancel()
+            return
+        phase = self._phase_now()
+        if phase == self._phase:
+            return  # the deadline runs from the phase's start, whatever bytes came since
+        self._cancel()
+        self._phase, self._since = phase, self.loop.time()
+        timeout = {"head": self.settings.header_timeout_s, "body": self.settings.body_timeout_s}.get(phase)
+        if timeout:
+            self._deadline = self.loop.call_later(timeout, self._expired)
+
+    def _cancel(self) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
+
+    def _close(self, status: int | None, reason: str, detail: str) -> None:
+        self._cancel()
+        if self.transport.is_closing():
+            return
+        if status is not None:
+            self.transport.write(_raw_response(status, reason, detail))
+        self.transport.close()
+
+    def _expired(self) -> None:
+        self._deadline = None
+        if self._phase == "head":
+            started = bool(self.conn.trailing_data[0])
+            log.debug("search-server: closing %s: no request head in %ss", self.client, self.settings.header_timeout_s)
+            detail = f"request head not complete in {self.settings.header_timeout_s} s (--header-timeout)"
+            self._close(408 if started else None, "Request Timeout", detail)
+        elif self._phase == "body":
+            log.debug("search-server: closing %s: no request body in %ss", self.client, self.settings.body_timeout_s)
+            detail = f"request body not complete in {self.settings.body_timeout_s} s (--body-timeout)"
+            self._close(408, "Request Timeout", detail)
+
+    @property
+    def stalled(self) -> bool:
+        """Waiting on the client (idle, or a head or body not complete) and not already closing."""
+        return self._phase in ("head", "body", "idle") and not self.transport.is_closing()
+
+    # -- the connection cap
+
+    def _make_room(self) -> bool:
+        """Below the cap after closing the longest-stalled other connection if needed; False when every other
+        connection is busy with a request."""
+        live = [c for c in self.connections if c is not self and not c.transport.is_closing()]
+        if len(live) < self.settings.max_connections:
+            return True
+        stalled = [c for c in live if isinstance(c, LimitedH11Protocol) and c.stalled]
+        if not stalled:
+            return False
+        victim = min(stalled, key=lambda c: c._since)
+        log.debug("search-server: --max-connections %d reached: closing stalled %s", len(live), victim.client)
+        mid_request = victim._phase == "body" or bool(victim.conn.trailing_data[0])
+        detail = f"connection closed to make room (--max-connections {self.settings.max_connections})"
+        victim._close(503 if mid_request else None, "Service Unavailable", detail)
+        return True
+
+    # -- asyncio.Protocol and uvicorn hooks
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        if not self._make_room():
+            log.warning("search-server: refusing a connection: %d busy (--max-connections)", len(self.connections))
+            detail = f"{self.settings.max_connections} connections busy (--max-connections); retry"
+            self._close(503, "Service Unavailable", detail)
+            return
+        self._sync()
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        self._sync()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        self._sync()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._cancel()
+        super().connection_lost(exc)
+
+
+def protocol_for(settings: Settings) -> type[LimitedH11Protocol]:
+    """The protocol class of a server with ``settings`` (uvicorn builds one per connection from a class)."""
+    return type("LimitedH11Protocol", (LimitedH11Protocol,), {"settings": settings})
+
+
+def uvicorn_config(app: Any, settings: Settings, *, host: str, port: int, log_level: str = "info") -> uvicorn.Config:
+    """The uvicorn config that enforces ``settings``' connection limits (the body limit is in ``create_app``)."""
+    import uvicorn
+
+    return uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        log_level=log_level,
+        access_log=False,
+        backlog=1024,
+        http=protocol_for(settings),
+        timeout_keep_alive=settings.keep_alive_s,  # type: ignore[arg-type]  # call_later takes a float
+        h11_max_incomplete_event_size=MAX_HEAD_BYTES,
+        # limit_concurrency stays off: it answers 503 but keeps holding the connection; the cap above closes
+    )
+
+
 def create_app(engine: SearchEngine, settings: Settings) -> FastAPI:
     batcher = MicroBatcher(engine, settings)
 
@@ -218,6 +459,7 @@ def create_app(engine: SearchEngine, settings: Settings) -> FastAPI:
             )
 
     app = FastAPI(title="recipe BM25 retrieval", lifespan=lifespan)
+    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
     app.state.batcher = batcher
     app.state.engine = engine
 
@@ -284,8 +526,56 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"numba threads per engine call, each taking a share of the batch's queries (default {DEFAULT_THREADS}, "
         "the usable cores up to 8)",
     )
+    parser.add_argument(
+        "--max-body-bytes",
+        type=POSITIVE,
+        default=DEFAULT_MAX_BODY_BYTES,
+        help=f"largest request body, answered 413 past it (default {DEFAULT_MAX_BODY_BYTES})",
+    )
+    parser.add_argument(
+        "--header-timeout",
+        type=POSITIVE_SECONDS,
+        default=DEFAULT_HEADER_TIMEOUT_S,
+        help=f"seconds for a request head to arrive (default {DEFAULT_HEADER_TIMEOUT_S:g})",
+    )
+    parser.add_argument(
+        "--body-timeout",
+        type=POSITIVE_SECONDS,
+        default=DEFAULT_BODY_TIMEOUT_S,
+        help=f"seconds for a request body to arrive after its head (default {DEFAULT_BODY_TIMEOUT_S:g})",
+    )
+    parser.add_argument(
+        "--keep-alive",
+        type=POSITIVE_SECONDS,
+        default=DEFAULT_KEEP_ALIVE_S,
+        help=f"seconds an idle kept-alive connection is held (default {DEFAULT_KEEP_ALIVE_S:g})",
+    )
+    parser.add_argument(
+        "--max-connections",
+        type=POSITIVE,
+        default=None,
+        help=f"connections held at once (default {DEFAULT_MAX_CONNECTIONS}, or the open-files limit less "
+        f"{RESERVED_FDS} when lower)",
+    )
     parser.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
     return parser
+
+
+def settings_from(args: argparse.Namespace) -> Settings:
+    return Settings(
+        default_topk=args.default_topk,
+        max_topk=args.max_topk,
+        max_queries=args.max_queries,
+        max_query_chars=args.max_query_chars,
+        batch_wait_ms=args.batch_wait_ms,
+        max_batch_queries=args.max_batch_queries,
+        coalesce=not args.no_coalesce,
+        max_body_bytes=args.max_body_bytes,
+        header_timeout_s=args.header_timeout,
+        body_timeout_s=args.body_timeout,
+        keep_alive_s=args.keep_alive,
+        max_connections=default_max_connections() if args.max_connections is None else args.max_connections,
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -300,15 +590,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {error}", file=sys.stderr)
         return 2
     warmup_s = engine.warmup()
-    settings = Settings(
-        default_topk=args.default_topk,
-        max_topk=args.max_topk,
-        max_queries=args.max_queries,
-        max_query_chars=args.max_query_chars,
-        batch_wait_ms=args.batch_wait_ms,
-        max_batch_queries=args.max_batch_queries,
-        coalesce=not args.no_coalesce,
-    )
+    settings = settings_from(args)
     import uvicorn
 
     log.info(
@@ -320,13 +602,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.host,
         args.port,
     )
-    config = uvicorn.Config(
-        create_app(engine, settings),
-        host=args.host,
-        port=args.port,
-        log_level=args.log_level,
-        access_log=False,
-        backlog=1024,
+    config = uvicorn_config(
+        create_app(engine, settings), settings, host=args.host, port=args.port, log_level=args.log_level
     )
     server = uvicorn.Server(config)
     server.run()
