@@ -8,17 +8,21 @@ file (see ``ENV_OVERRIDES``), so the file can be committed.
 
 from __future__ import annotations
 
+import difflib
 import os
-from collections.abc import Mapping
+import re
+from collections.abc import Mapping, Sequence
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from guardian.actions.ladder import RemediationConfig
+from guardian.redact import printable
 from guardian.sources.jsonl import MAX_KEYS_PER_STEP, MAX_LINE_BYTES
+from guardian.yamlio import Loaded, YamlError, load_yaml
 
 # defaults the store and the guard loops start from when no configuration is given (store/engine.py,
 # store/writebehind.py, outage.py import them; nothing here imports the store)
@@ -37,6 +41,9 @@ MAX_CONFIG_BYTES = 1 << 20  # a guardian.yaml is a few KiB; a larger file is the
 
 class ConfigError(ValueError):
     """The configuration cannot be used; the message names the file and the field."""
+
+
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
 
 
 class _Section(BaseModel):
@@ -496,6 +503,16 @@ class WebhookConfig(_Section):
     min_level: LevelName = Field("warning", description="Send events at this level and above.")
     timeout_s: float = Field(5.0, gt=0, description="HTTP timeout per request.")
 
+    @field_validator("url_env")
+    @classmethod
+    def _an_env_name(cls, value: str | None) -> str | None:
+        if value is not None and not _ENV_NAME.fullmatch(value):
+            raise ValueError(
+                "must name an environment variable (letters, digits and _), the one holding the URL; the value given "
+                "is not shown (it may be the URL itself)"
+            )
+        return value
+
     @model_validator(mode="after")
     def _one_url_source(self) -> WebhookConfig:
         if (self.url_env is None) == (self.url_file is None):
@@ -722,14 +739,119 @@ def _set_dotted(tree: dict[str, Any], dotted: str, value: str) -> None:
     node[leaf] = value
 
 
-def _format_validation_error(err: ValidationError, origin: str) -> str:
-    lines = [f"invalid configuration in {origin}:"]
-    for e in err.errors():
-        where = ".".join(str(p) for p in e["loc"]) or "(top level)"
-        got = "" if e["type"] == "missing" else f" (got {e.get('input')!r})"
-        reason = "unknown key" if e["type"] == "extra_forbidden" else e["msg"]
-        lines.append(f"  {where}: {reason}{got}")
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_-]{0,63}")  # a key that could be a setting's name: shown in messages
+_PLAIN_VALUE = re.compile(r"[\w.+\-]{0,40}")  # a value shown beside its error ("got 'enforcee'"); others never are
+_SECRET_KEY = re.compile(r"url|token|secret|passw|key|dsn|webhook|auth|cred", re.IGNORECASE)
+MAX_ERROR_LINES = 20
+NOT_SHOWN = "<a key that is not a setting name>"
+
+
+def format_validation_error(
+    err: ValidationError, origin: str, loaded: Loaded | None = None, model: type[BaseModel] | None = None
+) -> str:
+    """``invalid configuration in ORIGIN:`` and a line per error: the dotted field (list items as ``[n]``, from 1),
+    the reason and the line of the file (``loaded``: where each key stands). A value is shown beside its error only
+    when it is a number or a short plain word under a key that is not named like a secret; the value under an
+    unknown key never is (a secret written under a misspelt key: ``url:`` for ``url_env:``), and an unknown key is
+    named only when it looks like a setting's name, with the settings it may have meant."""
+    lines = [f"invalid configuration in {printable(origin)}:"]
+    errors = err.errors()
+    for e in errors[:MAX_ERROR_LINES]:
+        loc = tuple(e["loc"])
+        where = dotted(loc) or "(top level)"
+        line = loaded.line_of(loc) if loaded is not None else None
+        said = [f"line {line}"] if line is not None else []
+        if e["type"] == "extra_forbidden":
+            hint = _did_you_mean(loc, model or GuardianConfig)
+            lines.append(f"  {where}: unknown key{_parenthesis(said)}{hint}")
+            continue
+        reason = printable(str(e["msg"]).removeprefix("Value error, "), 300)
+        said.extend(_shown_input(e["type"], loc, e.get("input")))
+        lines.append(f"  {where}: {reason}{_parenthesis(said)}")
+    if len(errors) > MAX_ERROR_LINES:
+        lines.append(f"  ... and {len(errors) - MAX_ERROR_LINES} more")
     return "\n".join(lines)
+
+
+def dotted(loc: Sequence[object]) -> str:
+    """A pydantic location as the user writes it: ``notify.webhooks[1].url`` (keys that are no name not shown)."""
+    text = ""
+    for part in loc:
+        if isinstance(part, int):
+            text += f"[{part + 1}]"
+        else:
+            text += "." + (str(part) if _NAME.fullmatch(str(part)) else NOT_SHOWN)
+    return text.lstrip(".")
+
+
+def _parenthesis(parts: Sequence[str]) -> str:
+    return f" ({'; '.join(parts)})" if parts else ""
+
+
+def _shown_input(kind: str, loc: Sequence[object], value: object) -> list[str]:
+    """``["got 'enforcee'"]`` when the value may be shown beside its error (see ``format_validation_error``)."""
+    if kind == "missing" or any(isinstance(part, str) and _SECRET_KEY.search(part) for part in loc):
+        return []
+    plain = value is None or isinstance(value, bool | int | float)
+    if plain or (isinstance(value, str) and _PLAIN_VALUE.fullmatch(value)):
+        return [f"got {value!r}"]
+    return []
+
+
+def _did_you_mean(loc: Sequence[object], model: type[BaseModel]) -> str:
+    """``; did you mean url_env or url_file?`` for an unknown key among the fields of the section it was written in
+    (fields it begins, then close spellings); empty without a likely one or for a key that is no name."""
+    key = loc[-1] if loc else None
+    fields = _fields_at(model, loc[:-1])
+    if not isinstance(key, str) or not _NAME.fullmatch(key) or not fields:
+        return ""
+    starting = [name for name in fields if name.startswith(key) or key.startswith(name)]
+    close = difflib.get_close_matches(key, fields, n=3, cutoff=0.6)
+    meant = list(dict.fromkeys([*starting, *close]))[:3]
+    return f"; did you mean {' or '.join(meant)}?" if meant else ""
+
+
+def _fields_at(model: type[BaseModel], loc: Sequence[object]) -> list[str]:
+    """The field names of the section at ``loc`` under ``model`` (an empty list when it is no section)."""
+    current: type[BaseModel] | None = model
+    for part in loc:
+        if current is None:
+            return []
+        if isinstance(part, int):
+            continue
+        field = current.model_fields.get(str(part))
+        current = _section_type(field.annotation) if field is not None else None
+    return list(current.model_fields) if current is not None else []
+
+
+def _section_type(annotation: object) -> type[BaseModel] | None:
+    """The section model an annotation holds (``X``, ``X | None``, ``list[X]``), else None."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in get_args(annotation):
+        found = _section_type(arg)
+        if found is not None:
+            return found
+    return None
+
+
+def not_a_settings_file(loaded: Any, model: type[BaseModel]) -> bool:
+    """Whether a mapping read as ``model``'s file is some other file: none of its top-level keys is a setting, and
+    it has several, or one that is no name (a file of secrets named by mistake: nothing of it is to be shown)."""
+    if not isinstance(loaded, dict) or not loaded:
+        return False
+    keys = list(loaded)
+    if any(key in model.model_fields for key in keys):
+        return False
+    return len(keys) >= 3 or any(not (isinstance(key, str) and _NAME.fullmatch(key)) for key in keys)
+
+
+def parse_yaml(text: str, what: str) -> Loaded:
+    """``load_yaml`` with its ``YamlError`` as a ``ConfigError`` (the same words)."""
+    try:
+        return load_yaml(text, what)
+    except YamlError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def load_config(path: Path | None = None, env: Mapping[str, str] | None = None) -> GuardianConfig:
@@ -737,24 +859,28 @@ def load_config(path: Path | None = None, env: Mapping[str, str] | None = None) 
     env = os.environ if env is None else env
     raw: dict[str, Any] = {}
     origin = "defaults"
+    loaded: Loaded | None = None
     if path is not None:
         origin = str(path)
-        text = read_small_text(path, f"config file {path}", limit=MAX_CONFIG_BYTES, expected="a guardian.yaml file")
-        try:
-            loaded = yaml.safe_load(text)
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"config file {path} is not valid YAML: {exc}") from exc
-        if loaded is not None and not isinstance(loaded, dict):
-            raise ConfigError(f"config file {path} must hold a mapping at the top, got {type(loaded).__name__}")
-        raw = loaded or {}
-    for var, dotted in ENV_OVERRIDES.items():
+        what = f"config file {printable(path)}"
+        text = read_small_text(path, what, limit=MAX_CONFIG_BYTES, expected="a guardian.yaml file")
+        loaded = parse_yaml(text, what)
+        if loaded.data is not None and not isinstance(loaded.data, dict):
+            raise ConfigError(f"{what} must hold a mapping at the top, got {type(loaded.data).__name__}")
+        raw = loaded.data or {}
+        if not_a_settings_file(raw, GuardianConfig):
+            raise ConfigError(
+                f"{what} is not a guardian.yaml: none of its {len(raw)} top-level keys is a setting (nothing of it is "
+                "shown)"
+            )
+    for var, dotted_path in ENV_OVERRIDES.items():
         if env.get(var):
-            _set_dotted(raw, dotted, env[var])
+            _set_dotted(raw, dotted_path, env[var])
             origin += f" + ${var}"
     try:
         return GuardianConfig.model_validate(raw)
     except ValidationError as exc:
-        raise ConfigError(_format_validation_error(exc, origin)) from None
+        raise ConfigError(format_validation_error(exc, origin, loaded)) from None
 
 
 def read_small_text(path: Path, what: str, *, limit: int, expected: str) -> str:

@@ -22,6 +22,7 @@ from typing import Any, Literal
 import yaml
 
 from guardian.actions.verl_keys import PatchError
+from guardian.yamlio import YamlError, load_yaml
 
 Op = Literal["", "+", "++", "~"]
 _KEY = re.compile(r"^(\+\+|\+|~)?([A-Za-z_][\w\-.@/]*)(?:=(.*))?$", re.S)
@@ -239,10 +240,12 @@ class EffectiveConfig:
                 f"config file {name} not found (looked at {', '.join(map(str, tried))}); "
                 "give --config-path as an absolute path so the guardian reads what the trainer reads"
             )
-        try:
-            loaded = yaml.load(path.read_text(encoding="utf-8"), Loader=_LOADER)  # a SafeLoader subclass
-        except (OSError, yaml.YAMLError) as exc:
+        try:  # a SafeLoader subclass; a key given twice is refused, as OmegaConf (so verl) refuses it
+            loaded = load_yaml(path.read_text(encoding="utf-8"), f"the run's config file {path}", loader=_LOADER).data
+        except OSError as exc:
             raise PatchError(f"cannot read the run's config file {path}: {exc}") from exc
+        except YamlError as exc:
+            raise PatchError(str(exc)) from None
         self.config_file, self._yaml = path, loaded if isinstance(loaded, dict) else {}
         if self._yaml.get("defaults"):
             self.notes.append(

@@ -22,11 +22,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from guardian.config import ConfigError, GuardianConfig, load_config, read_small_text
-from guardian.ids import checked_run_id
+from guardian.config import (
+    MAX_ERROR_LINES,
+    ConfigError,
+    GuardianConfig,
+    dotted,
+    load_config,
+    not_a_settings_file,
+    parse_yaml,
+    read_small_text,
+)
+from guardian.ids import MAX_RUN_ID, checked_run_id
+from guardian.redact import printable
+from guardian.yamlio import Loaded
 
 MAX_FLEET_BYTES = 1 << 20
 MAX_RUNS = 64  # threads, trainers and store connections of one process: a bigger fleet is several guardians
@@ -48,7 +58,7 @@ class RunEntry(BaseModel):
     @classmethod
     def _run_id(cls, value: str) -> str:
         try:
-            return checked_run_id(value)
+            return checked_run_id(value, option="run_id")
         except ValueError as exc:
             raise ValueError(str(exc)) from None
 
@@ -82,16 +92,16 @@ def load_fleet(path: Path, fleet_config: GuardianConfig) -> list[FleetRun]:
     """The runs of the fleet file at ``path``; ``ConfigError`` naming the file, the run and the field when the file
     or a run's guardian.yaml is wrong, or two runs share an id. Every run writes to the fleet's store
     (``fleet_config``'s database, whatever its own guardian.yaml says)."""
-    text = read_small_text(path, f"fleet file {path}", limit=MAX_FLEET_BYTES, expected="a fleet YAML file")
+    what = f"fleet file {printable(path)}"
+    text = read_small_text(path, what, limit=MAX_FLEET_BYTES, expected="a fleet YAML file")
+    loaded = parse_yaml(text, what)  # a key given twice is refused: a second runs: would drop every run before it
+    if not_a_settings_file(loaded.data, FleetFile):
+        raise ConfigError(f"{what} is not a fleet file: it has no runs: key (nothing of it is shown)")
     try:
-        loaded: Any = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"fleet file {path} is not valid YAML: {exc}") from None
-    try:
-        fleet = FleetFile.model_validate(loaded if loaded is not None else {})
+        fleet = FleetFile.model_validate(loaded.data if loaded.data is not None else {})
     except ValidationError as exc:
-        raise ConfigError(_validation_text(path, loaded, exc)) from None
-    _refuse_repeats(path, [entry.run_id for entry in fleet.runs])
+        raise ConfigError(_validation_text(what, loaded, exc)) from None
+    _refuse_repeats(what, [entry.run_id for entry in fleet.runs])
     folder = path.resolve().parent
     return [_resolved(entry, folder, fleet_config) for entry in fleet.runs]
 
@@ -118,30 +128,45 @@ def _resolved(entry: RunEntry, folder: Path, fleet_config: GuardianConfig) -> Fl
     )
 
 
-def _refuse_repeats(path: Path, run_ids: Sequence[str]) -> None:
+def _refuse_repeats(what: str, run_ids: Sequence[str]) -> None:
     seen: set[str] = set()
     for number, run_id in enumerate(run_ids, start=1):
         if run_id in seen:
-            raise ConfigError(f"fleet file {path}: runs[{number}] repeats run_id {run_id!r}; each run needs its own")
+            raise ConfigError(f"{what}: runs[{number}] repeats run_id {run_id!r}; each run needs its own")
         seen.add(run_id)
 
 
-def _validation_text(path: Path, loaded: Any, err: ValidationError) -> str:
-    lines = [f"invalid fleet file {path}:"]
-    for e in err.errors():
-        loc = list(e["loc"])
-        where = "".join(f"[{part + 1}]" if isinstance(part, int) else f".{part}" for part in loc).lstrip(".")
+def _validation_text(what: str, loaded: Loaded, err: ValidationError) -> str:
+    """``invalid fleet file F:`` and a line per error: where (``runs[2].mode``), the run's id when it has a valid one
+    (any other is shown escaped: a newline or NUL in it never starts a line of its own), the line of the file, and
+    the reason - never the value of an unknown key."""
+    lines = [f"invalid {what}:"]
+    errors = err.errors()
+    for e in errors[:MAX_ERROR_LINES]:
+        loc = tuple(e["loc"])
+        where = dotted(loc)
         if len(loc) >= 2 and loc[0] == "runs" and isinstance(loc[1], int):
-            run_id = _run_id_at(loaded, loc[1])
+            run_id = _run_id_at(loaded.data, loc[1])
             where += f" (run {run_id})" if run_id else ""
+        line = loaded.line_of(loc)
+        at = f" (line {line})" if line is not None else ""
         reason = "unknown key" if e["type"] == "extra_forbidden" else e["msg"].removeprefix("Value error, ")
-        lines.append(f"  {where or '(top level)'}: {reason}")
+        lines.append(f"  {where or '(top level)'}: {printable(reason, 300)}{at}")
+    if len(errors) > MAX_ERROR_LINES:
+        lines.append(f"  ... and {len(errors) - MAX_ERROR_LINES} more")
     return "\n".join(lines)
 
 
 def _run_id_at(loaded: Any, index: int) -> str | None:
+    """The ``run_id`` written for run ``index``, for a message: as is when it is a valid run id, else quoted with
+    every control character escaped and cut to the longest id's length."""
     try:
         value = loaded["runs"][index]["run_id"]
     except (KeyError, IndexError, TypeError):
         return None
-    return value if isinstance(value, str) else None
+    if not isinstance(value, str):
+        return None
+    try:
+        return checked_run_id(value)
+    except ConfigError:
+        return printable(repr(value[:MAX_RUN_ID]) + ("..." if len(value) > MAX_RUN_ID else ""))

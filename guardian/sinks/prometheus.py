@@ -73,8 +73,10 @@ from prometheus_client.registry import Collector
 
 from guardian import __version__, keys
 from guardian.checks.findings import Severity
+from guardian.config import ConfigError
 from guardian.keys import Signal
 from guardian.logs import event, get_logger
+from guardian.redact import printable
 from guardian.sinks.exposition import ExpositionApp
 from guardian.sinks.snapshot import ExportSource, RunSnapshot
 from guardian.states import FINISHED_STATES
@@ -338,7 +340,7 @@ def bind_target(host: str, resolve: Resolver = resolve_host) -> BindTarget:
       non-loopback address: public. A name can resolve differently tomorrow, so only an explicit
       ``allow_public`` lets it expose the exporter beyond this machine.
 
-    Raises ``ValueError`` naming the host when it does not resolve.
+    Raises ``ConfigError`` (a ``ValueError``) naming ``exporter.host`` and its value when it does not resolve.
     """
     bare = host.strip().removeprefix("[").removesuffix("]")
     if not bare:
@@ -346,9 +348,9 @@ def bind_target(host: str, resolve: Resolver = resolve_host) -> BindTarget:
     try:
         resolved = [ipaddress.ip_address(address) for address in resolve(bare)]
     except (OSError, UnicodeError, ValueError) as exc:
-        raise ValueError(f"exporter host {host!r} does not resolve to an address: {exc}") from None
+        raise ConfigError(f"exporter.host {printable(repr(host))} does not resolve to an address: {exc}") from None
     if not resolved:
-        raise ValueError(f"exporter host {host!r} does not resolve to an address")
+        raise ConfigError(f"exporter.host {printable(repr(host))} does not resolve to an address")
     plain = [_unmapped(address) for address in resolved]
     first = str(resolved[0])
     if any(address.is_unspecified for address in plain):
@@ -395,13 +397,14 @@ def serve(
     name that resolves to an interface address) exposes run names and health to the network, so it is
     refused unless ``allow_public`` is set; the address decided on is the one bound, so the name cannot
     resolve to something else in between. Port 0 picks a free port: read it from the returned server's
-    ``server_port``. Stop with ``shutdown(server, thread)``.
+    ``server_port``. Stop with ``shutdown(server, thread)``. A refused or unresolvable host is a ``ConfigError``
+    naming ``exporter.host`` and its value (the command's one-line configuration error, exit 2).
     """
     target = bind_target(host, resolve)
     if target.public and not allow_public:
-        raise ValueError(
-            f"refusing to serve metrics on {host!r} ({target.reason}); bind 127.0.0.1 or a specific "
-            "interface address, or set exporter.allow_public"
+        raise ConfigError(
+            f"exporter.host {printable(repr(host))}: refusing to serve metrics there ({target.reason}); bind "
+            "127.0.0.1 or a specific interface address, or set exporter.allow_public: true"
         )
     app = ExpositionApp(source, lambda snapshots: build_registry(_Fixed(snapshots)))
     server = make_server(target.address, port, app, _server_class(target.address), handler_class=_QuietHandler)

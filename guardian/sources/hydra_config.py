@@ -10,9 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import yaml
-
-from guardian.config import ConfigError, read_small_text
+from guardian.config import ConfigError, parse_yaml, read_small_text
 
 TOTAL_STEPS_KEY = ("trainer", "total_training_steps")
 HYDRA_CONFIG = Path(".hydra") / "config.yaml"
@@ -29,13 +27,8 @@ def total_training_steps(path: Path) -> int | None:
     """``trainer.total_training_steps`` of the Hydra config at ``path``; None when unset (null or absent).
     Raises ``ConfigError`` naming the file and key when it cannot be read or holds something else."""
     where = f"run config {path}"
-    try:
-        loaded = yaml.safe_load(
-            read_small_text(path, where, limit=MAX_RUN_CONFIG_BYTES, expected="a Hydra config.yaml")
-        )
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{where} is not valid YAML: {exc}") from None
-    value: object = loaded
+    text = read_small_text(path, where, limit=MAX_RUN_CONFIG_BYTES, expected="a Hydra config.yaml")
+    value: object = parse_yaml(text, where).data  # a key given twice is refused, as OmegaConf refuses it
     for part in TOTAL_STEPS_KEY:
         if value is None:
             return None

@@ -1,7 +1,9 @@
 """Engines on the guardian's database and the schema migrations that keep it current.
 
 ``open_engine`` builds the SQLAlchemy engine for a URL and runs ``alembic upgrade head`` on it, so
-history survives upgrades; every failure surfaces as ``StoreError`` with the password masked. Engines are
+history survives upgrades; every failure surfaces as ``StoreError`` with the URL's secrets masked (``mask_url`` is
+guardian/redact.py's ``render_db_url``: the password wherever the URL holds one) and the driver's text scrubbed of
+them; the URL's secret parts are remembered, so no later log line shows them either. Engines are
 built with ``hide_parameters=True``: a statement's parameters (run data, URLs) never reach an error's
 text, so a logged traceback carries the SQL but not the values.
 
@@ -22,7 +24,6 @@ once.
 
 from __future__ import annotations
 
-import re
 import sqlite3
 import time
 from collections.abc import Callable, Iterator
@@ -38,7 +39,7 @@ from alembic.util import CommandError
 from sqlalchemy import Connection, Engine, create_engine, event, text
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.engine.interfaces import DBAPIConnection
-from sqlalchemy.exc import ArgumentError, OperationalError, SQLAlchemyError
+from sqlalchemy.exc import OperationalError, SQLAlchemyError
 from sqlalchemy.pool import StaticPool
 
 from guardian.config import (
@@ -46,6 +47,7 @@ from guardian.config import (
     MIGRATION_WAIT_S,  # a first open's migration, by another guardian, is waited for this long
     STATEMENT_TIMEOUT_S,  # PostgreSQL: a round trip without an answer fails after this
 )
+from guardian.redact import printable, remember_url, render_db_url, scrub_text, url_secrets
 from guardian.store.errors import StoreError
 
 MIGRATIONS_DIR: Final = Path(__file__).resolve().parent / "migrations"
@@ -59,8 +61,6 @@ _SQLITE_PRAGMAS: Final = (
     "PRAGMA synchronous=NORMAL",
     "PRAGMA foreign_keys=ON",
 )
-_PASSWORD_IN_URL = re.compile(r"(://[^:/@\s]*:)[^@\s]*@")
-_PASSWORD_IN_CONNINFO = re.compile(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|[^\s']+)", re.IGNORECASE)  # libpq key=value
 
 PG_CONNECT_TIMEOUT_S: Final = 10  # libpq waits for ever by default: an unreachable server would hang a tick
 MIGRATION_POLL_S: Final = 0.1
@@ -69,11 +69,10 @@ _T = TypeVar("_T")
 
 
 def mask_url(url: str) -> str:
-    """``url`` with any password replaced by ``***`` (also when it does not parse)."""
-    try:
-        return make_url(url).render_as_string(hide_password=True)
-    except (ArgumentError, ValueError):
-        return _PASSWORD_IN_URL.sub(r"\1***@", url)
+    """``url`` for a person: every password masked as ``***`` whatever its form (in the userinfo, a query
+    parameter, a URL without a scheme, an unescaped ``@``; ``guardian.redact.render_db_url``), also when it does
+    not parse."""
+    return render_db_url(url)
 
 
 def head_revision() -> str:
@@ -102,6 +101,7 @@ def open_engine(
     is missing, the database cannot be reached or created, or the migration fails.
     """
     masked = mask_url(url)
+    remember_url(url)  # no log line, traceback or error text shows its secrets from now on
     parsed: URL | None = None
     engine: Engine | None = None
     try:
@@ -118,7 +118,7 @@ def open_engine(
     except (SQLAlchemyError, CommandError, StoreError, OSError, ImportError, ValueError) as exc:
         if engine is not None:
             engine.dispose()
-        raise StoreError(f"cannot open store at {masked}: {reason(exc, parsed)}") from None
+        raise StoreError(f"cannot open store at {masked}: {reason(exc, url)}") from None
     return engine
 
 
@@ -292,12 +292,17 @@ def _postgresql_on_connect(lock_timeout_s: float) -> Callable[[DBAPIConnection, 
     return on_connect
 
 
-def reason(exc: BaseException, url: URL | None = None) -> str:
-    """``TypeName: first line of the message`` (just the type when there is none), with the password scrubbed
-    should a driver echo it (``url``'s own, one in a URL, libpq's ``password=...``). The first line only: SQLAlchemy
+def reason(exc: BaseException, url: str | URL | None = None) -> str:
+    """``TypeName: first line of the message`` (just the type when there is none), scrubbed of secrets should a
+    driver echo them: ``url``'s own (each piece of its password, its secret query values), any URL in the text
+    rendered by ``mask_url``, libpq's ``password=...``, and every URL a store opened. The first line only: SQLAlchemy
     puts the SQL text on the lines after it."""
     lines = str(exc).strip().splitlines()
     said = f"{type(exc).__name__}: {lines[0] if lines else ''}".rstrip(": ")
-    if url is not None and url.password:
-        said = said.replace(str(url.password), "***")
-    return _PASSWORD_IN_CONNINFO.sub(r"\1***", _PASSWORD_IN_URL.sub(r"\1***@", said))
+    secrets: list[str] = []
+    if isinstance(url, URL):
+        secrets.extend(str(part) for part in (url.password, url.query.get("password")) if part)
+        url = url.render_as_string(hide_password=False)
+    if url is not None:
+        secrets.extend(url_secrets(url))
+    return printable(scrub_text(said, secrets))
