@@ -270,6 +270,28 @@ def test_a_guardian_killed_after_any_commit_finishes_the_intervention_once(world
     assert world.states().count(State.RESUMING) == 1
 
 
+def test_a_guardian_killed_between_resolved_and_the_incidents_close_closes_it_after_its_restart(world: World) -> None:
+    world.save(10, 20, 30)
+    world.incident()
+    world.proven(1)
+    for _ in range(3):
+        world.tick()
+        if world.attempt_id is not None and not world.attempt_steps:
+            world.logs(31)
+    world.kill_after = "RESOLVED"
+    world.proven(10)
+    with pytest.raises(GuardianKilled):
+        world.tick()
+    (incident,) = world.store.list_incidents(RUN)
+    assert incident.is_open  # RESOLVED committed, the close not yet
+    world.restarted()
+    world.tick()
+    (iv,) = world.interventions()  # not "came back": no second intervention
+    assert iv.state is State.RESOLVED
+    (incident,) = world.store.list_incidents(RUN)
+    assert not incident.is_open and incident.status == "resolved"
+
+
 # -- pinned checkpoints: verl's retention (trainer.max_actor_ckpt_to_keep) emptied the target's folder ---------------
 def test_a_target_whose_folder_verls_retention_emptied_is_restored_from_its_pin_before_the_rollback(
     world: World,

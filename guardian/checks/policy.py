@@ -19,7 +19,7 @@ from types import MappingProxyType
 from typing import Final
 
 from guardian.checks.findings import Finding, Severity
-from guardian.checks.trend import Trend, reward_scale, reward_trend_at
+from guardian.checks.trend import Trend, plateau_start, reward_scale, reward_trend_at
 from guardian.config import BaselineConfig, PolicyConfig, RewardCollapseConfig
 from guardian.history.timeline import RunHistory
 from guardian.keys import Signal
@@ -71,7 +71,7 @@ def _row(*cells: Severity | str) -> dict[Progress, Severity | str]:
 TABLE: Final = MappingProxyType(
     {
         Role.MECHANISM: {
-            Shape.OUT_OF_BAND: _row(W, W, W, W, W, W, W, W),
+            Shape.OUT_OF_BAND: _row(A, A, W, W, W, W, W, W),
             Shape.FAILURE: _row(A, A, W, C, C, C, W, C),
             Shape.FAST: _row(A, A, C, C, C, C, W, C),
             Shape.HARD: _row(C, C, C, C, C, C, C, C),
@@ -137,6 +137,7 @@ class ProgressReading:
     why: str
     since: int | None = None  # the step a sharp fall began, when the reading rests on one
     hard: bool = False  # far below the run's start for several points: acts alone
+    learned_until: int | None = None  # a stalled run: about where it stopped learning (a window before its plateau)
 
 
 def decide(finding: Finding, reading: ProgressReading) -> Finding:
@@ -159,7 +160,11 @@ def decide(finding: Finding, reading: ProgressReading) -> Finding:
         message = f"{message} - a warning, not a rollback: {reading.why}"
     elif severity == Severity.CRITICAL and role is Role.MECHANISM and shape in (Shape.FAILURE, Shape.FAST):
         message = f"{message}; {reading.why}"
-    return replace(finding, severity=severity, message=message, evidence=evidence, advice=advice)
+    onset = finding.onset_step
+    if severity == Severity.CRITICAL and shape is Shape.FAILURE and onset is not None and reading.learned_until:
+        # a slow failure became trouble once the run stopped learning: a rollback keeps the progress made until then
+        onset = max(onset, reading.learned_until)
+    return replace(finding, severity=severity, message=message, evidence=evidence, advice=advice, onset_step=onset)
 
 
 def apply(findings: list[Finding], reading: ProgressReading) -> list[Finding]:
@@ -183,15 +188,26 @@ def too_little_to_judge(steps: int, signals: Iterable[str], cfg: PolicyConfig) -
 def read_progress(
     h: RunHistory, cfg: PolicyConfig, reward_cfg: RewardCollapseConfig, bcfg: BaselineConfig
 ) -> ProgressReading:
-    """The outcome at the newest step, with hysteresis: the most lenient reading of the last ``outcome_points``
-    steps, so one noisy point does not turn a warning into a rollback. A sharp fall (already several points in
-    a row) counts at once."""
+    """The outcome at the newest step, with hysteresis both ways: the most lenient reading of the last
+    ``outcome_points`` steps (one noisy point does not turn a warning into a rollback), and a plateau is left only
+    for a reading that improves or holds, not for one that is merely not clearly improving (a stalled run does not
+    flap between the two). A sharp fall (already several points in a row) counts at once."""
     if h.last_step is None or not (h.has(Signal.REWARD) or h.has(Signal.VAL_SCORE)):
         return ProgressReading(Progress.UNMEASURED, "the run logs no reward or validation score")
-    readings = [_reading_at(h, step, cfg, reward_cfg, bcfg) for step in h.steps[-cfg.outcome_points :]]
+    n = cfg.outcome_points
+    readings = [_reading_at(h, step, cfg, reward_cfg, bcfg) for step in h.steps[-_HOLD_LOOKBACK * n :]]
     if readings[-1].since is not None:
         return readings[-1]
-    return min(readings, key=lambda r: _SEVERITY_ORDER.index(r.progress))
+    held = min(readings[-n:], key=lambda r: _SEVERITY_ORDER.index(r.progress))
+    if held.progress is Progress.SLOWING:
+        before = next((r for r in reversed(readings[:-n]) if r.progress is not Progress.SLOWING), None)
+        if before is not None and before.progress is Progress.STALLED:
+            return before
+    return held
+
+
+# how many hysteresis windows back a stall is still held while the reward is only not clearly improving
+_HOLD_LOOKBACK: Final = 5
 
 
 # most lenient first: the order in which a reading excuses a mechanism's failure shape
@@ -233,7 +249,9 @@ def _reading_at(
     if _holding(trend, cfg, reward_cfg):
         return ProgressReading(Progress.HOLDING, f"{trend.describe(key)} holds near its best ({trend.peak:.3g})")
     if trend.long_stalled or (trend.stalled and trend.pace == 0):
-        return ProgressReading(Progress.STALLED, f"{trend.describe(key)} has stalled")
+        plateau = plateau_start(h, step, reward_cfg, bcfg)
+        learned_until = plateau - trend.window if plateau is not None and trend.pace > 0 else None
+        return ProgressReading(Progress.STALLED, f"{trend.describe(key)} has stalled", learned_until=learned_until)
     return ProgressReading(Progress.SLOWING, f"{trend.describe(key)} is not clearly improving")
 
 

@@ -16,6 +16,7 @@ from guardian.exits import EXIT_UNHEALTHY
 from guardian.rescue.effects import (
     Advance,
     Advise,
+    CloseEnded,
     Effect,
     End,
     FinishRun,
@@ -56,6 +57,8 @@ def decide(s: RescueSnapshot, config: GuardianConfig) -> Effect:
         return _next_state(s, config, active)
     if s.gave_up():
         return StayGivenUp()
+    if (ended := s.ended_but_open()) is not None:
+        return CloseEnded(*ended, s.last_step)
     status = s.trainer.exit_status
     if status is not None and not status.ok and _unexplained_crash(s):
         return RecordCrash(status, s.last_step, s.trainer.attempt_id)

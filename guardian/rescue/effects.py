@@ -109,6 +109,16 @@ class End:
 
 
 @dataclass(frozen=True, slots=True)
+class CloseEnded:
+    """An incident whose intervention ended before a restart, its close not committed: close it as it ended."""
+
+    incident: IncidentView
+    iv: InterventionView
+    step: int | None  # the newest step: where the incident closes
+    ends_pass = False
+
+
+@dataclass(frozen=True, slots=True)
 class GiveUp:
     """Commit GAVE_UP, close the incident and the run as given up, leave the trainer stopped, exit 93."""
 
@@ -179,6 +189,7 @@ Effect = (
     | Reattach
     | Relapse
     | End
+    | CloseEnded
     | GiveUp
     | Intervene
     | RecordCrash

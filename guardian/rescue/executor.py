@@ -26,6 +26,7 @@ from guardian.rescue.decide import CRASH, climbed, decide
 from guardian.rescue.effects import (
     Advance,
     Advise,
+    CloseEnded,
     Effect,
     End,
     FinishRun,
@@ -98,6 +99,8 @@ class Executor:
             self._relapse(effect)
         elif isinstance(effect, End):
             self._end(effect)
+        elif isinstance(effect, CloseEnded):
+            self._close_ended(effect)
         elif isinstance(effect, GiveUp):
             return self._give_up(effect.iv, effect.reason)
         elif isinstance(effect, Intervene):
@@ -145,7 +148,10 @@ class Executor:
         if step is None:
             # trouble before the first healthy checkpoint: the old branch's folders go to quarantine so that the
             # new run's saves cannot overwrite them
-            moved = self.checkpoints.quarantine_all(iv.incident_id)
+            try:
+                moved = self.checkpoints.quarantine_all(iv.incident_id)
+            except CheckpointError as exc:
+                return self._give_up(iv, f"rollback failed: {exc}")
             detail = {"target": None, "why": effect.why, "moved": moved}
         else:
             try:
@@ -224,6 +230,21 @@ class Executor:
             log.info(event("incident_resolved", fields))
         else:
             log.critical(event("incident_unresolved", fields))
+
+    def _close_ended(self, effect: CloseEnded) -> None:
+        """The close ``_end`` did not get to commit before the guardian stopped."""
+        iv = effect.iv
+        resolved = iv.state is State.RESOLVED
+        note = f"intervention {iv.number} ended {iv.state.value} (closed after the guardian restarted)"
+        self.store.close_incident(
+            effect.incident.id,
+            status=IncidentStatus.RESOLVED if resolved else IncidentStatus.UNRESOLVED,
+            now=self.clock(),
+            step=effect.step,
+            note=note,
+        )
+        fields = {"run": self.run_id, "incident": effect.incident.id, "intervention": iv.number, "state": iv.state}
+        log.warning(event("incident_closed_after_restart", fields))
 
     def _give_up(self, iv: InterventionView, reason: str) -> int:
         self._commit(iv, State.GAVE_UP, {"why": reason}, note=reason)

@@ -77,6 +77,17 @@ class RescueSnapshot:
     def gave_up(self) -> bool:
         return any(iv.state is State.GAVE_UP for iv in self.interventions)
 
+    def ended_but_open(self) -> tuple[IncidentView, InterventionView] | None:
+        """An open incident whose latest intervention already ended RESOLVED or UNRESOLVED: its close was not
+        committed (the guardian died between the two), so it is closed now, not acted on again."""
+        for incident in self.incidents:
+            if not incident.is_open:
+                continue
+            ivs = [iv for iv in self.interventions if iv.incident_id == incident.id]
+            if ivs and ivs[-1].state in (State.RESOLVED, State.UNRESOLVED):
+                return incident, ivs[-1]
+        return None
+
     def first_to_act_on(self) -> IncidentView | None:
         """The open critical incident whose trouble began first."""
         candidates = self.open_critical
