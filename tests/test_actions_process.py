@@ -57,6 +57,12 @@ TRAINER = textwrap.dedent(
     if mode == "escapee_then_exit":
         open(ready, "w").close()
         sys.exit(0)
+    if mode == "noenv_short":  # a helper started at once, then a trainer that ends by itself a moment later
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True, env={})
+        with open(ready + ".grandchild", "w") as f:
+            f.write(str(child.pid))
+        time.sleep(1.5)
+        sys.exit(0)
     if mode in ("noenv_escapee", "noenv_escapee_then_exit"):
         # leaves the group and the environment: no GUARDIAN_TRAINER marker to find it by
         child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True, env={})
@@ -425,6 +431,24 @@ def test_a_child_that_left_the_group_and_the_environment_is_still_found_and_stop
         assert result.gone and escapee in result.strays
         wait_for(lambda: not pid_alive(escapee), what="the escapee to be gone")
         assert any("event=trainer_strays" in r.getMessage() and str(escapee) in r.getMessage() for r in caplog.records)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(escapee, signal.SIGKILL)
+
+
+def test_a_short_trainers_helper_that_left_group_and_environment_is_found_by_the_ticks_alone(
+    control: LocalProcessControl, attempt: Attempt
+) -> None:
+    """H9 as ``guardian run`` meets it: the ticks (``exit_status``) are the only looks at the tree, the helper is
+    spawned right after the launch and the trainer ends 1.5 s later, re-parenting it to init."""
+    handle = attempt.launch(control, "noenv_short", wait_ready=False)
+    assert final_status(control, handle).ok
+    escapee = int(Path(str(attempt.ready) + ".grandchild").read_text())
+    try:
+        assert escapee in strays.find(str(handle.exit_file))
+        result = control.stop(handle, FAST)
+        assert result.gone and escapee in result.strays
+        wait_for(lambda: not pid_alive(escapee), what="the escapee to be gone")
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.kill(escapee, signal.SIGKILL)

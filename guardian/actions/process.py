@@ -26,7 +26,8 @@ What is covered:
     ``GUARDIAN_TRAINER=<exit file>`` in its environment, and once the group is gone ``stop`` finds the processes
     still carrying it and stops them too (strays.py; Linux ``/proc``); and, for a child that left the environment
     as well (``env={...}``), its descendants by pid tree, which ``is_running`` and ``exit_status`` (every tick, at
-    most every ``TREE_SCAN_S``) and ``stop`` (before its first signal) record while the trainer runs.
+    most every ``TREE_SCAN_S``, more often in its first seconds: ``TREE_SCAN_FIRST_S``) and ``stop`` (before its first
+    signal) record while the trainer runs.
 
 What is not covered (the caller must check or clean up):
   - GPU memory being released: a stopped group does not prove that the driver freed it (check ``nvidia-smi``);
@@ -62,6 +63,9 @@ CMDLINE_ATTEMPTS = 20
 CMDLINE_RETRY_S = 0.01
 STRAY_ROUNDS = 3  # scans for processes outside the group (a stray may fork while it is stopped)
 TREE_SCAN_S = 5.0  # a running trainer's descendants are recorded at most this often (strays.track)
+# ... but in its first seconds after these intervals: helpers are spawned at start, and a child is only found while
+# its parent lives (a short trainer's children are re-parented to init when it ends)
+TREE_SCAN_FIRST_S = (0.2, 0.3, 0.5, 1.0, 1.0, 2.0)
 
 
 @dataclass(frozen=True)
@@ -325,7 +329,7 @@ class LocalProcessControl:
         self._poll_interval_s = poll_interval_s
         self._python = python
         self._children: dict[int, subprocess.Popen[bytes]] = {}
-        self._tree_scanned: dict[int, float] = {}  # wrapper pid -> when its descendants were last recorded
+        self._tree_scanned: dict[int, tuple[float, int]] = {}  # wrapper pid -> (last look at its tree, looks)
 
     def launch(
         self,
@@ -509,17 +513,18 @@ class LocalProcessControl:
     def _track(self, handle: TrainerHandle, *, force: bool = False) -> None:
         """Record the trainer's descendants by pid tree (``strays.track``) while its wrapper runs: a child that
         leaves both the group and the environment is still found by ``stop`` and the end-of-run sweep. At most
-        every ``TREE_SCAN_S`` unless ``force`` (and from a reading of /proc another run's tick made within
-        ``strays.TABLE_REUSE_S``, but for the first look and a forced one); our own wrapper once reaped (its pid may
-        be reused) never."""
+        every ``TREE_SCAN_S`` (``TREE_SCAN_FIRST_S`` apart at first) unless ``force``, from a reading of /proc
+        another run's tick made within ``strays.TABLE_REUSE_S`` (but for the first look and a forced one); our own
+        wrapper once reaped (its pid may be reused) never."""
         child = self._children.get(handle.pid)
         if child is not None and child.returncode is not None:
             return
         now = time.monotonic()
-        last = self._tree_scanned.get(handle.pid)
-        if not force and last is not None and now - last < TREE_SCAN_S:
+        last, looks = self._tree_scanned.get(handle.pid, (None, 0))
+        interval = TREE_SCAN_FIRST_S[looks - 1] if 0 < looks <= len(TREE_SCAN_FIRST_S) else TREE_SCAN_S
+        if not force and last is not None and now - last < interval:
             return
-        self._tree_scanned[handle.pid] = now
+        self._tree_scanned[handle.pid] = (now, looks + 1)
         strays.track(str(handle.exit_file), handle.pid, fresh=force or last is None)  # a first look reads /proc now
 
     def _wait_gone(self, handle: TrainerHandle, wait_s: float) -> bool:
