@@ -185,3 +185,14 @@ def test_guardian_checkpoints_lists_the_pins_with_what_they_add_and_hold(
     assert "emptied (pinned)" in text and "present (pinned)" in text
     assert re.search(r"pin  step +20  link  added +0 B  holds +\d+\.\d KiB", text)
     assert re.search(r"pin  step +10  link  added +0 B  released .*: 2 newer healthy pins: steps 20,30", text)
+
+
+def test_a_warning_that_only_advises_counts_as_healthy_around_a_step() -> None:
+    """Entropy falling while the reward climbs is advice, not trouble: it must not block the pins a rescue needs."""
+    health = StepHealth()
+    advice = Finding("entropy_collapse", Severity.WARN, 10, "sharpening - a warning, not a rollback", advice=True)
+    trouble = Finding("kl_drift", Severity.WARN, 11, "KL grew 2x")
+    health.note(10, [advice])
+    health.note(11, [advice, trouble])
+    assert health.worst_between(10, 10) == Severity.OK
+    assert health.worst_between(10, 11) == Severity.WARN

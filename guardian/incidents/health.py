@@ -27,7 +27,8 @@ class StepHealth:
         if self._newest is not None and step < self._newest:
             self.worst = {s: v for s, v in self.worst.items() if s <= step}
         self._newest = step
-        severity = max((f.severity for f in findings), default=Severity.UNKNOWN)
+        # a warning that only advises (the run learns while a signal is out of band) is healthy
+        severity = max((Severity.OK if f.advice else f.severity for f in findings), default=Severity.UNKNOWN)
         self.worst[step] = max(severity, self.worst.get(step, Severity.UNKNOWN))
 
     def worst_between(self, first: int, last: int) -> Severity:
