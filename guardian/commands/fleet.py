@@ -146,4 +146,6 @@ def _guard_one(
     finally:
         codes[run.run_id] = code
         source.stopped(run.run_id)
-        log.warning(event("fleet_run_ended", {"run": run.run_id, "exit": code, "meaning": meaning(code)}))
+        ended = over.get(run.run_id)
+        said = already_over(ended.status, code) if ended is not None else meaning(code)
+        log.warning(event("fleet_run_ended", {"run": run.run_id, "exit": code, "meaning": said}))
