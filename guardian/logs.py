@@ -1,7 +1,9 @@
 """Logging set-up (called by the CLI only; nothing logs at import) and stable event lines.
 
 Event lines read ``event=<name> key=value ...`` so that they can be grepped and parsed; values with
-spaces are quoted. Logs go to stderr, leaving stdout to ``--json`` documents and the live view.
+spaces are quoted. Logs go to stderr, leaving stdout to ``--json`` documents and the live view. Every line, a
+traceback included, is written without the secret parts of the database URLs the stores opened
+(``guardian.redact.remember_url``): a driver that echoes a piece of a password shows ``***``.
 """
 
 from __future__ import annotations
@@ -14,11 +16,22 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 
+from guardian.redact import scrub_remembered
+
 LOGGER_NAME = "guardian"
 
 
 FORMAT = "%(asctime)s %(levelname)s %(name)s %(message)s"
 _terminal: logging.Handler | None = None
+
+
+class _Formatter(logging.Formatter):
+    """``FORMAT``, with the remembered secrets taken out of the whole record (message, traceback, stack)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return scrub_remembered(super().format(record))
+
+
 _terminal_level_chosen = False  # --log-level given: the terminal keeps it, story or not
 
 
@@ -27,7 +40,7 @@ def init_logging(level: str | None = None) -> None:
     terminal's: a run's guardian.log (``logging_to_file``) still gets every INFO line."""
     global _terminal, _terminal_level_chosen
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter(FORMAT))
+    handler.setFormatter(_Formatter(FORMAT))
     handler.setLevel((level or "INFO").upper())
     root = logging.getLogger(LOGGER_NAME)
     root.setLevel(min(handler.level, logging.INFO))
@@ -48,7 +61,7 @@ def logging_to_file(
     file takes the lines of this thread and the lines naming that run (``run=ID``) only."""
     path.parent.mkdir(parents=True, exist_ok=True)
     handler = logging.FileHandler(path, encoding="utf-8")
-    handler.setFormatter(logging.Formatter(FORMAT))
+    handler.setFormatter(_Formatter(FORMAT))
     if only_run is not None:
         handler.addFilter(_RunLines(threading.get_ident(), only_run))
     root = logging.getLogger(LOGGER_NAME)
@@ -81,8 +94,9 @@ def get_logger(name: str) -> logging.Logger:
     return logging.getLogger(f"{LOGGER_NAME}.{name}")
 
 
-# characters that would break one event onto several lines or fake a field: escaped inside quotes
-_CONTROL = re.compile(r"[\x00-\x1f\x7f\u2028\u2029]")
+# characters that would break one event onto several lines or fake a field: escaped inside quotes (C1 too: NEL
+# \x85 ends a line for str.splitlines, \x9b starts a terminal escape)
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 _NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
 
 

@@ -54,13 +54,15 @@ _BEFORE_QUERY = re.compile(r"[^:/?]*(?::\d*)?(?:/.*)?", re.DOTALL)  # host[:port
 _CONNINFO_START = re.compile(r"\s*[A-Za-z_]\w*\s*=")
 _CONNINFO_ITEM = re.compile(r"\s*(?:([A-Za-z_]\w*)\s*=\s*('(?:[^'\\]|\\.)*'?|[^\s']*)|(\S+))")
 _URL_IN_TEXT = re.compile(r"\b[A-Za-z][A-Za-z0-9+.\-]*://[^\s\"'<>`]*")
-_USERINFO_IN_TEXT = re.compile(r"(?<![\w/:.%+\-])([\w.+\-%]+):(?!//)[^\s\"'<>`]*@(?=[\w\[])")  # user:PASS@host, no scheme
+# user:PASS@host without a scheme, in free text
+_USERINFO_IN_TEXT = re.compile(r"(?<![\w/:.%+\-])([\w.+\-%]+):(?!//)[^\s\"'<>`]*@(?=[\w\[])")
 _SECRET_IN_TEXT = re.compile(
     r"\b(" + "|".join(SECRET_PARAMETERS) + r")(\s*=\s*)('(?:[^'\\]|\\.)*'?|[^\s'&,;)\"]+)", re.IGNORECASE
 )
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 _NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
-_SHORTEST_SECRET = 3  # a remembered piece shorter than this is not scrubbed from text (it would garble it)
+_SHORTEST_SECRET = 3  # a piece of a secret shorter than this is not scrubbed from text (it would garble it)
+SHORTEST_REMEMBERED: Final = 5  # ... nor, shorter than this, from every log line of the process
 
 _remembered: tuple[str, ...] = ()
 _remembered_lock = threading.Lock()
@@ -190,9 +192,12 @@ def _with_pieces(secrets: Iterable[str]) -> list[str]:
 
 def remember_url(url: str) -> None:
     """Keep ``url``'s secret parts (``url_secrets``) for the life of the process: ``scrub_text`` and every log line
-    leave them out."""
+    leave them out. Only parts of at least ``SHORTEST_REMEMBERED`` characters that the rendered URL does not show
+    anyway (a password equal to the user name) are kept: every log line is scrubbed of them, and a short or common
+    piece would blank words all over the log."""
     global _remembered
-    secrets = url_secrets(url)
+    visible = render_db_url(url)
+    secrets = [part for part in url_secrets(url) if len(part) >= SHORTEST_REMEMBERED and part not in visible]
     if secrets:
         with _remembered_lock:
             _remembered = tuple(sorted({*_remembered, *secrets}, key=len, reverse=True))
@@ -215,9 +220,10 @@ def scrub_text(text: str, secrets: Iterable[str] = ()) -> str:
     """``text`` (an error message, a traceback) with every URL in it rendered by ``render_db_url``, libpq's
     ``password=...``-style values masked, and each of ``secrets`` and the remembered URLs' secret parts replaced by
     ``***``."""
-    scrubbed = _URL_IN_TEXT.sub(lambda match: render_db_url(match.group()), text)
-    scrubbed = _USERINFO_IN_TEXT.sub(lambda match: f"{match.group(1)}:{MASK}@", scrubbed)
-    scrubbed = _SECRET_IN_TEXT.sub(lambda match: f"{match.group(1)}{match.group(2)}{MASK}", scrubbed)
-    for secret in sorted(set(_with_pieces(secrets)), key=len, reverse=True):
+    scrubbed = text
+    for secret in sorted(set(_with_pieces(secrets)), key=len, reverse=True):  # whole secrets before the patterns
         scrubbed = scrubbed.replace(secret, MASK)
-    return scrub_remembered(scrubbed)
+    scrubbed = scrub_remembered(scrubbed)
+    scrubbed = _URL_IN_TEXT.sub(lambda match: render_db_url(match.group()), scrubbed)
+    scrubbed = _USERINFO_IN_TEXT.sub(lambda match: f"{match.group(1)}:{MASK}@", scrubbed)
+    return _SECRET_IN_TEXT.sub(lambda match: f"{match.group(1)}{match.group(2)}{MASK}", scrubbed)

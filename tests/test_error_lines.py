@@ -103,3 +103,11 @@ def test_run_and_fleet_refuse_a_public_exporter_bind_as_a_config_error(
     assert main(["fleet", "--config", str(config), str(fleet)]) == EXIT_USAGE
     assert not marker.exists()
     assert_one_config_line(capsys.readouterr().err, "0", home)
+
+
+@pytest.mark.parametrize("control", ["\x85", "\x9b31m", "\x1b[2J"])
+def test_an_event_value_escapes_c1_controls_too(control: str) -> None:
+    from guardian.logs import event
+
+    line = event("fleet_run_failed", {"run": f"a{control}b"})
+    assert control[0] not in line and len(line.splitlines()) == 1

@@ -339,3 +339,38 @@ def test_a_fleet_runs_config_prints_nothing_of_a_file_that_is_no_guardian_yaml(t
     assert "HASHSECRET" not in message and "$6$" not in message, message
     assert "run a of the fleet" in message and str(tmp_path / "secret") in message
     assert len(message.splitlines()) <= 2, message
+
+
+# ------------------------------------------------------------------- log lines and traceback files
+
+
+def test_a_drivers_echo_of_an_opened_urls_password_never_reaches_a_log_line_or_traceback(tmp_path: Path) -> None:
+    """The store remembers the secret parts of the URL it opened: every log line (a traceback included) and the
+    internal-error traceback file are written without them, whatever the driver's text holds."""
+    from guardian.cli.common import write_traceback
+    from guardian.logs import get_logger, logging_to_file
+
+    password = "Remembered:Pw/x%y@hostpiece#1"
+    with pytest.raises(StoreError):
+        Store.open(f"postgresql+psycopg://guardian:{password}@127.0.0.1:1/g1")
+    echo = RuntimeError(f"server said: failed for host 'hostpiece#1@127.0.0.1' with password {password}")
+    log_file = tmp_path / "guardian.log"
+    with logging_to_file(log_file, quiet_terminal=False):
+        try:
+            raise echo
+        except RuntimeError:
+            get_logger("test").exception("event=tick_failed error=%s", echo)
+    written = log_file.read_text()
+    assert "event=tick_failed" in written and "Traceback" in written
+    assert_hidden(written, password)
+    where = write_traceback(tmp_path / "home", echo, 0.0)
+    assert where is not None
+    assert_hidden(where.read_text(), password)
+    assert "RuntimeError: server said" in where.read_text()
+
+
+def test_a_short_or_visible_password_is_not_blanked_from_every_log_line() -> None:
+    from guardian.redact import remember_url, remembered
+
+    remember_url("postgresql+psycopg://guardian:guardian@127.0.0.1/guardian?password=pw")
+    assert "guardian" not in remembered() and "pw" not in remembered()

@@ -95,3 +95,16 @@ def test_a_repeated_key_in_the_trainers_config_file_is_refused(tmp_path: Path) -
     argv = ["python", "-m", "verl.trainer.main_ppo", f"--config-path={tmp_path}", "--config-name=grpo"]
     with pytest.raises(PatchError, match=r"grpo.yaml line 5: key 'lr' is given twice \(first on line 4\)"):
         EffectiveConfig.of(argv, verl_keys.defaults())
+
+
+def test_every_yaml_the_guardian_reads_goes_through_the_one_loader() -> None:
+    """No module but guardian/yamlio.py calls PyYAML's loaders (a new reader would let duplicate keys win again)."""
+    package = Path(__file__).resolve().parents[1] / "guardian"
+    callers = [
+        f"{path.relative_to(package)}:{number}"
+        for path in package.rglob("*.py")
+        if path.name != "yamlio.py"
+        for number, line in enumerate(path.read_text().splitlines(), start=1)
+        if any(call in line for call in ("yaml.load(", "yaml.safe_load(", "yaml.full_load(", "yaml.unsafe_load("))
+    ]
+    assert not callers, f"read YAML with guardian.yamlio.load_yaml: {callers}"

@@ -17,6 +17,7 @@ import orjson
 from guardian.atomic import write_atomically
 from guardian.config import ConfigError, GuardianConfig, load_config
 from guardian.logs import get_logger
+from guardian.redact import scrub_text
 from guardian.store import Store
 
 STORE_INT_MAX = 2**31 - 1  # the largest id the store's columns hold on both backends (PostgreSQL's INTEGER)
@@ -110,9 +111,10 @@ def guardian_home(args: argparse.Namespace) -> Path:
 
 
 def write_traceback(home: Path, exc: BaseException, now: float) -> Path | None:
-    """Write ``exc``'s full traceback to ``<home>/logs/`` (the temp folder if that cannot be written);
-    the file written, None if neither could be."""
-    text = "".join(traceback.format_exception(exc)).encode()
+    """Write ``exc``'s full traceback to ``<home>/logs/`` (the temp folder if that cannot be written), scrubbed of
+    secrets (``guardian.redact.scrub_text``: a URL's password, libpq's ``password=``, the stores' URLs); the file
+    written, None if neither could be."""
+    text = scrub_text("".join(traceback.format_exception(exc))).encode()
     name = f"internal-error-{datetime.fromtimestamp(now, tz=UTC):%Y%m%dT%H%M%SZ}-{os.getpid()}.log"
     for folder in (home / "logs", Path(tempfile.gettempdir())):
         try:
