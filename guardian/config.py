@@ -765,7 +765,7 @@ def format_validation_error(
             hint = _did_you_mean(loc, model or GuardianConfig)
             lines.append(f"  {where}: unknown key{_parenthesis(said)}{hint}")
             continue
-        reason = printable(str(e["msg"]).removeprefix("Value error, "), 300)
+        reason = printable(str(e["msg"]), 300)
         said.extend(_shown_input(e["type"], loc, e.get("input")))
         lines.append(f"  {where}: {reason}{_parenthesis(said)}")
     if len(errors) > MAX_ERROR_LINES:

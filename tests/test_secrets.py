@@ -298,7 +298,7 @@ def test_a_webhook_url_written_as_its_env_name_is_refused_unshown(tmp_path: Path
     with pytest.raises(ConfigError) as caught:
         load_config(config, env={})
     assert "WEBHOOKSECRET" not in str(caught.value)
-    assert "notify.webhooks[1].url_env: must name an environment variable" in str(caught.value)
+    assert "notify.webhooks[1].url_env: Value error, must name an environment variable" in str(caught.value)
     assert "(line 4)" in str(caught.value)
 
 
