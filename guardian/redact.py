@@ -115,6 +115,24 @@ def _userinfo_end(rest: str) -> int | None:
     return None
 
 
+def url_problem(url: str) -> str | None:
+    """What is wrong with the form of the database URL ``url``, said without its secrets (None when nothing is seen):
+    no scheme, or an ``@`` or ``?`` in the password that was not percent-encoded."""
+    scheme = _SCHEME.match(url)
+    if scheme is None:
+        if _CONNINFO_START.match(url) or "@" not in url:
+            return None
+        return "it has no scheme: write sqlite:///PATH or postgresql+psycopg://USER:PASSWORD@HOST/DB"
+    rest = url[scheme.end() :]
+    end = _userinfo_end(rest)
+    if end is None:
+        return None
+    userinfo = rest[:end]
+    if "@" in userinfo or "?" in userinfo or "/" in userinfo.partition(":")[2]:
+        return "its password holds '@', '?' or '/' as is: percent-encode them (%40, %3F, %2F)"
+    return None
+
+
 def _render_userinfo(userinfo: str) -> str:
     """``user:***`` (``user`` alone when there is no password); the user ends at the first ``:`` (or ``@``)."""
     user, colon, _ = userinfo.partition(":")

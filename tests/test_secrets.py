@@ -163,6 +163,7 @@ def test_a_url_without_a_scheme_is_masked_by_every_command(
     main(argv)
     text = said_by(capsys, caplog, home)
     assert "guardian:***@127.0.0.1" in text, "the URL is still named, masked"
+    assert "it has no scheme: write sqlite:///PATH or postgresql+psycopg://" in " ".join(text.split())
     assert_hidden(text)
 
 
@@ -186,6 +187,7 @@ def test_an_unescaped_at_in_the_password_is_masked_up_to_the_host(
     with pytest.raises(StoreError) as caught:
         Store.open(url)
     assert_hidden(str(caught.value), password)
+    assert str(caught.value).endswith("(its password holds '@', '?' or '/' as is: percent-encode them (%40, %3F, %2F))")
     monkeypatch.setenv("GUARDIAN_DB_URL", url)
     main(["doctor", "--json"])
     assert_hidden(said_by(capsys, caplog, home), password)

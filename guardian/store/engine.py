@@ -47,7 +47,7 @@ from guardian.config import (
     MIGRATION_WAIT_S,  # a first open's migration, by another guardian, is waited for this long
     STATEMENT_TIMEOUT_S,  # PostgreSQL: a round trip without an answer fails after this
 )
-from guardian.redact import printable, remember_url, render_db_url, scrub_text, url_secrets
+from guardian.redact import printable, remember_url, render_db_url, scrub_text, url_problem, url_secrets
 from guardian.store.errors import StoreError
 
 MIGRATIONS_DIR: Final = Path(__file__).resolve().parent / "migrations"
@@ -118,7 +118,9 @@ def open_engine(
     except (SQLAlchemyError, CommandError, StoreError, OSError, ImportError, ValueError) as exc:
         if engine is not None:
             engine.dispose()
-        raise StoreError(f"cannot open store at {masked}: {reason(exc, url)}") from None
+        problem = url_problem(url)
+        advice = f" ({problem})" if problem else ""
+        raise StoreError(f"cannot open store at {masked}: {reason(exc, url)}{advice}") from None
     return engine
 
 
