@@ -743,6 +743,14 @@ _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_-]{0,63}")  # a key that could be a set
 _PLAIN_VALUE = re.compile(r"[\w.+\-]{0,40}")  # a value shown beside its error ("got 'enforcee'"); others never are
 _SECRET_KEY = re.compile(r"url|token|secret|passw|key|dsn|webhook|auth|cred", re.IGNORECASE)
 MAX_ERROR_LINES = 20
+# pydantic error types whose input may be shown (a mistyped choice, number or flag)
+_VALUE_ERRORS = frozenset(
+    {
+        "literal_error", "enum", "int_parsing", "int_type", "int_from_float", "float_parsing", "float_type",
+        "bool_parsing", "bool_type", "greater_than", "greater_than_equal", "less_than", "less_than_equal",
+        "multiple_of", "finite_number",
+    }
+)  # fmt: skip
 NOT_SHOWN = "<a key that is not a setting name>"
 
 
@@ -789,8 +797,9 @@ def _parenthesis(parts: Sequence[str]) -> str:
 
 
 def _shown_input(kind: str, loc: Sequence[object], value: object) -> list[str]:
-    """``["got 'enforcee'"]`` when the value may be shown beside its error (see ``format_validation_error``)."""
-    if kind == "missing" or any(isinstance(part, str) and _SECRET_KEY.search(part) for part in loc):
+    """``["got 'enforcee'"]`` when the value may be shown beside its error (see ``format_validation_error``): an error
+    of a choice, a number or a flag only (not a section given a string: ``grafana: glsa_...``)."""
+    if kind not in _VALUE_ERRORS or any(isinstance(part, str) and _SECRET_KEY.search(part) for part in loc):
         return []
     plain = value is None or isinstance(value, bool | int | float)
     if plain or (isinstance(value, str) and _PLAIN_VALUE.fullmatch(value)):

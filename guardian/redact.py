@@ -120,8 +120,6 @@ def url_problem(url: str) -> str | None:
     no scheme, or an ``@`` or ``?`` in the password that was not percent-encoded."""
     scheme = _SCHEME.match(url)
     if scheme is None:
-        if _CONNINFO_START.match(url) or "@" not in url:
-            return None
         return "it has no scheme: write sqlite:///PATH or postgresql+psycopg://USER:PASSWORD@HOST/DB"
     rest = url[scheme.end() :]
     end = _userinfo_end(rest)

@@ -10,7 +10,7 @@ file). Keys are compared as loaded (``1`` and ``01``, ``yes`` and ``true`` are t
 
 PyYAML's own message for a syntax error prints the offending line of the file, and a file named by mistake (a fleet
 run's ``config:`` pointing at a file of secrets) must not be shown: ``YamlError`` gives the line, the column and
-PyYAML's reason only.
+PyYAML's reason only, without what the reason quotes of the file (an alias's or a tag's name).
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from guardian.redact import printable
 
 MERGE_TAG = "tag:yaml.org,2002:merge"
 MAX_KEY_SHOWN = 64
+_QUOTED = re.compile(r"'[^']{5,}'|\"[^\"]{5,}\"")  # a quote of the file in PyYAML's words (an alias, a tag): not shown
 _PLAIN_KEY = re.compile(rf"[\w.\-]{{1,{MAX_KEY_SHOWN}}}", re.ASCII)
 
 KeyPath = tuple[Hashable, ...]
@@ -89,7 +90,7 @@ def _syntax(exc: yaml.MarkedYAMLError) -> str:
     """``line L column C: reason`` from PyYAML's marks and words, never its quote of the file."""
     mark = exc.problem_mark or exc.context_mark
     where = f"line {mark.line + 1} column {mark.column + 1}: " if mark is not None else ""
-    words = "; ".join(printable(part, 120) for part in (exc.context, exc.problem) if part)
+    words = "; ".join(printable(_QUOTED.sub("'...'", part), 120) for part in (exc.context, exc.problem) if part)
     return where + (words or "cannot be read")
 
 

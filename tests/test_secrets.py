@@ -304,6 +304,14 @@ def test_a_webhook_url_written_as_its_env_name_is_refused_unshown(tmp_path: Path
     assert "(line 4)" in str(caught.value)
 
 
+def test_a_section_written_as_a_string_is_not_echoed(tmp_path: Path) -> None:
+    config = tmp_path / "g.yaml"
+    config.write_text("grafana: glsa_TOKENSECRET\n")
+    with pytest.raises(ConfigError) as caught:
+        load_config(config, env={})
+    assert "TOKENSECRET" not in str(caught.value) and "grafana: Input should be a valid dictionary" in str(caught.value)
+
+
 def test_a_plain_value_under_a_known_key_is_still_shown(tmp_path: Path) -> None:
     config = tmp_path / "g.yaml"
     config.write_text("mode: enforcee\nchecks:\n  stall:\n    for_steps: many\n")
@@ -328,6 +336,8 @@ SHADOW = "root:$6$abcdefgh$HASHSECRET1:19000:0:99999:7:::\ndaemon:*:19000:0:9999
         "a: b: HASHSECRET1\n",  # not valid YAML: PyYAML's message quotes the line
         "key: 'HASHSECRET1\n",
         "\tHASHSECRET1: x\n",
+        "a: *HASHSECRET1\n",  # an undefined alias: PyYAML names it
+        "a: !HASHSECRET1 x\n",  # an unknown tag: PyYAML names it
     ],
 )
 def test_a_fleet_runs_config_prints_nothing_of_a_file_that_is_no_guardian_yaml(tmp_path: Path, content: str) -> None:
