@@ -267,13 +267,25 @@ def check_output(out: Path, force: bool) -> None:
         raise EvalError(f"{existing[0]} already exists; pass --force to overwrite it, or another --out folder")
 
 
+def json_text(value: object, **options: Any) -> str:
+    """``json.dumps`` with non-ASCII kept readable, unless the value holds a lone surrogate (a model's reply can:
+    JSON's ``"\\ud800"`` decodes to one), which UTF-8 cannot store: then every non-ASCII character is escaped."""
+    text = json.dumps(value, ensure_ascii=False, **options)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return json.dumps(value, ensure_ascii=True, **options)
+    return text
+
+
 def write_outputs(out: Path, records: Sequence[Mapping[str, Any]], summary: Mapping[str, Any]) -> None:
-    """Both files written before either replaces its old one: the folder holds one run's pair."""
+    """Both files written before either replaces its old one, then replaced as a pair (``atomic.replacing_pair``:
+    the old summary is put back if the predictions cannot be replaced)."""
     predictions, summary_path = output_paths(out)
-    with atomic.replacing(predictions) as predictions_tmp, atomic.replacing(summary_path) as summary_tmp:
-        lines = "".join(json.dumps(record, ensure_ascii=False) + "\n" for record in records)
+    with atomic.replacing_pair(summary_path, predictions) as (summary_tmp, predictions_tmp):
+        lines = "".join(json_text(record) + "\n" for record in records)
         predictions_tmp.write_text(lines, encoding="utf-8")
-        summary_tmp.write_text(json.dumps(summary, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+        summary_tmp.write_text(json_text(summary, indent=2) + "\n", encoding="utf-8")
 
 
 # ---------------------------------------------------------------- command line

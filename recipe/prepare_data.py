@@ -173,7 +173,9 @@ def _id_of(record: Mapping[str, Any], where: str) -> str:
     if field is None:
         return ""
     ident = record[field]
-    if isinstance(ident, bool) or not isinstance(ident, str | int):
+    if isinstance(ident, float) and not math.isfinite(ident):
+        raise DataError(f"{where}: '{field}' is not a finite number ({ident}); an id is a string or an integer")
+    if isinstance(ident, list | tuple | dict):  # a nested value is no id (and str() of a deep one recurses)
         raise DataError(f"{where}: '{field}' must be a string or an integer, got {type(ident).__name__}")
     return _text(where, field, str(ident))
 

@@ -139,6 +139,23 @@ def test_s6_a_chunked_body_is_capped_while_it_streams(live: Live) -> None:
     assert small.status_code == 200 and small.json()["result"][0][0]["score"] == 1.0
 
 
+@pytest.mark.parametrize("live", [dict(max_body_bytes=1000, max_body_bytes_in_flight=1500)], indirect=True)
+def test_s6_bodies_in_flight_together_are_capped(live: Live) -> None:
+    body = json.dumps({"queries": ["Evan Morris " + "x" * 900]}).encode()
+    with connect(live) as first, connect(live) as second:
+        first.sendall(head("/retrieve", len(body)) + body[:800])  # 800 bytes held, the rest not sent yet
+        time.sleep(0.2)
+        second.sendall(head("/retrieve", len(body)) + body)  # 800 + 930 > 1500
+        refused, _ = read_until_closed(second, 5)
+        assert refused.startswith(b"HTTP/1.1 503 "), refused
+        assert b"--max-body-bytes-in-flight" in refused
+        first.sendall(body[800:])
+        answered = first.recv(65536)
+        assert answered.startswith(b"HTTP/1.1 200 "), answered
+    after = httpx.post(f"{live.base}/retrieve", content=body, headers={"content-type": "application/json"}, timeout=5)
+    assert after.status_code == 200  # the budget is given back
+
+
 @pytest.mark.parametrize("live", [dict(header_timeout_s=0.5)], indirect=True)
 def test_s7_an_idle_connection_is_closed_after_the_header_timeout(live: Live) -> None:
     with connect(live) as sock:
@@ -246,7 +263,7 @@ def test_s7_a_low_open_files_limit_still_answers_health_under_300_stalled_connec
                 sock.sendall(b"POST /retrieve HTTP/1.1\r\nHost: 127.0.0.1\r\n")
         health = httpx.get(f"http://127.0.0.1:{port}/health", timeout=3)
         assert health.status_code == 200
-        assert health.json()["settings"]["max_connections"] == 128 - search_server.RESERVED_FDS
+        assert health.json()["settings"]["max_connections"] == 64  # half the open-files limit
     finally:
         for sock in held:
             sock.close()
@@ -258,12 +275,14 @@ def test_s7_limits_are_configurable_on_the_command_line() -> None:
     args = search_server.build_parser().parse_args(
         [
             *("--index", "x", "--max-body-bytes", "2048", "--header-timeout", "3", "--body-timeout", "4"),
-            *("--keep-alive", "2", "--max-connections", "50"),
+            *("--keep-alive", "2", "--max-connections", "50", "--max-body-bytes-in-flight", "9999"),
         ]
     )
     settings = search_server.settings_from(args)
     assert (settings.max_body_bytes, settings.header_timeout_s, settings.body_timeout_s) == (2048, 3.0, 4.0)
-    assert (settings.keep_alive_s, settings.max_connections) == (2.0, 50)
+    assert (settings.keep_alive_s, settings.max_connections, settings.max_body_bytes_in_flight) == (2.0, 50, 9999)
+    default = search_server.settings_from(search_server.build_parser().parse_args(["--index", "x"]))
+    assert default.max_connections == search_server.default_max_connections() >= 1
 
 
 @pytest.mark.parametrize(
@@ -339,6 +358,13 @@ def test_d4_a_huge_integer_id_is_one_error_naming_the_line(tmp_path: Path, capsy
         assert pd.main(["--2wiki", str(path), "--out", str(tmp_path / "out")]) == 2
         err = one_error(capsys)
         assert f"{path} line 2: an integer of more than 4300 digits" in err, err
+    nested = tmp_path / "nested_id.jsonl"
+    nested.write_text('{"id": [[1]], "question": "q", "answer": "a"}\n{"id": NaN, "question": "q2", "answer": "a"}\n')
+    with pytest.raises(pd.DataError, match=r"nested_id.jsonl line 1: 'id' must be a string or an integer, got list"):
+        pd.load_items(str(nested), "--2wiki", pd.TWOWIKI)
+    nested.write_text('{"id": NaN, "question": "q2", "answer": "a"}\n')
+    with pytest.raises(pd.DataError, match=r"nested_id.jsonl line 1: 'id' is not a finite number"):
+        pd.load_items(str(nested), "--2wiki", pd.TWOWIKI)
     big = tmp_path / "bigint_id.jsonl"
     big.write_text('{"id": ' + "9" * 400 + ', "question": "q", "answer": "a"}\n')
     assert pd.load_items(str(big), "--2wiki", pd.TWOWIKI)[0].id == "9" * 400
@@ -423,3 +449,13 @@ def test_d8_eval_hotpotqa_shares_the_one_line_errors(
     assert code == 2
     expected = "JSON nested too deeply" if kind == "deep" else "an integer of more than 4300 digits"
     assert f"{data} line 2: {expected}" in err, err
+
+
+def test_d3_a_lone_surrogate_from_the_model_does_not_lose_the_evaluation(tmp_path: Path) -> None:
+    from recipe import eval_run
+
+    records = [{"id": "1", "prediction": "caf\u00e9 \ud800", "em": 0.0}]
+    eval_run.write_outputs(tmp_path, records, {"questions": 1, "note": "\udfff"})
+    line = (tmp_path / "predictions.jsonl").read_text(encoding="utf-8")
+    assert json.loads(line)["prediction"] == "caf\u00e9 \ud800"  # escaped as \ud800, valid UTF-8 on disk
+    assert json.loads((tmp_path / "summary.json").read_text(encoding="utf-8"))["note"] == "\udfff"

@@ -14,13 +14,14 @@ single worker thread (verl's tool sends one query per request, ~100 at a time). 
 Limits (each a flag): a request body over ``--max-body-bytes`` gets a 413 (refused unread when its Content-Length
 says so, cut off while it streams otherwise); a connection whose request head is not complete ``--header-timeout``
 seconds after it opened (or after its first byte, on a kept-alive connection) is closed, with a 408 when part of a
-head came; a body not complete ``--body-timeout`` seconds after its head gets a 408 and the connection is closed;
+head came; all the bodies being read or answered together are held to ``--max-body-bytes-in-flight`` (256 MiB;
+a 503 past it); a body not complete ``--body-timeout`` seconds after its head gets a 408 and the connection is closed;
 a kept-alive connection idle for ``--keep-alive`` seconds is closed; and at most ``--max-connections`` connections
-are held (by default 1024, or fewer under a low open-files limit): a new one past the cap closes the connection
+are held (by default half the open-files limit, at most 16384): a new one past the cap closes the connection
 that has stalled longest (idle, or still sending a head or body), or is refused with a 503 when every connection
-is busy with a search. Trickling bytes does not extend a timeout: each is a deadline from the start of its phase.
-A request head is at most 16 KiB (h11's own limit, answered with a 400). A request key other than ``queries``,
-``topk`` and ``return_scores`` is a 422 naming it.
+is busy with a search (clients retry a 503). Trickling bytes does not extend a timeout: each is a deadline from
+the start of its phase. A request head is at most 16 KiB (h11's own limit, answered with a 400). A request key
+other than ``queries``, ``topk`` and ``return_scores`` is a 422 naming it.
 """
 
 from __future__ import annotations
@@ -60,22 +61,26 @@ DEFAULT_MAX_QUERY_CHARS: Final = 4096
 DEFAULT_BATCH_WAIT_MS: Final = 2.0
 DEFAULT_MAX_BATCH_QUERIES: Final = 1024
 DEFAULT_MAX_BODY_BYTES: Final = 16 * 1024 * 1024
+DEFAULT_MAX_BODY_BYTES_IN_FLIGHT: Final = 256 * 1024 * 1024
 DEFAULT_HEADER_TIMEOUT_S: Final = 10.0
 DEFAULT_BODY_TIMEOUT_S: Final = 30.0
 DEFAULT_KEEP_ALIVE_S: Final = 5.0
-DEFAULT_MAX_CONNECTIONS: Final = 1024
-MAX_HEAD_BYTES: Final = 16 * 1024
-# open files kept free of connections under a low RLIMIT_NOFILE: the listening socket, the index, logs, the loop
-RESERVED_FDS: Final = 64
+CONNECTIONS_CEILING: Final = 16384
 
 
 def default_max_connections() -> int:
-    """``DEFAULT_MAX_CONNECTIONS``, or fewer when the open-files limit would run out first (then accept() fails
-    with EMFILE and nothing, /health included, gets through)."""
+    """Half the open-files limit (at most ``CONNECTIONS_CEILING``): past the limit accept() fails with EMFILE and
+    nothing, /health included, gets through. The other half is for the sockets asyncio accepts in a burst before
+    the cap can close them, the index, the logs and the loop. Memory is bounded apart from it: request heads by h11,
+    bodies by ``--max-body-bytes-in-flight``."""
     soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft == resource.RLIM_INFINITY:
-        return DEFAULT_MAX_CONNECTIONS
-    return max(1, min(DEFAULT_MAX_CONNECTIONS, soft - RESERVED_FDS))
+        return CONNECTIONS_CEILING
+    return max(1, min(CONNECTIONS_CEILING, soft // 2))
+
+
+DEFAULT_MAX_CONNECTIONS: Final = default_max_connections()
+MAX_HEAD_BYTES: Final = 16 * 1024
 
 
 @dataclass(frozen=True)
@@ -88,6 +93,7 @@ class Settings:
     max_batch_queries: int = DEFAULT_MAX_BATCH_QUERIES
     coalesce: bool = True
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    max_body_bytes_in_flight: int = DEFAULT_MAX_BODY_BYTES_IN_FLIGHT
     header_timeout_s: float = DEFAULT_HEADER_TIMEOUT_S
     body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S
     keep_alive_s: float = DEFAULT_KEEP_ALIVE_S
@@ -254,18 +260,28 @@ def _raw_response(status: int, reason: str, detail: str) -> bytes:
 class BodyLimit:
     """ASGI middleware: an HTTP request body over ``max_bytes`` is answered 413 and the connection closed. A
     Content-Length over the limit is refused before a byte of the body is read; a chunked body is counted as it
-    streams. The body under the limit is read here and handed on whole, so the app never sees more."""
+    streams. The body under the limit is read here and handed on whole, so the app never sees more.
 
-    def __init__(self, app: Any, max_bytes: int) -> None:
+    The bodies of all requests in flight (read, or being read, and not yet answered) are held to
+    ``max_in_flight`` bytes together: past it a request gets a 503 (clients retry), so many connections each under
+    the per-request limit cannot add up to the memory one huge body would take."""
+
+    def __init__(self, app: Any, max_bytes: int, max_in_flight: int) -> None:
         self.app = app
         self.max_bytes = max_bytes
+        self.max_in_flight = max_in_flight
+        self.in_flight = 0
 
-    async def _too_large(self, send: Any) -> None:
-        body = orjson.dumps({"detail": f"request body over {self.max_bytes} bytes (--max-body-bytes); split the batch"})
+    @staticmethod
+    async def _refuse(send: Any, status: int, detail: str) -> None:
+        body = orjson.dumps({"detail": detail})
         headers = [(b"content-type", b"application/json"), (b"connection", b"close")]
         headers.append((b"content-length", str(len(body)).encode()))
-        await send({"type": "http.response.start", "status": 413, "headers": headers})
+        await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": body})
+
+    async def _too_large(self, send: Any) -> None:
+        await self._refuse(send, 413, f"request body over {self.max_bytes} bytes (--max-body-bytes); split the batch")
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -277,28 +293,40 @@ class BodyLimit:
             return
         chunks: list[bytes] = []
         size = 0
-        while True:
-            message = await receive()
-            if message["type"] != "http.request":  # the client went away (or a body timeout closed it)
-                return
-            chunk = message.get("body", b"")
-            size += len(chunk)
-            if size > self.max_bytes:
-                await self._too_large(send)
-                return
-            chunks.append(chunk)
-            if not message.get("more_body", False):
-                break
-        whole: dict[str, Any] | None = {"type": "http.request", "body": b"".join(chunks), "more_body": False}
+        try:
+            while True:
+                message = await receive()
+                if message["type"] != "http.request":  # the client went away (or a body timeout closed it)
+                    return
+                chunk = message.get("body", b"")
+                size += len(chunk)
+                self.in_flight += len(chunk)
+                if size > self.max_bytes:
+                    await self._too_large(send)
+                    return
+                if self.in_flight > self.max_in_flight:
+                    detail = (
+                        f"server busy: request bodies in flight over {self.max_in_flight} bytes "
+                        "(--max-body-bytes-in-flight); retry"
+                    )
+                    await self._refuse(send, 503, detail)
+                    return
+                chunks.append(chunk)
+                if not message.get("more_body", False):
+                    break
+            whole: dict[str, Any] | None = {"type": "http.request", "body": b"".join(chunks), "more_body": False}
+            chunks.clear()
 
-        async def replay() -> Any:
-            nonlocal whole
-            if whole is not None:
-                message, whole = whole, None
-                return message
-            return await receive()
+            async def replay() -> Any:
+                nonlocal whole
+                if whole is not None:
+                    message, whole = whole, None
+                    return message
+                return await receive()
 
-        await self.app(scope, replay, send)
+            await self.app(scope, replay, send)
+        finally:
+            self.in_flight -= size
 
 
 class LimitedH11Protocol(H11Protocol):
@@ -313,6 +341,9 @@ class LimitedH11Protocol(H11Protocol):
     on a subclass per server (``protocol_for``)."""
 
     settings: ClassVar[Settings] = Settings()
+    REFUSAL_LOG_EVERY_S: ClassVar[float] = 10.0
+    _refusals: ClassVar[int] = 0
+    _refusal_logged: ClassVar[float] = float("-inf")
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -381,6 +412,7 @@ class LimitedH11Protocol(H11Protocol):
         live = [c for c in self.connections if c is not self and not c.transport.is_closing()]
         if len(live) < self.settings.max_connections:
             return True
+        # no minimum stall: a real client leaves the head phase within milliseconds, an attacker's connection stays
         stalled = [c for c in live if isinstance(c, LimitedH11Protocol) and c.stalled]
         if not stalled:
             return False
@@ -396,7 +428,15 @@ class LimitedH11Protocol(H11Protocol):
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         if not self._make_room():
-            log.warning("search-server: refusing a connection: %d busy (--max-connections)", len(self.connections))
+            cls = type(self)
+            cls._refusals += 1
+            if self.loop.time() - cls._refusal_logged >= self.REFUSAL_LOG_EVERY_S:  # one line per 10 s, not a flood
+                cls._refusal_logged = self.loop.time()
+                log.warning(
+                    "search-server: at --max-connections %d with none stalled: %d connections refused with 503 so far",
+                    self.settings.max_connections,
+                    cls._refusals,
+                )
             detail = f"{self.settings.max_connections} connections busy (--max-connections); retry"
             self._close(503, "Service Unavailable", detail)
             return
@@ -459,7 +499,7 @@ def create_app(engine: SearchEngine, settings: Settings) -> FastAPI:
             )
 
     app = FastAPI(title="recipe BM25 retrieval", lifespan=lifespan)
-    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes, max_in_flight=settings.max_body_bytes_in_flight)
     app.state.batcher = batcher
     app.state.engine = engine
 
@@ -533,6 +573,13 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"largest request body, answered 413 past it (default {DEFAULT_MAX_BODY_BYTES})",
     )
     parser.add_argument(
+        "--max-body-bytes-in-flight",
+        type=POSITIVE,
+        default=DEFAULT_MAX_BODY_BYTES_IN_FLIGHT,
+        help="request bodies held at once, all connections together; a request past it gets a 503 (default "
+        f"{DEFAULT_MAX_BODY_BYTES_IN_FLIGHT})",
+    )
+    parser.add_argument(
         "--header-timeout",
         type=POSITIVE_SECONDS,
         default=DEFAULT_HEADER_TIMEOUT_S,
@@ -554,8 +601,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-connections",
         type=POSITIVE,
         default=None,
-        help=f"connections held at once (default {DEFAULT_MAX_CONNECTIONS}, or the open-files limit less "
-        f"{RESERVED_FDS} when lower)",
+        help=f"connections held at once (default half the open-files limit, at most {CONNECTIONS_CEILING})",
     )
     parser.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
     return parser
@@ -571,6 +617,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
         max_batch_queries=args.max_batch_queries,
         coalesce=not args.no_coalesce,
         max_body_bytes=args.max_body_bytes,
+        max_body_bytes_in_flight=args.max_body_bytes_in_flight,
         header_timeout_s=args.header_timeout,
         body_timeout_s=args.body_timeout,
         keep_alive_s=args.keep_alive,
