@@ -2,8 +2,10 @@
 
 Every field has a default and a description; ``guardian config --example`` prints the documented
 file (docs/guardian.example.yaml is that output). Unknown keys and bad values fail at start with the
-dotted path of the field. Secrets and the database URL can come from the environment instead of the
-file (see ``ENV_OVERRIDES``), so the file can be committed.
+dotted path of the field and its line (``format_validation_error``); the value under an unknown key is never shown (a
+secret under a misspelt key: ``url:`` for ``url_env:``), nor any value but a mistyped choice, number or flag. The file
+is read with ``guardian.yamlio.load_yaml``: a key given twice is refused. Secrets and the database URL can come from
+the environment instead of the file (see ``ENV_OVERRIDES``), so the file can be committed.
 """
 
 from __future__ import annotations
