@@ -67,21 +67,18 @@ def load_yaml(text: str, what: str, *, loader: type[yaml.SafeLoader] = yaml.Safe
     twice."""
     reader = loader(text)
     try:
-        try:
-            node = reader.get_single_node()
-        except yaml.MarkedYAMLError as exc:
-            raise YamlError(f"{what} is not valid YAML: {_syntax(exc)}") from None
-        except yaml.YAMLError as exc:
-            raise YamlError(f"{what} is not valid YAML: {printable(type(exc).__name__)}") from None
+        node = reader.get_single_node()
         if node is None:
             return Loaded(None)
         lines: dict[KeyPath, int] = {}
         _walk(reader, node, (), lines, what, set())
-        try:
-            data = reader.construct_document(node)
-        except yaml.MarkedYAMLError as exc:
-            raise YamlError(f"{what} is not valid YAML: {_syntax(exc)}") from None
-        return Loaded(data, lines)
+        return Loaded(reader.construct_document(node), lines)
+    except yaml.MarkedYAMLError as exc:
+        raise YamlError(f"{what} is not valid YAML: {_syntax(exc)}") from None
+    except yaml.YAMLError as exc:
+        raise YamlError(f"{what} is not valid YAML: {printable(type(exc).__name__)}") from None
+    except RecursionError:
+        raise YamlError(f"{what} is nested too deeply to be a settings file") from None
     finally:
         reader.dispose()
 

@@ -108,3 +108,8 @@ def test_every_yaml_the_guardian_reads_goes_through_the_one_loader() -> None:
         if any(call in line for call in ("yaml.load(", "yaml.safe_load(", "yaml.full_load(", "yaml.unsafe_load("))
     ]
     assert not callers, f"read YAML with guardian.yamlio.load_yaml: {callers}"
+
+
+def test_a_deeply_nested_file_is_one_error_not_a_traceback() -> None:
+    with pytest.raises(YamlError, match=r"config file g\.yaml is nested too deeply"):
+        load_yaml("a: " + "[" * 100_000 + "]" * 100_000 + "\n", "config file g.yaml")
