@@ -36,25 +36,28 @@ TWOWIKI = fixture_path("recipe", "2wiki_500_first100.jsonl")
 
 
 class StandInEngine:
-    """What create_app needs of a SearchEngine: one passage per query, scored 1.0."""
+    """What create_app needs of a SearchEngine: one passage per query, scored 1.0 (``padding`` more bytes long)."""
 
     passages = 1
+
+    def __init__(self, padding: int = 0) -> None:
+        self.contents = "Evan Morris\nA lobbyist." + "." * padding
 
     def hits(self, queries: Sequence[str], topk: int | Sequence[int]) -> list[list[Hit]]:
         return [[Hit(row=0, score=1.0)] for _ in queries]
 
     def document(self, row: int) -> dict[str, Any]:
-        return {"id": "0", "contents": "Evan Morris\nA lobbyist."}
+        return {"id": "0", "contents": self.contents}
 
     def info(self) -> dict[str, Any]:
         return {"stand_in": True}
 
 
 class Live:
-    def __init__(self, settings: search_server.Settings) -> None:
+    def __init__(self, settings: search_server.Settings, padding: int = 0) -> None:
         import uvicorn
 
-        app = search_server.create_app(StandInEngine(), settings)  # type: ignore[arg-type]
+        app = search_server.create_app(StandInEngine(padding), settings)  # type: ignore[arg-type]
         self.server = uvicorn.Server(
             search_server.uvicorn_config(app, settings, host="127.0.0.1", port=0, log_level="critical")
         )
@@ -77,7 +80,9 @@ class Live:
 
 @pytest.fixture
 def live(request: pytest.FixtureRequest) -> Iterator[Live]:
-    server = Live(search_server.Settings(**getattr(request, "param", {})))
+    limits = dict(getattr(request, "param", {}))
+    padding = limits.pop("padding", 0)
+    server = Live(search_server.Settings(**limits), padding)
     try:
         yield server
     finally:
@@ -204,6 +209,23 @@ def test_s7_a_kept_alive_connection_is_closed_when_idle(live: Live) -> None:
     assert took < 3
 
 
+@pytest.mark.parametrize("live", [dict(send_timeout_s=0.5, keep_alive_s=0.5, padding=4000)], indirect=True)
+def test_s7_a_client_that_never_reads_its_answer_is_dropped(live: Live) -> None:
+    body = json.dumps({"queries": [f"q{i}" for i in range(4000)]}).encode()  # a 16 MB answer
+    sock = socket.socket()
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.settimeout(5)
+        sock.connect(("127.0.0.1", live.port))
+        sock.sendall(head("/retrieve", len(body)) + body)
+        deadline = time.monotonic() + 6
+        while live.connections() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert live.connections() == 0, "the server still holds a connection whose answer is not read"
+    finally:
+        sock.close()
+
+
 @pytest.mark.parametrize("live", [dict(max_connections=6, header_timeout_s=30, body_timeout_s=30)], indirect=True)
 def test_s7_the_connection_cap_evicts_stalled_connections_and_health_answers(live: Live) -> None:
     held: list[socket.socket] = []
@@ -276,11 +298,13 @@ def test_s7_limits_are_configurable_on_the_command_line() -> None:
         [
             *("--index", "x", "--max-body-bytes", "2048", "--header-timeout", "3", "--body-timeout", "4"),
             *("--keep-alive", "2", "--max-connections", "50", "--max-body-bytes-in-flight", "9999"),
+            *("--send-timeout", "7"),
         ]
     )
     settings = search_server.settings_from(args)
     assert (settings.max_body_bytes, settings.header_timeout_s, settings.body_timeout_s) == (2048, 3.0, 4.0)
     assert (settings.keep_alive_s, settings.max_connections, settings.max_body_bytes_in_flight) == (2.0, 50, 9999)
+    assert settings.send_timeout_s == 7.0
     default = search_server.settings_from(search_server.build_parser().parse_args(["--index", "x"]))
     assert default.max_connections == search_server.default_max_connections() >= 1
 

@@ -16,7 +16,8 @@ says so, cut off while it streams otherwise); a connection whose request head is
 seconds after it opened (or after its first byte, on a kept-alive connection) is closed, with a 408 when part of a
 head came; all the bodies being read or answered together are held to ``--max-body-bytes-in-flight`` (256 MiB;
 a 503 past it); a body not complete ``--body-timeout`` seconds after its head gets a 408 and the connection is closed;
-a kept-alive connection idle for ``--keep-alive`` seconds is closed; and at most ``--max-connections`` connections
+a kept-alive connection idle for ``--keep-alive`` seconds is closed; a client that leaves an answer unread for
+``--send-timeout`` seconds (the send buffer full) is dropped; and at most ``--max-connections`` connections
 are held (by default half the open-files limit, at most 16384): a new one past the cap closes the connection
 that has stalled longest (idle, or still sending a head or body), or is refused with a 503 when every connection
 is busy with a search (clients retry a 503). Trickling bytes does not extend a timeout: each is a deadline from
@@ -65,6 +66,7 @@ DEFAULT_MAX_BODY_BYTES_IN_FLIGHT: Final = 256 * 1024 * 1024
 DEFAULT_HEADER_TIMEOUT_S: Final = 10.0
 DEFAULT_BODY_TIMEOUT_S: Final = 30.0
 DEFAULT_KEEP_ALIVE_S: Final = 5.0
+DEFAULT_SEND_TIMEOUT_S: Final = 30.0
 CONNECTIONS_CEILING: Final = 16384
 
 
@@ -97,6 +99,7 @@ class Settings:
     header_timeout_s: float = DEFAULT_HEADER_TIMEOUT_S
     body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S
     keep_alive_s: float = DEFAULT_KEEP_ALIVE_S
+    send_timeout_s: float = DEFAULT_SEND_TIMEOUT_S
     max_connections: int = DEFAULT_MAX_CONNECTIONS
 
 
@@ -345,11 +348,17 @@ class LimitedH11Protocol(H11Protocol):
     _refusals: ClassVar[int] = 0
     _refusal_logged: ClassVar[float] = float("-inf")
 
+    # a connection the server closes gets this long to flush what it was sent, then is aborted: asyncio's close()
+    # waits for the peer to read the buffered bytes, so a client that reads nothing would keep it (and its fd)
+    ABORT_AFTER_S: ClassVar[float] = 1.0
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._phase = ""
         self._since = 0.0
         self._deadline: asyncio.TimerHandle | None = None
+        self._send_deadline: asyncio.TimerHandle | None = None
+        self._abort: asyncio.TimerHandle | None = None
 
     # -- phases
 
@@ -386,6 +395,15 @@ class LimitedH11Protocol(H11Protocol):
         if status is not None:
             self.transport.write(_raw_response(status, reason, detail))
         self.transport.close()
+        self._abort_later()
+
+    def _abort_later(self) -> None:
+        if self._abort is None:
+            self._abort = self.loop.call_later(min(self.ABORT_AFTER_S, self.settings.send_timeout_s), self._aborted)
+
+    def _aborted(self) -> None:
+        self._abort = None
+        self.transport.abort()  # a no-op once the connection is gone
 
     def _expired(self) -> None:
         self._deadline = None
@@ -450,8 +468,34 @@ class LimitedH11Protocol(H11Protocol):
         super().on_response_complete()
         self._sync()
 
+    def timeout_keep_alive_handler(self) -> None:
+        super().timeout_keep_alive_handler()
+        self._abort_later()
+
+    def pause_writing(self) -> None:
+        """The send buffer is full: the client has this long (``send_timeout_s``) to read some of it."""
+        super().pause_writing()
+        if self._send_deadline is None:
+            self._send_deadline = self.loop.call_later(self.settings.send_timeout_s, self._send_expired)
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        if self._send_deadline is not None:
+            self._send_deadline.cancel()
+            self._send_deadline = None
+
+    def _send_expired(self) -> None:
+        self._send_deadline = None
+        log.debug("search-server: dropping %s: answer unread for %ss", self.client, self.settings.send_timeout_s)
+        self._cancel()
+        self.transport.abort()
+
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel()
+        for handle in (self._send_deadline, self._abort):
+            if handle is not None:
+                handle.cancel()
+        self._send_deadline = self._abort = None
         super().connection_lost(exc)
 
 
@@ -598,6 +642,13 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"seconds an idle kept-alive connection is held (default {DEFAULT_KEEP_ALIVE_S:g})",
     )
     parser.add_argument(
+        "--send-timeout",
+        type=POSITIVE_SECONDS,
+        default=DEFAULT_SEND_TIMEOUT_S,
+        help="seconds a client may leave an answer unread (the send buffer full) before its connection is dropped "
+        f"(default {DEFAULT_SEND_TIMEOUT_S:g})",
+    )
+    parser.add_argument(
         "--max-connections",
         type=POSITIVE,
         default=None,
@@ -621,6 +672,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
         header_timeout_s=args.header_timeout,
         body_timeout_s=args.body_timeout,
         keep_alive_s=args.keep_alive,
+        send_timeout_s=args.send_timeout,
         max_connections=default_max_connections() if args.max_connections is None else args.max_connections,
     )
 
