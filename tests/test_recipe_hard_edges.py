@@ -315,6 +315,7 @@ def test_s7_limits_are_configurable_on_the_command_line() -> None:
         ({"queries": ["Evan Morris"], "top_k": 10}, "top_k"),
         ({"queries": ["Evan Morris"], "return_score": False}, "return_score"),
         ({"queries": ["Evan Morris"], "topk": 1, "query": "x"}, "query"),
+        ({"query": "Evan Morris"}, "query"),
     ],
 )
 def test_s10_an_unknown_request_key_is_a_422_naming_it(live: Live, body: dict[str, Any], key: str) -> None:

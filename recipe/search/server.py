@@ -11,18 +11,20 @@ Requests are coalesced: a micro-batcher gathers the queries of requests that arr
 within ``--batch-wait-ms`` of the first, up to ``--max-batch-queries``, and scores them in one engine call on a
 single worker thread (verl's tool sends one query per request, ~100 at a time). The event loop never scores.
 
-Limits (each a flag): a request body over ``--max-body-bytes`` gets a 413 (refused unread when its Content-Length
-says so, cut off while it streams otherwise); a connection whose request head is not complete ``--header-timeout``
-seconds after it opened (or after its first byte, on a kept-alive connection) is closed, with a 408 when part of a
-head came; all the bodies being read or answered together are held to ``--max-body-bytes-in-flight`` (256 MiB;
-a 503 past it); a body not complete ``--body-timeout`` seconds after its head gets a 408 and the connection is closed;
-a kept-alive connection idle for ``--keep-alive`` seconds is closed; a client that leaves an answer unread for
-``--send-timeout`` seconds (the send buffer full) is dropped; and at most ``--max-connections`` connections
-are held (by default half the open-files limit, at most 16384): a new one past the cap closes the connection
-that has stalled longest (idle, or still sending a head or body), or is refused with a 503 when every connection
-is busy with a search (clients retry a 503). Trickling bytes does not extend a timeout: each is a deadline from
-the start of its phase. A request head is at most 16 KiB (h11's own limit, answered with a 400). A request key
-other than ``queries``, ``topk`` and ``return_scores`` is a 422 naming it.
+Limits (each a flag), so that no client holds memory or a connection for long:
+
+- a request body over ``--max-body-bytes`` gets a 413: refused unread when its Content-Length says so, cut off
+  while it streams otherwise; the bodies being read or answered, all connections together, are held to
+  ``--max-body-bytes-in-flight`` (a 503 past it, which clients retry);
+- deadlines from the start of each phase, which trickled bytes do not extend: a request head complete within
+  ``--header-timeout`` of the connection's start (or of its first byte on a kept-alive connection), a body within
+  ``--body-timeout`` of its head (408 and the connection closed); a kept-alive connection idle for ``--keep-alive``
+  seconds is closed, one that leaves its answer unread for ``--send-timeout`` (the send buffer full) dropped;
+- at most ``--max-connections`` connections (by default half the open-files limit, at most 16384): a new one past
+  the cap closes the connection that has stalled longest (idle, or still sending a head or body), or gets a 503
+  when every connection is busy with a search;
+- a request head is at most 16 KiB (h11's own limit, a 400); a key other than ``queries``, ``topk`` and
+  ``return_scores`` is a 422 naming it.
 """
 
 from __future__ import annotations
@@ -140,7 +142,8 @@ def check_request(request: RetrieveRequest, settings: Settings) -> int:
 
 def describe_validation(errors: Sequence[Any]) -> tuple[int, str]:
     """Status and one message for pydantic's errors on a request body."""
-    first = errors[0]
+    # an unknown key first: {"query": ...} is better told as the misspelling than as "queries: Field required"
+    first = next((error for error in errors if error.get("type") == "extra_forbidden"), errors[0])
     if first.get("type") == "json_invalid":
         return 400, f"request body is not valid JSON: {first.get('ctx', {}).get('error', first.get('msg'))}"
     loc = [part for part in first.get("loc", ()) if part != "body"]
