@@ -28,6 +28,7 @@ from guardian.ids import MAX_RUN_ID, checked_run_id
 from guardian.keys import Signal, signals_present
 from guardian.logs import event
 from guardian.sources.hydra_config import config_beside, total_training_steps
+from guardian.sources.tail import regular_file_problem
 from guardian.store import Store
 from guardian.store.engine import reason as store_error_text
 
@@ -101,6 +102,9 @@ def derive_run_id(metrics: Path) -> str:
 
 def readable_problem(path: Path, *, must_exist: bool) -> str | None:
     """Why ``path`` cannot be watched, or None (a missing file is waited for unless ``must_exist``)."""
+    unusable = regular_file_problem(path)  # a symlink loop, a FIFO, a device: never waited for
+    if unusable is not None:
+        return f"metrics file {path} is {unusable}"
     if not path.exists() and not must_exist:
         return None
     problem = file_problem(path, "metrics file")
@@ -205,7 +209,7 @@ def _watch(
         run_id=run_id,
         metrics=followed,
         clock=time.time,
-        rollouts=RolloutDir(Path(args.rollouts)) if args.rollouts else None,
+        rollouts=RolloutDir(Path(args.rollouts), max_line_bytes=limits.max_line_bytes) if args.rollouts else None,
         checkpoints_dir=Path(args.checkpoints) if args.checkpoints else None,
         trainer_alive=trainer,
         tracker=tracker,

@@ -241,7 +241,9 @@ class Guardian:
         """Re-read an earlier attempt's finished metrics file and rollout dumps into the timeline without
         storing or alerting anything (a restarted guardian rebuilding its view of the run), in the order
         the live loop judged them. Returns the steps read."""
-        pending: dict[int, Mapping[str, float]] = dict(read_finished(rollouts.path)[0]) if rollouts else {}
+        pending: dict[int, Mapping[str, float]] = (
+            dict(read_finished(rollouts.path, max_line_bytes=rollouts.max_line_bytes)[0]) if rollouts else {}
+        )
         steps = 0
         while True:
             batch = metrics.poll(final=True)

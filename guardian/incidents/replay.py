@@ -135,7 +135,9 @@ def replay_file(
     ``rollouts`` if given. ``sources`` holds the limits on a line and on a step's keys (the defaults if
     None): pass the configured ones, so the replay judges the file as ``guardian run`` and ``watch`` do."""
     limits = sources if sources is not None else SourcesConfig()
-    stats, problems = read_finished(rollouts) if rollouts is not None else ({}, [])
+    stats, problems = (
+        read_finished(rollouts, max_line_bytes=limits.max_line_bytes) if rollouts is not None else ({}, [])
+    )
     bad: list[BadLineReport] = []
     chunks = (
         iter_console_records(path, max_line_bytes=limits.max_line_bytes)

@@ -59,7 +59,8 @@ def _report(
     sample = None
     if wanted:
         folders = dump_folders(run, store.attempts(run.id))
-        sample = highest_reward(folders, steps, series.kept_attempts(lines), wanted)
+        kept = series.kept_attempts(lines)
+        sample = highest_reward(folders, steps, kept, wanted, max_line_bytes=config.sources.max_line_bytes)
     return Report(
         run=run,
         incident=incident,

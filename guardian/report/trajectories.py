@@ -10,6 +10,7 @@ and only the best ``count`` rows are held, so a run's many large dumps never sit
 from __future__ import annotations
 
 import heapq
+import os
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import count as counter
@@ -21,6 +22,7 @@ from guardian.actions.checkpoints import QUARANTINE_DIR
 from guardian.actions.launcher import RunFolder
 from guardian.report.series import StepRange
 from guardian.sources.rollouts import DUMP_FIELDS, dump_rows, sample_score
+from guardian.sources.tail import MAX_LINE_BYTES, NotRegularFile, open_regular
 from guardian.store import AttemptView, RunView
 
 Row = Mapping[str, object]
@@ -118,10 +120,16 @@ def _extras(row: Row) -> tuple[tuple[str, float], ...]:
 
 
 def highest_reward(
-    folders: Sequence[DumpFolder], steps: StepRange | None, kept: Mapping[int, int], count: int
+    folders: Sequence[DumpFolder],
+    steps: StepRange | None,
+    kept: Mapping[int, int],
+    count: int,
+    *,
+    max_line_bytes: int = MAX_LINE_BYTES,
 ) -> TrajectorySample:
     """The ``count`` highest-scoring rows of the dumps in ``steps`` (every dump for None), best first. Among equal
-    scores the abandoned branch's come first (the evidence behind a rollback), then the later steps'."""
+    scores the abandoned branch's come first (the evidence behind a rollback), then the later steps'. A line
+    longer than ``max_line_bytes`` (``sources.max_line_bytes``) is skipped as a problem, never held whole."""
     best: list[tuple[tuple[float, bool, int, int], DumpFolder, Row]] = []  # a min-heap by rank
     order = counter()
     scored = dumps = 0
@@ -130,8 +138,14 @@ def highest_reward(
         for step, path in _dumps(folder.path, steps):
             dumps += 1
             abandoned = folder.abandoned(step, kept)
-            with open(path, "rb") as handle:
-                for row in dump_rows(handle, path.stat().st_size, path, problems):
+            try:
+                handle = open_regular(path)
+            except (FileNotFoundError, NotRegularFile) as exc:
+                problems.append(f"{path}: cannot read ({exc.strerror or exc})")
+                continue
+            with handle:
+                size = os.fstat(handle.fileno()).st_size
+                for row in dump_rows(handle, size, path, problems, max_line_bytes=max_line_bytes):
                     score = sample_score(row)
                     if score is None:
                         continue

@@ -114,7 +114,7 @@ class Supervisor:
             run_id=self.run_id,
             metrics=self._metrics_source(first.metrics_path, 1),
             clock=self.clock,
-            rollouts=RolloutDir(first.rollout_dir),
+            rollouts=RolloutDir(first.rollout_dir, max_line_bytes=self.config.sources.max_line_bytes),
             checkpoints_dir=self.checkpoint_dir,
             close_on_clear=Mode(self.config.mode) is not Mode.ENFORCE,
             trainer_alive=self._trainer_alive,
@@ -374,7 +374,8 @@ class Supervisor:
 
     def _rollouts_of(self, number: int, argv: Sequence[str]) -> RolloutDir:
         """Attempt ``number``'s rollout dumps: its own folder, or the folder the user's command names."""
-        return RolloutDir(self._run_files(number).prepare(argv).rollout_dir)
+        rollout_dir = self._run_files(number).prepare(argv).rollout_dir
+        return RolloutDir(rollout_dir, max_line_bytes=self.config.sources.max_line_bytes)
 
     def _current_argv(self) -> tuple[str, ...]:
         return self.trainer.argv(self.command)

@@ -62,7 +62,9 @@ def run_facts(store: Store, run: RunView, config: GuardianConfig) -> RunFacts:
         incidents=incident_rows(store, run.id, None, config.cost),
         checkpoints=checkpoints,
         present=resumable_checkpoints(store, run.id, checkpoints),
-        samples=top_samples(files, count=cfg.review_samples, chars=cfg.review_chars),
+        samples=top_samples(
+            files, count=cfg.review_samples, chars=cfg.review_chars, max_line_bytes=config.sources.max_line_bytes
+        ),
         rollout_folders=tuple(str(f) for f in folders),
         evaluations=newest_evaluations(store.evaluations(run.id)),
     )

@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from guardian.sources.rollouts import dump_rows, sample_score
+from guardian.sources.tail import MAX_LINE_BYTES, open_regular
 
 ELLIPSIS = "…"
 
@@ -72,7 +74,9 @@ def dump_files(folders: Sequence[Path], steps: Sequence[int], last: int) -> dict
     return found
 
 
-def top_samples(files: dict[int, Path], *, count: int, chars: int) -> SampleReview:
+def top_samples(
+    files: dict[int, Path], *, count: int, chars: int, max_line_bytes: int = MAX_LINE_BYTES
+) -> SampleReview:
     """The ``count`` highest-scoring samples of ``files`` (step -> dump), best first, one per prompt (a GRPO group
     repeats its prompt: the best of each shows more of what the reward pays for); ties go to the later step."""
     problems: list[str] = []
@@ -80,9 +84,10 @@ def top_samples(files: dict[int, Path], *, count: int, chars: int) -> SampleRevi
     order = itertools.count()
     for step, path in files.items():
         try:
-            with path.open("rb") as handle:
-                size = path.stat().st_size
-                for number, row in enumerate(dump_rows(handle, size, path, problems), start=1):
+            with open_regular(path) as handle:  # never blocks on a FIFO put in its place
+                size = os.fstat(handle.fileno()).st_size
+                rows = dump_rows(handle, size, path, problems, max_line_bytes=max_line_bytes)
+                for number, row in enumerate(rows, start=1):
                     score = sample_score(row)
                     if score is None:
                         continue

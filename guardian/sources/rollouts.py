@@ -5,6 +5,10 @@ verl writes ``{dir}/{step}.jsonl`` (one object per sample: input, output, gts, s
 be half-written after its metric line, and a replayed step overwrites its file. GRPO learns nothing
 from a group whose samples all scored the same; the effective group ratio (EGR) is the fraction of
 groups that still carry signal. verl does not log it, so it is computed here.
+
+Dumps are read through the guardian's one capped line reader (``tail.capped_lines``): a line longer than
+``max_line_bytes`` (``sources.max_line_bytes``) is skipped as a bad line naming its file and line, never held in
+memory whole (issue 24, H11). Only regular files are read, opened without blocking (``tail.open_regular``).
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import stat
 import statistics
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -30,6 +35,7 @@ from guardian.keys import (
     REWARD_COMPONENT_PREFIX,
     SAMPLES_KEY,
 )
+from guardian.sources.tail import MAX_LINE_BYTES, NotRegularFile, OversizedLine, capped_lines, open_regular
 
 # Dump fields that are not reward components (verl writes these itself; ``acc`` repeats a float score).
 DUMP_FIELDS = frozenset({"input", "output", "gts", "score", "step", "uid", "request_id", "acc"})
@@ -183,14 +189,20 @@ class RolloutDir:
     never is.
     """
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, *, max_line_bytes: int = MAX_LINE_BYTES) -> None:
         self._path = Path(path)
+        self._max_line = max_line_bytes
         self._seen: dict[int, tuple[int, int]] = {}  # step -> (size, mtime_ns) at the previous poll
         self._done: dict[int, tuple[int, int]] = {}  # step -> (size, mtime_ns) when last computed
 
     @property
     def path(self) -> Path:
         return self._path
+
+    @property
+    def max_line_bytes(self) -> int:
+        """The longest dump line read; a longer one is a bad line (``sources.max_line_bytes``)."""
+        return self._max_line
 
     def poll(self) -> RolloutBatch:
         current = self._scan()
@@ -223,8 +235,10 @@ class RolloutDir:
                 continue
             try:
                 st = entry.stat()
-            except FileNotFoundError:
+            except OSError:  # gone, or a symlink loop
                 continue
+            if not stat.S_ISREG(st.st_mode):
+                continue  # a FIFO or a device named like a dump is never opened
             found[int(stem)] = (st.st_size, st.st_mtime_ns)
         return found
 
@@ -238,10 +252,10 @@ class RolloutDir:
 
     def _ends_with_newline(self, step: int, size: int) -> bool:
         try:
-            with open(self._file(step), "rb") as handle:
+            with open_regular(self._file(step)) as handle:
                 handle.seek(size - 1)
                 return handle.read(1) == b"\n"
-        except FileNotFoundError:
+        except (FileNotFoundError, NotRegularFile):
             return False
 
     def _compute(self, step: int, signature: tuple[int, int], bad: list[str]) -> GroupStats | None:
@@ -253,10 +267,10 @@ class RolloutDir:
         path = self._file(step)
         problems: list[str] = []
         try:
-            with open(path, "rb") as handle:
-                result = group_stats(dump_rows(handle, signature[0], path, problems))
+            with open_regular(path) as handle:
+                result = group_stats(dump_rows(handle, signature[0], path, problems, max_line_bytes=self._max_line))
             st = path.stat()
-        except FileNotFoundError:
+        except (FileNotFoundError, NotRegularFile):
             return None
         if (st.st_size, st.st_mtime_ns) != signature:
             return None
@@ -264,10 +278,10 @@ class RolloutDir:
         return result
 
 
-def read_finished(path: Path) -> tuple[dict[int, dict[str, float]], list[str]]:
+def read_finished(path: Path, *, max_line_bytes: int = MAX_LINE_BYTES) -> tuple[dict[int, dict[str, float]], list[str]]:
     """Every dump of a finished directory (nothing writes to it any more): step -> group statistics as
     metrics, and the unreadable lines. The second poll sees every dump unchanged, so all count as complete."""
-    dumps = RolloutDir(path)
+    dumps = RolloutDir(path, max_line_bytes=max_line_bytes)
     stats: dict[int, dict[str, float]] = {}
     problems: list[str] = []
     for batch in (dumps.poll(), dumps.poll()):
@@ -276,14 +290,16 @@ def read_finished(path: Path) -> tuple[dict[int, dict[str, float]], list[str]]:
     return stats, problems
 
 
-def dump_rows(handle: BinaryIO, size: int, path: Path, problems: list[str]) -> Iterator[Mapping[str, object]]:
+def dump_rows(
+    handle: BinaryIO, size: int, path: Path, problems: list[str], *, max_line_bytes: int = MAX_LINE_BYTES
+) -> Iterator[Mapping[str, object]]:
     """The JSON objects on the complete lines within the first ``size`` bytes, one at a time (a dump can be
-    large: its rows are never all held); unreadable lines are added to ``problems``."""
-    remaining = size
-    for number, line in enumerate(handle, start=1):
-        remaining -= len(line)
-        if remaining < 0 or not line.endswith(b"\n"):
-            return  # a partial last line, or bytes written after the scan
+    large: its rows are never all held, nor a line longer than ``max_line_bytes``); unreadable lines are added
+    to ``problems`` as ``file:line: why``."""
+    for number, line in enumerate(capped_lines(handle, size, max_line_bytes=max_line_bytes), start=1):
+        if isinstance(line, OversizedLine):
+            problems.append(f"{path}:{number}: line longer than {max_line_bytes} bytes, skipped")
+            continue
         if not line.strip():
             continue
         try:

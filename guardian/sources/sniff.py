@@ -14,6 +14,7 @@ import orjson
 
 from guardian.sources.console import parse_console_line
 from guardian.sources.jsonl import BadLine
+from guardian.sources.tail import open_regular
 
 SAMPLE_BYTES = 1 << 20  # the head of the file that is looked at
 # text with more undecodable characters than this share is not a log: binary
@@ -94,7 +95,8 @@ def sniff(sample: bytes, *, truncated: bool = False) -> TraceShape:
 
 
 def read_sample(path: Path) -> tuple[bytes, bool]:
-    """The first ``SAMPLE_BYTES`` of ``path``, and whether the file is longer."""
-    with path.open("rb") as handle:
+    """The first ``SAMPLE_BYTES`` of ``path``, and whether the file is longer (a regular file only: a FIFO or a
+    device put at the path is ``NotRegularFile``, never read or waited on)."""
+    with open_regular(path) as handle:
         sample = handle.read(SAMPLE_BYTES + 1)
     return sample[:SAMPLE_BYTES], len(sample) > SAMPLE_BYTES

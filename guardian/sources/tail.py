@@ -21,12 +21,26 @@ writer may still hold it). Call ``close`` when done (a dropped ``LineTail`` clos
 
 A rewrite whose first ``HEAD_BYTES`` bytes equal the old ones and that is at least as long is not
 detectable from the outside; that is the limit of this design.
+
+Only regular files are read (issue 24, H1-H3). The path is looked up before every open and opened with
+``O_NONBLOCK`` (then checked again on the open file), so a FIFO renamed over the file never blocks the guardian in
+``open()``, where no signal would reach it; a FIFO, a device (a symlink to ``/dev/zero`` would otherwise read as an
+endless new segment a poll), a socket or a symlink loop is reported once with ``event=metrics_file_unusable`` and
+read as a path naming no file: the open file is still followed and the guardian keeps guarding (no line arrives,
+so the stall check sees it). A directory is an error as before (``IsADirectoryError``).
+
+``LineSplitter`` is the one capped line reader: ``LineTail`` and ``capped_lines`` (a finished file read once, as
+rollout dumps are) cut their bytes with it, so no reader holds more than ``max_line_bytes`` of a line.
 """
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import os
+import stat
 import weakref
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, Final
@@ -82,6 +96,161 @@ class TailBatch:
     more: bool = False
 
 
+class NotRegularFile(OSError):
+    """The path names something other than a regular file (a FIFO, a device, a socket) or a symlink loop; the
+    message names the path and what it is."""
+
+
+def kind_of(mode: int) -> str:
+    """What a non-regular file is, for a person: ``a FIFO``, ``a character device``..."""
+    for test, name in (
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISLNK, "a symlink"),
+    ):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+def not_regular(path: Path, mode: int) -> NotRegularFile:
+    return NotRegularFile(errno.EINVAL, f"{kind_of(mode)}, not a regular file", str(path))
+
+
+def _loop(path: Path) -> NotRegularFile:
+    return NotRegularFile(errno.ELOOP, "a symlink loop", str(path))
+
+
+def open_regular(path: Path) -> BinaryIO:
+    """Open the regular file ``path`` for reading, unbuffered, without ever blocking.
+
+    Raises ``FileNotFoundError``/``NotADirectoryError`` when it names nothing, ``IsADirectoryError`` for a folder,
+    ``NotRegularFile`` for a FIFO, a device, a socket or a symlink loop (checked before the open, so a device is
+    never opened, and again on the open file, which ``O_NONBLOCK`` made return at once even for a FIFO put there in
+    between), other ``OSError``s as ``open`` raises them.
+    """
+    try:
+        st = os.stat(path)
+        if not stat.S_ISREG(st.st_mode):
+            if stat.S_ISDIR(st.st_mode):
+                raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(path))
+            raise not_regular(path, st.st_mode)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP and not isinstance(exc, NotRegularFile):
+            raise _loop(path) from None
+        raise
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise not_regular(path, st.st_mode)
+        fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
+        return os.fdopen(fd, "rb", buffering=0)
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def regular_file_problem(path: Path) -> str | None:
+    """Why ``path`` cannot be read as a regular file (``a FIFO, not a regular file``, ``a symlink loop``), or None:
+    a regular file, a folder (its own error when opened), or nothing there (yet). Other ``OSError``s are raised."""
+    try:
+        st = os.stat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            return "a symlink loop"
+        raise
+    if stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode):
+        return None
+    return f"{kind_of(st.st_mode)}, not a regular file"
+
+
+class LineSplitter:
+    """Cut bytes fed in pieces into lines (without their newline), never holding more than ``max_line_bytes`` of
+    one: a longer line becomes one ``OversizedLine(segment)`` in its place and its bytes are skipped to its
+    newline. The one capped line reader of the guardian (``LineTail``, ``capped_lines``)."""
+
+    def __init__(self, max_line_bytes: int) -> None:
+        if max_line_bytes <= 0:
+            raise ValueError(f"max_line_bytes must be positive, got {max_line_bytes}")
+        self.max_line = max_line_bytes
+        self.segment = 0  # the segment an OversizedLine is marked with
+        self.partial = bytearray()  # the unterminated last line so far
+        self.skipping = False  # inside an oversized line: discard bytes until its newline
+
+    def reset(self) -> None:
+        self.partial.clear()
+        self.skipping = False
+
+    def take_partial(self) -> bytes | None:
+        """The unterminated last line (the writer is done with it), or None (none, or one already too long)."""
+        line = bytes(self.partial) if self.partial and not self.skipping else None
+        self.reset()
+        return line
+
+    def feed(self, data: bytes, out: list[TailItem]) -> None:
+        """Cut one piece into lines, continuing the partial line from the previous piece."""
+        start = 0
+        if self.skipping:
+            newline = data.find(b"\n")
+            if newline < 0:
+                return
+            self.skipping = False
+            start = newline + 1
+        if self.partial:
+            newline = data.find(b"\n", start)
+            if newline < 0:
+                self._hold(data, start, out)
+                return
+            if len(self.partial) + newline - start > self.max_line:
+                out.append(OversizedLine(self.segment))
+            else:
+                out.append(bytes(self.partial) + data[start:newline])
+            self.partial.clear()
+            start = newline + 1
+        last = data.rfind(b"\n", start)
+        if last >= 0:
+            for line in data[start:last].split(b"\n"):
+                out.append(OversizedLine(self.segment) if len(line) > self.max_line else line)
+            start = last + 1
+        self._hold(data, start, out)
+
+    def _hold(self, data: bytes, start: int, out: list[TailItem]) -> None:
+        """Buffer the start of an unterminated line (``data`` from ``start``), or give up on it if it is already
+        too long (measured first: a piece of an oversized line is never copied)."""
+        if len(self.partial) + len(data) - start > self.max_line:
+            self.partial.clear()
+            self.skipping = True
+            out.append(OversizedLine(self.segment))
+        elif start < len(data):
+            self.partial += memoryview(data)[start:]
+
+
+def capped_lines(
+    handle: BinaryIO, size: int, *, max_line_bytes: int = MAX_LINE_BYTES, chunk_bytes: int = CHUNK_BYTES
+) -> Iterator[bytes | OversizedLine]:
+    """The newline-terminated lines within the next ``size`` bytes of ``handle``, in order, each without its
+    newline; an ``OversizedLine`` in place of each longer than ``max_line_bytes`` (never held whole). An
+    unterminated last line is left out (a writer is mid-line, or bytes came after ``size`` was taken)."""
+    splitter = LineSplitter(max_line_bytes)
+    remaining = size
+    while remaining > 0:
+        data = handle.read(min(chunk_bytes, remaining))
+        if not data:
+            return
+        remaining -= len(data)
+        out: list[TailItem] = []
+        splitter.feed(data, out)
+        for item in out:
+            if isinstance(item, bytes | OversizedLine):
+                yield item
+
+
 class LineTail:
     """Stream complete lines from ``path`` as it grows; see the module docstring for segments.
 
@@ -112,8 +281,8 @@ class LineTail:
         self._offset = 0  # bytes of the current segment consumed (the partial buffer included)
         self._ident: tuple[int, int] | None = None  # (st_dev, st_ino) of the file being read
         self._head = b""  # the file's first min(HEAD_BYTES, offset) bytes, as read
-        self._partial = bytearray()  # the unterminated last line so far
-        self._skipping = False  # inside an oversized line: discard bytes until its newline
+        self._lines = LineSplitter(max_line_bytes)  # the partial last line, capped
+        self._problem: str | None = None  # why the path cannot be read now (reported once), or None
         self._handle: BinaryIO | None = None  # the file being read, open between polls
         self._closer: weakref.finalize[[], LineTail] | None = None  # closes it when this tail is dropped unclosed
         self._drained = 0  # lines read from a replaced file since it was found replaced
@@ -135,7 +304,12 @@ class LineTail:
     @property
     def buffered_bytes(self) -> int:
         """Size of the partial line held in memory (never more than ``max_line_bytes``)."""
-        return len(self._partial)
+        return len(self._lines.partial)
+
+    @property
+    def problem(self) -> str | None:
+        """Why the path names nothing readable now (``a FIFO, not a regular file``, ``a symlink loop``), or None."""
+        return self._problem
 
     def close(self) -> None:
         """Close the file being read; a later ``poll`` opens the path again (as a new segment if it is
@@ -152,19 +326,41 @@ class LineTail:
         """
         out: list[TailItem] = []
         budget = self._max_poll
-        current = _identity(self._path)
+        current = self._identity()
         if self._handle is not None and current is not None and current != self._ident:
             budget = self._drain_replaced(out, budget)
             if budget == 0:  # the old file holds more than one poll may read: finish it first
                 return _batch(out, more=True)
-        if self._handle is None and not self._open(out):
-            return _batch(out)  # not there (yet): not an error
+        if self._handle is None and (self._problem is not None or not self._open(out)):
+            return _batch(out)  # not there (yet), or not a file to read: reported, not raised
         assert self._handle is not None
         more = self._read_new(self._handle, budget, out)
-        if final and not more and self._partial and not self._skipping:
-            out.append(bytes(self._partial))
-            self._partial.clear()
+        if final and not more:
+            line = self._lines.take_partial()
+            if line is not None:
+                out.append(line)
         return _batch(out, more=more)
+
+    def _identity(self) -> tuple[int, int] | None:
+        """``(st_dev, st_ino)`` of the regular file (or folder) the path names now; None when it names none, or
+        something that cannot be read (``problem`` says what, reported once)."""
+        try:
+            problem = regular_file_problem(self._path)
+            st = os.stat(self._path) if problem is None else None
+        except (FileNotFoundError, NotADirectoryError):  # gone between the two looks
+            problem, st = None, None
+        self._report(problem)
+        return (st.st_dev, st.st_ino) if st is not None else None
+
+    def _report(self, problem: str | None) -> None:
+        if problem == self._problem:
+            return
+        if problem is not None:
+            fields = {"path": self._path, "problem": problem, "then": "read on once a regular file is back"}
+            log.error(event("metrics_file_unusable", fields))
+        else:
+            log.info(event("metrics_file_usable", {"path": self._path}))
+        self._problem = problem
 
     def _drain_replaced(self, out: list[TailItem], budget: int) -> int:
         """Read the replaced file to its end (within ``budget`` bytes; returns what is left of it) and
@@ -175,10 +371,9 @@ class LineTail:
         if left == 0 and self._offset < os.fstat(self._handle.fileno()).st_size:
             self._drained += len(out) - before
             return 0
-        if self._partial and not self._skipping:
-            out.append(bytes(self._partial))
-        self._partial.clear()
-        self._skipping = False
+        line = self._lines.take_partial()
+        if line is not None:
+            out.append(line)
         self._drained += len(out) - before
         log.info(
             event(
@@ -192,8 +387,11 @@ class LineTail:
     def _open(self, out: list[TailItem]) -> bool:
         """Open the path (a new segment if it is not the file read before); False if there is none."""
         try:
-            handle: BinaryIO = open(self._path, "rb", buffering=0)  # noqa: SIM115 - kept open between polls
+            handle = open_regular(self._path)  # kept open between polls
         except (FileNotFoundError, NotADirectoryError):
+            return False
+        except NotRegularFile as exc:  # replaced between the look and the open
+            self._report(exc.strerror)
             return False
         self._handle = handle
         self._closer = weakref.finalize(self, handle.close)
@@ -230,8 +428,8 @@ class LineTail:
         self._segment = segment
         self._offset = 0
         self._head = b""
-        self._partial.clear()
-        self._skipping = False
+        self._lines.reset()
+        self._lines.segment = segment
         out.append(NewSegment(segment))
 
     def _read(self, handle: BinaryIO, budget: int, out: list[TailItem]) -> int:
@@ -246,56 +444,8 @@ class LineTail:
                 self._head += data[: HEAD_BYTES - len(self._head)]
             self._offset += len(data)
             read += len(data)
-            self._split(data, out)
+            self._lines.feed(data, out)
         return read
-
-    def _split(self, data: bytes, out: list[TailItem]) -> None:
-        """Cut one chunk into lines, continuing the partial line from the previous chunk."""
-        start = 0
-        if self._skipping:
-            newline = data.find(b"\n")
-            if newline < 0:
-                return
-            self._skipping = False
-            start = newline + 1
-        if self._partial:
-            newline = data.find(b"\n", start)
-            if newline < 0:
-                self._hold(data[start:], out)
-                return
-            self._emit(bytes(self._partial) + data[start:newline], out)
-            self._partial.clear()
-            start = newline + 1
-        last = data.rfind(b"\n", start)
-        if last >= 0:
-            for line in data[start:last].split(b"\n"):
-                self._emit(line, out)
-            start = last + 1
-        self._hold(data[start:], out)
-
-    def _emit(self, line: bytes, out: list[TailItem]) -> None:
-        if len(line) > self._max_line:
-            out.append(OversizedLine(self._segment))
-        else:
-            out.append(line)
-
-    def _hold(self, piece: bytes, out: list[TailItem]) -> None:
-        """Buffer the start of an unterminated line, or give up on it if it is already too long."""
-        if len(self._partial) + len(piece) > self._max_line:
-            self._partial.clear()
-            self._skipping = True
-            out.append(OversizedLine(self._segment))
-        else:
-            self._partial += piece
-
-
-def _identity(path: Path) -> tuple[int, int] | None:
-    """``(st_dev, st_ino)`` of the file ``path`` names now, or None if it names none."""
-    try:
-        st = os.stat(path)
-    except (FileNotFoundError, NotADirectoryError):
-        return None
-    return (st.st_dev, st.st_ino)
 
 
 def _batch(items: list[TailItem], *, more: bool = False) -> TailBatch:
