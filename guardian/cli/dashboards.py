@@ -32,12 +32,18 @@ def register(add: AddCommand) -> None:
 
 
 def cmd_dashboards_export(args: argparse.Namespace) -> int:
+    from guardian.cli.report import not_regular_problem
     from guardian.dashboards import DEFAULT_DIR, check, export_all
+    from guardian.dashboards.export import expected
 
     directory = Path(args.output) if args.output else DEFAULT_DIR
     if directory.exists() and not directory.is_dir():
         log.error(event("usage", {"message": f"-o {directory} is not a directory"}))
         return EXIT_USAGE
+    problem = next(filter(None, (not_regular_problem(p, "dashboard file") for p in expected(directory))), None)
+    if problem is not None:  # a FIFO there would block the read, a symlink or a device would be replaced
+        log.error(event("error", {"message": problem}))
+        return EXIT_ERROR
     if args.check:
         stale = check(directory)
         for path in stale:

@@ -22,10 +22,23 @@ LABEL_ROW_PX = 13
 CHAR_PX = 6.2  # a label character's width at the page's 11 px: enough to keep labels apart
 TICKS = 5
 DOTTED_POINTS = 40  # a trace of this few points gets a dot at each
+# The largest magnitude drawn as is: a finite value beyond it (1.7e308 from a logger gone wrong) is drawn at this
+# edge and the plot says so. Far below the float maximum, so a padded span, its ticks and the pixel arithmetic
+# never overflow to inf (issue 24, HR3).
+PLOT_LIMIT = 1e300
+
+
+def clip(value: float) -> float:
+    """``value`` within ±``PLOT_LIMIT``."""
+    return max(-PLOT_LIMIT, min(PLOT_LIMIT, value))
 
 
 def nice_ticks(lo: float, hi: float, count: int = TICKS) -> list[float]:
-    """Round values (1, 2 or 5 times a power of ten apart) spanning ``lo``..``hi``, about ``count`` of them."""
+    """Round values (1, 2 or 5 times a power of ten apart) spanning ``lo``..``hi``, about ``count`` of them (the
+    span clipped to ±``PLOT_LIMIT``, so that finite extremes never overflow)."""
+    if not (math.isfinite(lo) and math.isfinite(hi)):
+        return [v for v in (lo, hi) if math.isfinite(v)][:1]
+    lo, hi = clip(lo), clip(hi)
     if not hi > lo:
         return [lo]
     raw = (hi - lo) / count
@@ -37,7 +50,7 @@ def nice_ticks(lo: float, hi: float, count: int = TICKS) -> list[float]:
 
 def value_range(plot: Plot) -> tuple[float, float]:
     """The finite values' span, padded so a line never runs along the frame (a flat line gets a band)."""
-    values = [v for t in plot.traces for _, v in t.points if v is not None]
+    values = [clip(v) for t in plot.traces for _, v in t.points if v is not None]
     lo, hi = min(values), max(values)
     pad = (hi - lo) * 0.06 if hi > lo else (abs(lo) * 0.1 or 1.0)
     return lo - pad, hi + pad
@@ -56,7 +69,7 @@ class _Frame:
 
     def y(self, value: float) -> float:
         lo, hi = self.values
-        return TOP + (hi - value) / (hi - lo) * (HEIGHT - TOP - BOTTOM)
+        return TOP + (hi - clip(value)) / (hi - lo) * (HEIGHT - TOP - BOTTOM)
 
 
 def _fmt(value: float) -> str:
@@ -149,6 +162,10 @@ def plot_svg(plot: Plot, markers: Sequence[Marker], steps: StepRange | None) -> 
         for trace in plot.traces:
             body += _trace(frame, trace.points, "abandoned" if trace.abandoned else "kept", trace.name)
         body += _markers(frame, markers)
+    clipped = sum(1 for t in plot.traces for _, v in t.points if v is not None and abs(v) > PLOT_LIMIT)
+    if clipped:
+        note = f"{clipped} value(s) beyond ±{PLOT_LIMIT:.0e} clipped to the edge"
+        body.append(f'<text class="missing" x="{WIDTH - RIGHT - 4}" y="{TOP + 12}" text-anchor="end">{note}</text>')
     if not plot.finite:
         said = "not logged" if plot.key is None else "no finite value logged (NaN/inf only)"
         middle = (TOP + HEIGHT - BOTTOM) / 2
