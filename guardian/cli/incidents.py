@@ -3,11 +3,16 @@
 Human-facing text follows one numbering: an incident is ``#<incident id>``; an intervention is named by
 its stored number and its incident (``intervention 3 of incident #2``), never by a bare ``#``; rungs are 1-based
 (``rung 1`` is the ladder's first rung, stored as 0). ``--json`` keeps the stored values and names.
+
+Stored text came from the trainer (its crash output, a finding's message quoting its last line): every line goes
+through ``terminal_text`` on its way out, so an escape sequence in it (``ESC[2J``, an ``ESC]52`` clipboard write, a
+window title) is shown as ``\x1b[2J``, never acted on by a terminal or a ``cat``-ed CI log (issue 24, H13).
 """
 
 from __future__ import annotations
 
 import argparse
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -39,6 +44,23 @@ from guardian.store.deliveries import DeliveryView
 
 Timeline = Sequence[InterventionEventView]
 PAGE_SIZE = 50  # incidents list shows the newest this many unless --limit says otherwise
+# what a terminal acts on or that reorders or breaks a line: C0 controls but the tab, DEL, C1 controls (0x9b is
+# CSI on its own), the Unicode line separators and the bidirectional overrides and isolates
+_TERMINAL_CONTROL = re.compile("[\x00-\x08\x0a-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2028\u2029\u2066-\u2069]")
+_NAMED = {"\n": "\\n", "\r": "\\r"}
+
+
+def _visible(match: re.Match[str]) -> str:
+    char = match.group()
+    if char in _NAMED:
+        return _NAMED[char]
+    return f"\\x{ord(char):02x}" if ord(char) < 0x100 else f"\\u{ord(char):04x}"
+
+
+def terminal_text(text: str) -> str:
+    """``text`` with every control character a terminal would act on written out (``\\x1b``, ``\\u202e``); an
+    escape never ends in a backslash, so rich markup after it keeps its meaning."""
+    return _TERMINAL_CONTROL.sub(_visible, text)
 
 
 def register(add: AddCommand) -> None:
@@ -77,9 +99,9 @@ def cmd_incidents(args: argparse.Namespace) -> int:
                 console.print("no incidents")
             for row in rows:
                 for line in list_lines(row):
-                    console.print(line)
+                    console.print(terminal_text(line))
             for line in run_total_lines(rows):
-                console.print(line)
+                console.print(terminal_text(line))
             return EXIT_OK
         detail = store.get_incident(args.id)
         if detail is None:
@@ -103,7 +125,7 @@ def cmd_incidents(args: argparse.Namespace) -> int:
             return EXIT_OK
         console = Console(soft_wrap=True)
         for line in show_lines(detail, interventions, told, attempts, cost):
-            console.print(line)
+            console.print(terminal_text(line))
         return EXIT_OK
 
 

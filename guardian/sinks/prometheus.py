@@ -64,11 +64,10 @@ import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final
-from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+from wsgiref.simple_server import WSGIServer, make_server
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
-from prometheus_client.exposition import ThreadingWSGIServer
 from prometheus_client.registry import Collector
 
 from guardian import __version__, keys
@@ -77,7 +76,7 @@ from guardian.config import ConfigError
 from guardian.keys import Signal
 from guardian.logs import event, get_logger
 from guardian.redact import printable
-from guardian.sinks.exposition import ExpositionApp
+from guardian.sinks.exposition import BoundedServer, ExpositionApp, TimedHandler
 from guardian.sinks.snapshot import ExportSource, RunSnapshot
 from guardian.states import FINISHED_STATES
 
@@ -419,9 +418,10 @@ def serve(
     return server, thread
 
 
-class _Server(ThreadingWSGIServer):
-    """One thread per scrape, with a listen backlog for many scrapers at once: the socket's default of 5
-    drops the connections beyond it, and a dropped connection is retried only after 1 s, 3 s, 7 s."""
+class _Server(BoundedServer):
+    """One thread per scrape (capped, with timeouts: ``BoundedServer``), with a listen backlog for many scrapers
+    at once: the socket's default of 5 drops the connections beyond it, and a dropped connection is retried only
+    after 1 s, 3 s, 7 s."""
 
     request_queue_size = LISTEN_BACKLOG
 
@@ -430,7 +430,7 @@ class _Server6(_Server):
     address_family = socket.AF_INET6
 
 
-class _QuietHandler(WSGIRequestHandler):
+class _QuietHandler(TimedHandler):
     """No line per request on stderr (scrapes every few seconds would drown the event lines)."""
 
     def log_message(self, format: str, *args: object) -> None:
