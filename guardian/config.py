@@ -24,6 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from guardian.actions.ladder import RemediationConfig
 from guardian.redact import printable
 from guardian.sources.jsonl import MAX_KEYS_PER_STEP, MAX_LINE_BYTES
+from guardian.sources.tail import open_regular
 from guardian.yamlio import Loaded, YamlError, load_yaml
 
 # defaults the store and the guard loops start from when no configuration is given (store/engine.py,
@@ -901,7 +902,7 @@ def read_small_text(path: Path, what: str, *, limit: int, expected: str) -> str:
     if path.is_dir():
         raise ConfigError(f"{what} is a directory, expected {expected}")
     try:
-        with path.open("rb") as handle:
+        with open_regular(path) as handle:  # a FIFO or a device there is refused, never read (or waited on)
             data = handle.read(limit + 1)
     except OSError as exc:
         raise ConfigError(f"cannot read {what}: {exc.strerror or exc}") from None

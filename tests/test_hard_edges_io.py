@@ -460,3 +460,13 @@ def test_h13_terminal_text_escapes_controls_but_keeps_text() -> None:
 
     assert terminal_text("ok: a\tb é ✓") == "ok: a\tb é ✓"
     assert terminal_text("\x1b[31mred\x7f\x00\u202e") == "\\x1b[31mred\\x7f\\x00\\u202e"
+
+
+def test_a_config_file_that_is_a_fifo_is_refused_at_once_never_waited_on(tmp_path: Path) -> None:
+    """``--config``, a fleet file and a run's .hydra/config.yaml are read through one small-file reader."""
+    from guardian.config import ConfigError, read_small_text
+
+    fifo = tmp_path / "guardian.yaml"
+    os.mkfifo(fifo)
+    with pytest.raises(ConfigError, match="FIFO, not a regular file"):
+        read_small_text(fifo, f"config {fifo}", limit=1 << 20, expected="a guardian.yaml")

@@ -164,7 +164,11 @@ class Supervisor:
         if latest is None:
             files = self.files.prepare(self.command)
             attempt = self.store.start_attempt(
-                self.run_id, metrics_path=str(self.folder.metrics(1)), now=self.clock(), command=list(files.argv)
+                self.run_id,
+                metrics_path=str(self.folder.metrics(1)),
+                now=self.clock(),
+                command=list(files.argv),
+                launch=True,
             )
             self.trainer.start(attempt.id, attempt.number, files.argv, files.env)
             return

@@ -309,15 +309,17 @@ class Store(InterventionRecords, DeliveryRecords, EvaluationRecords, PinRecords)
         now: float,
         command: Sequence[str] | Mapping[str, object] | None = None,
         pid: int | None = None,
+        launch: bool = False,
     ) -> AttemptView:
-        """Record a new launch of the trainer; its number is one more than the run's last. The first one is part of
-        the run's start and waits, as its registration does, for a store other writers keep locked; a relaunch's
-        refusal is the guard loop's to handle (an outage)."""
+        """Record a new launch of the trainer (or, for ``watch``, a new segment of its file); its number is one more
+        than the run's last. The first launch (``launch``) is part of the run's start and waits, as its
+        registration does, for a store other writers keep locked; any other refusal is the guard loop's to handle
+        (an outage: the tick fails fast and the next one carries its lines)."""
 
         def work() -> AttemptView:
             return self._start_attempt(run_id, metrics_path=metrics_path, now=now, command=command, pid=pid)
 
-        if self._joined or self.latest_attempt(run_id) is not None:
+        if self._joined or not launch or self.latest_attempt(run_id) is not None:
             return work()
         return self._registering(run_id, "record its first attempt", work)
 
