@@ -65,7 +65,10 @@ def load_yaml(text: str, what: str, *, loader: type[yaml.SafeLoader] = yaml.Safe
     """The single YAML document in ``text`` (``what`` names it in messages: ``config file g.yaml``), loaded with
     ``loader`` (a ``SafeLoader`` or a subclass); ``YamlError`` when it is not valid YAML or a mapping gives a key
     twice."""
-    reader = loader(text)
+    try:
+        reader = loader(text)  # its reader refuses control characters (NUL) at once
+    except yaml.YAMLError as exc:
+        raise YamlError(f"{what} is not valid YAML: {printable(type(exc).__name__)}") from None
     try:
         node = reader.get_single_node()
         if node is None:

@@ -1,6 +1,6 @@
 """Replays of the real verl 0.9.1 runs the GPU harness guarded (gpu/README.md).
 
-``tests/fixtures/verl-twins/guarded-call``: twins of five settings, each run under ``guardian run`` in enforce mode
+``tests/fixtures/verl-0.9.1-run/twins-guarded``: twins of five settings, each run under ``guardian run`` in enforce mode
 beside an unguarded twin on one H200 - two wrong-signed entropy bonuses (rescued), the sane control, a high LR and a
 high temperature (no intervention). The live decisions are in each run's guardian.log and store.json; here the
 guardian replays the files those runs wrote and must reach them again.
@@ -32,7 +32,8 @@ from guardian.rescue.outcome import measure_outcome
 from guardian.sources.jsonl import read_all
 
 HARNESS = fixture_path("verl-0.9.1-run", "harness")
-TWINS = fixture_path("verl-twins", "guarded-call")
+TWINS = fixture_path("verl-0.9.1-run", "twins-guarded")
+TWIN_LABELS = fixture_path("verl-twins", "labels.json")
 GUARDED = [f"{s}.guarded" for s in ("entropy-neg-mild", "entropy-neg-strong", "sane", "lr-high", "temp-high")]
 RESCUED = GUARDED[:2]
 
@@ -65,7 +66,7 @@ def store(name: str) -> dict[str, Any]:
 
 def labelled_onset(name: str) -> int:
     """The onset the unguarded twin of the same setting shows (tests/fixtures/verl-twins/labels.json)."""
-    labels = json.loads((TWINS.parent / "labels.json").read_text())
+    labels = json.loads(TWIN_LABELS.read_text())
     (entry,) = [e for e in labels if e["file"] == name.replace(".guarded", ".jsonl")]
     return int(entry["onset_step"])
 
