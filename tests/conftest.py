@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import logging
 import math
 import os
 import shutil
@@ -175,3 +176,16 @@ def demo_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def healthy_demo_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The healthy demo scenario, run once per session: 300 steps, no incident, checkpoints every 50."""
     return guarded_demo(tmp_path_factory.mktemp("healthy-home"), "healthy")
+
+
+@pytest.fixture
+def logs(caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> pytest.LogCaptureFixture:
+    """The guardian's log records (the CLI's set-up turns their propagation off; this turns it back on)."""
+    monkeypatch.setattr(logging.getLogger("guardian"), "propagate", True)
+    caplog.set_level(logging.INFO, logger="guardian")
+    return caplog
+
+
+def events(logs: pytest.LogCaptureFixture, name: str) -> list[str]:
+    """The messages of the ``event=NAME`` lines logged."""
+    return [r.getMessage() for r in logs.records if r.getMessage().startswith(f"event={name} ")]

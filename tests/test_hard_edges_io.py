@@ -9,7 +9,6 @@ H12: the exporter's connections are capped and time out. H13: stored trainer tex
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
 import signal
 import socket
@@ -24,6 +23,7 @@ from pathlib import Path
 
 import orjson
 import pytest
+from conftest import events
 
 from guardian.checks.findings import Finding, Severity
 from guardian.cli import EXIT_ERROR, EXIT_OK, main
@@ -42,17 +42,6 @@ from guardian.store import Store
 
 NOW = 1_800_000_000.0
 LINE = b'{"step":%d,"data":{"actor/entropy":0.5}}\n'
-
-
-@pytest.fixture
-def logs(caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> pytest.LogCaptureFixture:
-    monkeypatch.setattr(logging.getLogger("guardian"), "propagate", True)  # the CLI's set-up turns it off
-    caplog.set_level(logging.INFO, logger="guardian")
-    return caplog
-
-
-def events(logs: pytest.LogCaptureFixture, name: str) -> list[str]:
-    return [r.getMessage() for r in logs.records if r.getMessage().startswith(f"event={name} ")]
 
 
 def polled_in_a_thread(tail: LineTail | MetricsFile, fifo: Path, seconds: float = 5.0) -> object:

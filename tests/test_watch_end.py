@@ -4,7 +4,6 @@ loop driven through time by an injected clock, and the command on the real verl 
 from __future__ import annotations
 
 import importlib.util
-import logging
 import os
 import subprocess
 import sys
@@ -13,7 +12,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from conftest import ManualClock, fixture_path, missing
+from conftest import ManualClock, events, fixture_path, missing
 
 from guardian.actions.liveness import pid_alive
 from guardian.checks.findings import Severity
@@ -295,17 +294,6 @@ def test_a_path_that_turns_into_a_directory_ends_the_watch_with_an_error_naming_
     assert harness.run() is EndReason.UNREADABLE  # the summary and the verdict of the steps read still follow
     (line,) = events(logs, "watch_error")
     assert f"cannot read {harness.metrics}: Is a directory" in line
-
-
-@pytest.fixture
-def logs(caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> pytest.LogCaptureFixture:
-    monkeypatch.setattr(logging.getLogger("guardian"), "propagate", True)  # the CLI's set-up turns it off
-    caplog.set_level(logging.INFO, logger="guardian")
-    return caplog
-
-
-def events(logs: pytest.LogCaptureFixture, name: str) -> list[str]:
-    return [r.getMessage() for r in logs.records if r.getMessage().startswith(f"event={name} ")]
 
 
 def test_ticks_failing_in_a_row_give_up_in_one_line_saying_the_run_is_unguarded(
