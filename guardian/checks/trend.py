@@ -184,11 +184,6 @@ class Trend:
         return max(self.pace_fraction * self.pace * steps - self.z * self.level_sigma, self.z * self.level_sigma)
 
     @property
-    def stuck(self) -> bool:
-        """Stalled or falling, and not at the ceiling: the run has stopped learning."""
-        return (self.stalled or self.falling) and not self.saturated
-
-    @property
     def expected_gain(self) -> float:
         """What the run's own pace would have gained over the window."""
         return self.pace * self.window
