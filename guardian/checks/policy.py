@@ -1,11 +1,12 @@
 """The one decision policy: what a check's finding means for the run, given how the run's outcome is doing.
 
-A check reports the *shape* of its signal: in band, out of band (WARN), in its failure shape (CRITICAL), or a
-hard failure (``evidence["hard"]``). The outcome is the reward (or validation score) trend: improving, holding
-near its best, stalled, falling, collapsed below where the run started, too young to say, or not logged. The
-severity a finding ends with is ``TABLE[role][shape][progress]``: a rollback needs a mechanism in its failure
-shape *and* an outcome that is not improving; a lone signal while the run learns or holds its best is a
-warning with advice; only hard failures act alone. Checks never weigh the reward themselves.
+A check reports the *shape* of its signal: out of band (WARN), its failure shape (CRITICAL), a fast failure
+(``evidence["fast"]``) or a hard failure (``evidence["hard"]``). The run's progress is read from the reward's
+trend, a sharp fall below its start and the validation score: improving, holding near its best, not clearly
+improving, stalled, falling, collapsed, too young, or not logged. The severity a finding ends with is
+``TABLE[role][shape][progress]``: a rollback needs a mechanism in its failure shape *and* a run that is not
+improving; a lone signal while the run learns or holds its best is a warning with advice; only hard failures act
+alone. Checks never weigh the reward themselves. Also here: when a finished log is too little to judge.
 """
 
 from __future__ import annotations
