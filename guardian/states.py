@@ -44,6 +44,7 @@ class IncidentStatus(StrEnum):
     UNRESOLVED = "unresolved"  # an intervention ran its probation without proof: a person must look
     GAVE_UP = "gave_up"
     DISMISSED = "dismissed"  # raised on a branch a rollback abandoned
+    CLOSED = "closed"  # closed by a person (guardian incidents close): its note says who and why
 
 
 CLOSED_INCIDENT_STATUSES: Final = frozenset(set(IncidentStatus) - {IncidentStatus.OPEN})

@@ -1,4 +1,7 @@
-"""``guardian incidents list|show``: the incident history (rows, lineage and cost from ``guardian.review``).
+"""``guardian incidents list|show|close``: the incident history (rows, lineage and cost from ``guardian.review``),
+and a person's close of an incident the guardian left open (a watch or a replay never closes its critical ones): its
+status becomes ``closed``, its note ``closed by USER: REASON``, its closing time now and its closing step the run's
+newest.
 
 Human-facing text follows one numbering: an incident is ``#<incident id>``; an intervention is named by
 its stored number and its incident (``intervention 3 of incident #2``), never by a bare ``#``; rungs are 1-based
@@ -12,7 +15,10 @@ window title) is shown as ``\x1b[2J``, never acted on by a terminal or a ``cat``
 from __future__ import annotations
 
 import argparse
+import getpass
+import os
 import re
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -39,7 +45,8 @@ from guardian.rescue.policy import CRASH_OUTPUT_EVIDENCE
 from guardian.review.cost import IncidentCost, RunCost, run_cost
 from guardian.review.incidents import IncidentRow, incident_rows
 from guardian.review.lineage import AttemptLink, lineage
-from guardian.store import IncidentDetail, InterventionEventView, InterventionView, config_changes
+from guardian.states import IncidentStatus
+from guardian.store import IncidentDetail, InterventionEventView, InterventionView, Store, config_changes
 from guardian.store.deliveries import DeliveryView
 
 Timeline = Sequence[InterventionEventView]
@@ -81,14 +88,35 @@ def register(add: AddCommand) -> None:
     ps = isub.add_parser("show", help="one incident: findings, rescue timeline, patch, checkpoints, attempts, cost")
     ps.add_argument("id", type=store_int)
     ps.add_argument("--json", action="store_true")
-    for q in (pl, ps):
+    pc = isub.add_parser(
+        "close",
+        help="close an open incident by hand (a watch or replay leaves its critical ones open): who and why are "
+        "kept in its history and shown by list, show and guardian report",
+    )
+    pc.add_argument("id", type=store_int)
+    pc.add_argument("--reason", required=True, help="why it is closed (kept with the incident)")
+    for q in (pl, ps, pc):
         q.add_argument("--config", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     p.set_defaults(func=cmd_incidents)
+
+
+def closer() -> str:
+    """Who closes: the login name, else the user id."""
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return f"uid {os.getuid()}"
+
+
+def close_note(who: str, reason: str) -> str:
+    return f"closed by {who}: {reason}"
 
 
 def cmd_incidents(args: argparse.Namespace) -> int:
     config = resolved_config(args)
     with open_store(config) as store:
+        if args.action == "close":
+            return close_incident(store, args.id, args.reason)
         if args.action == "list":
             rows = incident_rows(store, args.run, args.since, config.cost, limit=args.limit)
             if args.json:
@@ -127,6 +155,33 @@ def cmd_incidents(args: argparse.Namespace) -> int:
         for line in show_lines(detail, interventions, told, attempts, cost):
             console.print(terminal_text(line))
         return EXIT_OK
+
+
+def close_incident(store: Store, incident_id: int, reason: str) -> int:
+    """Close an open incident by hand; an unknown or already closed one is refused and left as it was."""
+    reason = reason.strip()
+    if not reason:
+        log.error(event("error", {"message": "--reason is empty: say why the incident is closed"}))
+        return EXIT_ERROR
+    detail = store.get_incident(incident_id)
+    if detail is None:
+        log.error(event("error", {"message": f"no incident #{incident_id} in {store.url}"}))
+        return EXIT_ERROR
+    i = detail.incident
+    if not i.is_open:
+        when = f" {i.closed_at:%Y-%m-%d %H:%M:%S}" if i.closed_at is not None else ""
+        said = f" ({i.note})" if i.note else ""
+        message = f"incident #{incident_id} is already closed: {i.status}{when}{said}"
+        log.error(event("error", {"message": message}))
+        return EXIT_ERROR
+    latest = store.latest_step(i.run_id)
+    note = close_note(closer(), reason)
+    store.close_incident(
+        incident_id, status=IncidentStatus.CLOSED, now=time.time(), step=latest[0] if latest else None, note=note
+    )
+    log.info(event("incident_closed", {"incident": incident_id, "run": i.run_id, "note": note}))
+    Console(soft_wrap=True).print(terminal_text(escape(f"incident #{incident_id} {note}")))
+    return EXIT_OK
 
 
 def incident_cost_json(cost: RunCost | None, incident_id: int) -> dict[str, object] | None:
@@ -248,6 +303,8 @@ def list_lines(row: IncidentRow) -> list[str]:
     ]
     if row.outcome_line is not None:
         lines.append(f"      outcome: {escape(row.outcome_line)}")
+    if i.status == IncidentStatus.CLOSED and i.note:
+        lines.append(f"      {escape(i.note)}")
     return lines
 
 

@@ -14,7 +14,7 @@ from datetime import datetime
 from guardian.notify.compose import format_setting
 from guardian.report.series import Marker, MarkerKind, StepRange
 from guardian.rescue.outcome import outcome_line
-from guardian.states import State
+from guardian.states import IncidentStatus, State
 from guardian.store import ConfigChange, IncidentDetail, InterventionEventView, InterventionView, config_changes
 
 Timeline = Sequence[InterventionEventView]
@@ -135,8 +135,9 @@ def timeline(details: Sequence[IncidentDetail], interventions: Intervened) -> tu
             TimelineRow(f.created_at, f.step, f"finding {f.severity.label}", f"{f.check}: {f.message}")
             for f in detail.findings[1:]
         ]
-        if i.closed_at is not None:
-            rows.append(TimelineRow(i.closed_at, i.closed_step, f"incident #{i.id} {i.status}", i.note or ""))
+        if i.closed_at is not None:  # a person's close says so; its note is who closed it and why
+            how = "closed by hand" if i.status == IncidentStatus.CLOSED else str(i.status)
+            rows.append(TimelineRow(i.closed_at, i.closed_step, f"incident #{i.id} {how}", i.note or ""))
     for iv, events in interventions:
         rows += [TimelineRow(e.at, None, f"{iv.name}: {e.state}", event_summary(e.detail)) for e in events]
     return tuple(sorted(rows, key=lambda r: r.at))

@@ -261,7 +261,7 @@ def truncation_item(h: RunHistory, cfg: ChecklistConfig) -> Item:
 
 def incidents_item(rows: Sequence[IncidentRow]) -> Item:
     """How the run's incidents ended: one still open at critical or given up fails; open at warn or unproven
-    (UNRESOLVED) warns; resolved and dismissed pass."""
+    (UNRESOLVED) warns; resolved, dismissed and closed by hand (``guardian incidents close``, named) pass."""
     name = "incidents"
     told = [
         {
@@ -293,6 +293,10 @@ def incidents_item(rows: Sequence[IncidentRow]) -> Item:
         return Item(name, Mark.WARN, "; ".join(parts), details)
     if not rows:
         return Item(name, Mark.PASS, "no incidents", details)
+    by_hand = each(lambda r: r.incident.status == IncidentStatus.CLOSED)
+    if by_hand:
+        reason = f"{len(rows)} incident(s), each resolved, dismissed or closed; closed by hand: {', '.join(by_hand)}"
+        return Item(name, Mark.PASS, reason, details)
     return Item(name, Mark.PASS, f"{len(rows)} incident(s), each resolved or dismissed", details)
 
 
