@@ -13,7 +13,19 @@ from collections.abc import Sequence
 
 from guardian import __version__
 from guardian.actions.verl_keys import PatchError
-from guardian.cli import checklist, checkpoints, dashboards, fleet, incidents, replay, report, run, setup, watch
+from guardian.cli import (
+    checklist,
+    checkpoints,
+    dashboards,
+    fleet,
+    incidents,
+    replay,
+    report,
+    run,
+    setup,
+    stop,
+    watch,
+)
 from guardian.cli.common import guardian_home, log, write_traceback
 from guardian.config import ConfigError
 from guardian.exits import EXIT_ERROR, EXIT_OK, EXIT_UNHEALTHY, EXIT_USAGE
@@ -21,7 +33,7 @@ from guardian.logs import event, init_logging
 from guardian.store import StoreError
 
 __all__ = ["EXIT_ERROR", "EXIT_OK", "EXIT_UNHEALTHY", "EXIT_USAGE", "build_parser", "main"]
-COMMANDS = (replay, watch, incidents, checklist, report, checkpoints, setup, run, fleet, dashboards)
+COMMANDS = (replay, watch, incidents, checklist, report, checkpoints, setup, run, stop, fleet, dashboards)
 
 
 def build_parser() -> argparse.ArgumentParser:

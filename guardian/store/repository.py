@@ -295,6 +295,20 @@ class Store(InterventionRecords, DeliveryRecords, EvaluationRecords, PinRecords)
             saved = saved if isinstance(saved, dict) else {}
             row.config_json = orjson.dumps({**saved, "exit_code": int(exit_code)}).decode()
 
+    def record_run_stop(self, run_id: str, stopped: Mapping[str, object]) -> RunView:
+        """A person stopped the run (``guardian stop``): it is over (finished: a later start of it answers its end
+        instead of launching again) and what stopped it is kept (``stopped`` in its ``config_json``: who, why,
+        when, which attempt, the signals sent)."""
+        with self._write() as session, session.begin():
+            row = session.get(Run, run_id)
+            if row is None:
+                raise NotFoundError(f"no run {run_id!r}")
+            saved = orjson.loads(row.config_json or "{}")
+            saved = saved if isinstance(saved, dict) else {}
+            row.config_json = orjson.dumps({**saved, "stopped": dict(stopped)}, default=_json_default).decode()
+            row.status = RunStatus.FINISHED
+            return run_view(row)
+
     def list_runs(self) -> list[RunView]:
         """All runs, newest first."""
         with self._read() as session:
