@@ -168,8 +168,10 @@ def test_the_highest_reward_trajectories_come_from_both_branches(world: tuple[Gu
     report = _incident(*world)
     sample = report.trajectories
     assert sample is not None
-    assert [(t.step, t.score) for t in sample.shown] == [(24, 9.0), (25, 0.75), (23, 0.73), (22, 0.72), (21, 0.71)]
-    assert all(t.abandoned and t.source == "quarantined by incident-1" for t in sample.shown)
+    # the abandoned branch dumped one hack at steps 11-25: shown once, at its best score; then the kept branch's
+    assert [(t.step, t.score) for t in sample.shown] == [(24, 9.0), (25, 0.75), (37, 0.1), (36, 0.1), (35, 0.1)]
+    assert all(t.abandoned and t.source == "quarantined by incident-1" for t in sample.shown[:2])
+    assert not any(t.abandoned for t in sample.shown[2:]) and sample.shown[2].source == "run dump folder"
     assert sample.shown[0].extras == (("format", 1.0),) and sample.shown[1].response == HACK
     # the dumps of steps 5-37 in both folders, one row each; the NaN score and the broken line of step 33 not scored
     assert (sample.dumps, sample.scored_rows) == (33 + 15, 32 + 15)
@@ -177,8 +179,8 @@ def test_the_highest_reward_trajectories_come_from_both_branches(world: tuple[Gu
 
 
 def test_an_attempts_own_dump_folder_is_abandoned_where_the_kept_timeline_is_another_attempts(tmp_path: Path) -> None:
-    _dump(tmp_path / "a1", 5, [{"input": "p", "output": "r", "score": 1.0}])
-    _dump(tmp_path / "a1", 15, [{"input": "p", "output": "r", "score": 1.0}])
+    _dump(tmp_path / "a1", 5, [{"input": "p", "output": "r5", "score": 1.0}])
+    _dump(tmp_path / "a1", 15, [{"input": "p", "output": "r15", "score": 1.0}])
     sample = highest_reward([DumpFolder(tmp_path / "a1", 1)], None, {5: 1, 15: 2}, 10)
     assert [(t.step, t.abandoned, t.source) for t in sample.shown] == [(15, True, "attempt 1"), (5, False, "attempt 1")]
     assert highest_reward([DumpFolder(tmp_path / "a1", 1)], None, {}, 0).shown == ()
@@ -220,6 +222,8 @@ def test_the_page_escapes_folds_and_loads_nothing(world: tuple[GuardianConfig, i
     for section in ("signals", "timeline", "config", "lineage", "cost", "trajectories"):
         assert f'<section id="{section}">' in html
     assert "actor_rollout_ref.actor.entropy_coeff" in html and "-0.3" in html and "0.003" in html
+    said = "The 5 highest-reward distinct samples of 47 scored in 48 rollout dump(s) of the steps shown (both branches)"
+    assert said in html and "A prompt and response dumped more than once is shown once, at its best score." in html
 
 
 def test_an_event_says_a_long_list_of_steps_as_its_count_and_span() -> None:

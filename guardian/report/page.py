@@ -245,8 +245,9 @@ def _trajectories(sample: TrajectorySample | None) -> str:
     if sample is None:
         return ""
     said = (
-        f"The {len(sample.shown)} highest-reward of {sample.scored_rows} scored samples in {sample.dumps} rollout "
-        f"dump(s) of the steps shown (both branches): read them for reward hacking."
+        f"The {len(sample.shown)} highest-reward distinct samples of {sample.scored_rows} scored in {sample.dumps} "
+        f"rollout dump(s) of the steps shown (both branches): read them for reward hacking. A prompt and response "
+        f"dumped more than once is shown once, at its best score."
     )
     if not sample.folders:
         said = "No rollout dump folder of this run was found (trainer.rollout_data_dir)."

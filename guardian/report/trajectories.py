@@ -3,14 +3,19 @@
 
 The dumps lie where the guardian had them written: each attempt's own ``attempt-<k>/rollouts`` (the run
 folder's layout, ``actions/launcher.RunFolder``), or the folder the run's command names, shared by every
-attempt, whose abandoned dumps a rollback moved to ``.guardian-quarantine/incident-<id>/``. Dumps are streamed
-and only the best ``count`` rows are held, so a run's many large dumps never sit in memory.
+attempt, whose abandoned dumps a rollback moved to ``.guardian-quarantine/incident-<id>/``. One folder named
+twice (a watched attempt's own folder given as a relative path or through a link, and the run's folder resolved)
+is read once. Dumps are streamed and only the best ``count`` distinct samples are held, so a run's many large
+dumps never sit in memory. A sample is its (prompt, response) text: a collapsed policy dumps the same one at step
+after step (and a GRPO group can repeat it), so it is shown once, at its best score; verl's ``uid`` names the
+rollout, not its text, and would keep the repeats.
 """
 
 from __future__ import annotations
 
 import heapq
 import os
+import stat
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import count as counter
@@ -26,6 +31,7 @@ from guardian.sources.tail import MAX_LINE_BYTES, NotRegularFile, open_regular
 from guardian.store import AttemptView, RunView
 
 Row = Mapping[str, object]
+Rank = tuple[float, bool, int, int]  # score, abandoned, step, -(the order read)
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,19 +82,26 @@ class DumpFolder:
 
 
 def dump_folders(run: RunView, attempts: Sequence[AttemptView]) -> list[DumpFolder]:
-    """The run's dump folders that exist, each attempt's own and the shared one, with their quarantines."""
+    """The run's dump folders that exist, each attempt's own and the shared one, with their quarantines; a folder
+    reached by two names (relative, through a link) is listed once, as the attempt's own."""
     own: dict[Path, int] = {}
     for a in attempts:
         folder = RunFolder(Path(a.metrics_path).parent.parent)
         if folder.metrics(a.number) == Path(a.metrics_path):  # laid out by guardian run
-            own[folder.rollouts(a.number)] = a.number
+            own.setdefault(folder.rollouts(a.number).resolve(), a.number)
     bases = [DumpFolder(path, number) for path, number in own.items()]
-    if run.rollouts_dir and Path(run.rollouts_dir) not in own:
-        bases.append(DumpFolder(Path(run.rollouts_dir), None))
+    if run.rollouts_dir:
+        bases.append(DumpFolder(Path(run.rollouts_dir).resolve(), None))
     found = []
+    seen: set[tuple[int, int]] = set()
     for base in bases:
-        if not base.path.is_dir():
+        try:
+            info = base.path.stat()
+        except OSError:
             continue
+        if not stat.S_ISDIR(info.st_mode) or (info.st_dev, info.st_ino) in seen:
+            continue  # the same folder under another name (a bind mount too) is read once
+        seen.add((info.st_dev, info.st_ino))
         found.append(base)
         quarantine = base.path / QUARANTINE_DIR
         if quarantine.is_dir():
@@ -127,10 +140,12 @@ def highest_reward(
     *,
     max_line_bytes: int = MAX_LINE_BYTES,
 ) -> TrajectorySample:
-    """The ``count`` highest-scoring rows of the dumps in ``steps`` (every dump for None), best first. Among equal
-    scores the abandoned branch's come first (the evidence behind a rollback), then the later steps'. A line
-    longer than ``max_line_bytes`` (``sources.max_line_bytes``) is skipped as a problem, never held whole."""
-    best: list[tuple[tuple[float, bool, int, int], DumpFolder, Row]] = []  # a min-heap by rank
+    """The ``count`` highest-scoring distinct samples (prompt, response) of the dumps in ``steps`` (every dump for
+    None), best first, each at its best occurrence. Among equal scores the abandoned branch's come first (the
+    evidence behind a rollback), then the later steps'. A line longer than ``max_line_bytes``
+    (``sources.max_line_bytes``) is skipped as a problem, never held whole."""
+    held: dict[tuple[str, str], tuple[Rank, DumpFolder, Row]] = {}  # sample -> its best occurrence
+    heap: list[tuple[Rank, tuple[str, str]]] = []  # a min-heap by rank; an entry no longer in ``held`` is stale
     order = counter()
     scored = dumps = 0
     problems: list[str] = []
@@ -150,11 +165,25 @@ def highest_reward(
                     if score is None:
                         continue
                     scored += 1
+                    if count <= 0:
+                        continue
                     rank = (score, abandoned, step, -next(order))  # then the first read
-                    if len(best) < count:
-                        heapq.heappush(best, (rank, folder, row))
-                    elif best and rank > best[0][0]:
-                        heapq.heapreplace(best, (rank, folder, row))
+                    key = (_text(row.get("input")), _text(row.get("output")))
+                    if key in held:
+                        if rank <= held[key][0]:
+                            continue
+                    elif len(held) >= count:
+                        while (live := held.get(heap[0][1])) is None or live[0] != heap[0][0]:
+                            heapq.heappop(heap)  # stale: its sample was dropped or held at a better occurrence
+                        if rank <= heap[0][0]:
+                            continue
+                        del held[heapq.heappop(heap)[1]]
+                    held[key] = (rank, folder, row)
+                    heapq.heappush(heap, (rank, key))
+                    if len(heap) > 4 * count:
+                        heap = [(r, k) for k, (r, _, _) in held.items()]
+                        heapq.heapify(heap)
+    best = sorted(held.values(), key=lambda entry: entry[0], reverse=True)
     shown = tuple(
         Trajectory(
             step=step,
@@ -166,6 +195,6 @@ def highest_reward(
             truth=_text(row.get("gts")),
             extras=_extras(row),
         )
-        for (score, abandoned, step, _), folder, row in sorted(best, key=lambda entry: entry[0], reverse=True)
+        for (score, abandoned, step, _), folder, row in best
     )
     return TrajectorySample(shown, scored, dumps, tuple(str(f.path) for f in folders), tuple(problems))
