@@ -17,7 +17,7 @@ from guardian.history.timeline import StepRecord
 from guardian.report.story import timeline
 from guardian.review.checklist import Mark, incidents_item
 from guardian.review.incidents import incident_rows
-from guardian.states import IncidentStatus
+from guardian.states import IncidentStatus, Kind, RunStatus
 from guardian.store import Store
 
 NOW = 1_700_000_000.0  # opened in the past: the close is now
@@ -122,3 +122,20 @@ def test_the_checklist_still_fails_while_it_is_open(home: Path) -> None:
     with _store(home) as store:
         item = incidents_item(incident_rows(store, "run-a", None, GuardianConfig().cost))
     assert item.mark is Mark.FAIL and "open at critical: #1 entropy_collapse" in item.reason
+
+
+def test_an_incident_under_rescue_is_refused_while_its_run_goes_on(
+    home: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The rescue closes its incident when its intervention ends (over a person's close): a close now would not
+    hold. Once the run is over (guardian stop), the incident may be closed."""
+    with _store(home) as store:
+        store.create_intervention("run-a", 1, kind=Kind.REMEDIATE, rung=0, from_attempt_id=None, now=NOW)
+    assert _cli("close", "1", "--reason", "enough") == EXIT_ERROR
+    err = capsys.readouterr().err
+    assert "intervention 1 of incident #1 is at DETECTED" in err and "guardian stop run-a" in err
+    with _store(home) as store:
+        detail = store.get_incident(1)
+        assert detail is not None and detail.incident.is_open
+        store.set_run_status("run-a", RunStatus.FINISHED)
+    assert _cli("close", "1", "--reason", "enough") == EXIT_OK

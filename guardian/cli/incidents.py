@@ -45,7 +45,7 @@ from guardian.rescue.policy import CRASH_OUTPUT_EVIDENCE
 from guardian.review.cost import IncidentCost, RunCost, run_cost
 from guardian.review.incidents import IncidentRow, incident_rows
 from guardian.review.lineage import AttemptLink, lineage
-from guardian.states import IncidentStatus
+from guardian.states import IncidentStatus, RunStatus
 from guardian.store import IncidentDetail, InterventionEventView, InterventionView, Store, config_changes
 from guardian.store.deliveries import DeliveryView
 
@@ -158,7 +158,8 @@ def cmd_incidents(args: argparse.Namespace) -> int:
 
 
 def close_incident(store: Store, incident_id: int, reason: str) -> int:
-    """Close an open incident by hand; an unknown or already closed one is refused and left as it was."""
+    """Close an open incident by hand; an unknown or already closed one is refused and left as it was, and so is one
+    whose intervention is still under way in a run that goes on."""
     reason = reason.strip()
     if not reason:
         log.error(event("error", {"message": "--reason is empty: say why the incident is closed"}))
@@ -172,6 +173,16 @@ def close_incident(store: Store, incident_id: int, reason: str) -> int:
         when = f" {i.closed_at:%Y-%m-%d %H:%M:%S}" if i.closed_at is not None else ""
         said = f" ({i.note})" if i.note else ""
         message = f"incident #{incident_id} is already closed: {i.status}{when}{said}"
+        log.error(event("error", {"message": message}))
+        return EXIT_ERROR
+    run = store.get_run(i.run_id)
+    going = run is not None and run.status == RunStatus.ACTIVE
+    rescue = next((iv for iv in store.interventions(incident_id=incident_id) if not iv.finished), None)
+    if going and rescue is not None:  # the rescue closes the incident as it ends, over any close of a person's
+        message = (
+            f"{rescue.name} is at {rescue.state}: the rescue closes incident #{incident_id} when it ends; to end the "
+            f"run instead, guardian stop {i.run_id} first"
+        )
         log.error(event("error", {"message": message}))
         return EXIT_ERROR
     latest = store.latest_step(i.run_id)
