@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from guardian.rescue.outcome import Comparison, Outcome
+from guardian.rescue.outcome import BranchComparison, Comparison, Outcome
 from guardian.rescue.policy import (
     Ending,
     Kind,
@@ -70,7 +70,9 @@ def test_probation_resolves_only_a_proven_fix() -> None:
         outcome=outcome(5), probation_steps=10, max_factor=2.0, critical_checks_since_resume=[]
     ).ending is (Ending.ON_PROBATION)
     passed = judge_probation(outcome=outcome(10), probation_steps=10, max_factor=2.0, critical_checks_since_resume=[])
-    assert passed.ending is Ending.RESOLVED and "back to 0.5 at the rollback point" in passed.reason
+    assert passed.ending is Ending.RESOLVED
+    said = "10 steps after the rollback: reward 0.5 vs 0.5 at the rollback point (level, within ±0.02)"
+    assert passed.reason == f"{said}; entropy_collapse: ok"
     relapsed = judge_probation(
         outcome=outcome(4), probation_steps=10, max_factor=2.0, critical_checks_since_resume=["entropy_collapse"]
     )
@@ -86,7 +88,7 @@ def test_a_quiet_fix_that_lost_the_reward_is_unresolved_not_resolved() -> None:
     over = judge_probation(
         outcome=outcome(20, reward=(0.86, 0.3)), probation_steps=10, max_factor=2.0, critical_checks_since_resume=[]
     )
-    assert over.ending is Ending.UNRESOLVED and "below 0.86 at the rollback point" in over.reason
+    assert over.ending is Ending.UNRESOLVED and "reward 0.3 vs 0.86 at the rollback point (lower)" in over.reason
     back = judge_probation(
         outcome=outcome(14, reward=(0.86, 0.85)), probation_steps=10, max_factor=2.0, critical_checks_since_resume=[]
     )
@@ -119,3 +121,16 @@ def test_the_same_trouble_coming_back_after_a_fix_gets_a_stronger_rung() -> None
     assert plan.rung == 1 and plan.exclude_steps == frozenset()  # a new incident: no checkpoint excluded
     other = plan_intervention(incident_id=2, check="nan", kind=Kind.REMEDIATE, past=past, budget=3, ladder_length=3)
     assert other.rung == 0
+
+
+def test_a_resolved_probation_says_what_was_shown_not_that_the_fix_is_proven() -> None:
+    """The demo's rescue (issue 25): both branches at the same reward, the entropy higher on the new one."""
+    level = BranchComparison("critic/score/mean", 21, 0.271, 0.27, 0.0138, True)
+    entropy = BranchComparison("actor/entropy", 21, 0.324, 0.236, 0.0118, True)
+    figures = Outcome(20, 40, 20, "entropy_collapse", False, "warn: low", None, None, level, entropy)
+    verdict = judge_probation(outcome=figures, probation_steps=20, max_factor=2.0, critical_checks_since_resume=[])
+    assert verdict.ending is Ending.RESOLVED and "proven" not in verdict.reason
+    assert verdict.reason == (
+        "20 steps after the rollback: at the same 21 steps: reward 0.271 on the new branch vs 0.27 on the abandoned "
+        "one (level, within ±0.014), entropy 0.324 vs 0.236 (higher); entropy_collapse: warn: low"
+    )

@@ -133,16 +133,17 @@ class Outcome:
         return self.shape_gone and self.recovered is not False
 
     def describe(self) -> str:
-        parts = [f"{self.signal_check}: {self.signal_message}"] if self.signal_check else []
-        for c in (self.reward, self.validation):
-            if c is not None:
-                verdict = "back to" if c.recovered else "below"
-                parts.append(
-                    f"{c.key} {c.now:.3g} {verdict} {c.at_rollback:.3g} at the rollback point (±{c.tolerance:.2g})"
-                )
-        for b in (self.reward_vs_abandoned, self.signal_vs_abandoned):
-            if b is not None:
-                parts.append(_versus(b.to_json()))
+        """The figures in plain words: "at the same 21 steps: reward 0.271 on the new branch vs 0.27 on the
+        abandoned one (level, within ±0.014), entropy 0.324 vs 0.236 (higher); entropy_collapse: ok". The reward
+        against the rollback point is said only where no abandoned branch can be compared (it decides then)."""
+        document = self.to_json()
+        parts = [versus] if (versus := _branches(document)) else []
+        if self.reward is not None and self.reward_vs_abandoned is None:
+            parts.append(_at_rollback(PLAIN[Signal.REWARD], self.reward))
+        if self.validation is not None:
+            parts.append(_at_rollback(PLAIN[Signal.VAL_SCORE], self.validation))
+        if self.signal_check:
+            parts.append(f"{self.signal_check}: {self.signal_message}")
         return "; ".join(parts) or "no figures yet"
 
     def to_json(self) -> dict[str, object]:
@@ -162,29 +163,83 @@ class Outcome:
 
 
 def outcome_line(document: Mapping[str, object]) -> str:
-    """An outcome as recorded (``Outcome.to_json``), in one line: "critic/score/mean 0.31 -> 0.52 (x1.68,
-    back), signal healthy, 21 steps after the rollback"."""
+    """An outcome as recorded (``Outcome.to_json``), in one line: "critic/score/mean 0.2 -> 0.299 (x1.50, back);
+    at the same 21 steps: reward 0.271 on the new branch vs 0.27 on the abandoned one (level, within ±0.014),
+    entropy 0.324 vs 0.236 (higher); signal healthy; 20 steps after the rollback"."""
     parts = []
     for name in ("reward", "validation"):
         c = document.get(name)
         if isinstance(c, Mapping):
             ratio = f"x{c['ratio']:.2f}, " if isinstance(c.get("ratio"), float) else ""
             verdict = "back" if c.get("recovered") else "below the rollback point"
-            parts.append(f"{c.get('key')} {c.get('at_rollback'):.3g} -> {c.get('now'):.3g} ({ratio}{verdict})")
-    for name in ("reward_vs_abandoned", "signal_vs_abandoned"):
-        b = document.get(name)
-        if isinstance(b, Mapping):
-            parts.append(_versus(b))
+            parts.append(
+                f"{c.get('key')} {_figure(c.get('at_rollback'))} -> {_figure(c.get('now'))} ({ratio}{verdict})"
+            )
+    if versus := _branches(document):
+        parts.append(versus)
     parts.append("signal healthy" if document.get("signal_healthy") else f"signal: {document.get('signal_message')}")
     parts.append(f"{document.get('steps_after')} steps after the rollback")
-    return ", ".join(parts)
+    return "; ".join(parts)
 
 
-def _versus(b: Mapping[str, object]) -> str:
-    """``critic/score/mean 0.52 vs 0.45 on the abandoned branch over 8 steps (at least as good)``."""
-    verdict = "at least as good" if b.get("at_least_as_good") else "worse"
-    figures = f"{b.get('new'):.3g} vs {b.get('abandoned'):.3g}"
-    return f"{b.get('key')} {figures} on the abandoned branch over {b.get('steps')} steps ({verdict})"
+# the signals' names as people say them
+PLAIN: dict[Signal, str] = {
+    Signal.REWARD: "reward",
+    Signal.VAL_SCORE: "validation score",
+    Signal.ENTROPY: "entropy",
+    Signal.KL: "KL",
+    Signal.LOG_PPL: "log-perplexity",
+    Signal.EGR: "EGR",
+    Signal.LENGTH_MEAN: "mean response length",
+    Signal.TRUNCATION: "truncation",
+}
+
+
+def _figure(value: object, spec: str = ".3g") -> str:
+    return format(value, spec) if isinstance(value, int | float) and not isinstance(value, bool) else str(value)
+
+
+def _relation(new: object, old: object, tolerance: object) -> str:
+    """Where ``new`` lies against ``old`` and its noise: "higher", "lower" or "level, within ±tol"."""
+    if not (isinstance(new, int | float) and isinstance(old, int | float) and isinstance(tolerance, int | float)):
+        return "not comparable"
+    if new > old + tolerance:
+        return "higher"
+    if new < old - tolerance:
+        return "lower"
+    return f"level, within ±{_figure(tolerance, '.2g')}"
+
+
+def _at_rollback(name: str, c: Comparison) -> str:
+    """``reward 0.3 vs 0.86 at the rollback point (lower)``."""
+    relation = _relation(c.now, c.at_rollback, c.tolerance)
+    return f"{name} {_figure(c.now)} vs {_figure(c.at_rollback)} at the rollback point ({relation})"
+
+
+def _branches(document: Mapping[str, object]) -> str | None:
+    """The new branch against the abandoned one at the same steps (``BranchComparison.to_json`` documents of the
+    reward and of the incident's own signal): "at the same 21 steps: reward 0.271 on the new branch vs 0.27 on
+    the abandoned one (level, within ±0.014), entropy 0.324 vs 0.236 (higher)"."""
+    compared: list[tuple[str, Mapping[str, object]]] = []
+    reward = document.get("reward_vs_abandoned")
+    if isinstance(reward, Mapping):
+        compared.append((PLAIN[Signal.REWARD], reward))
+    own = document.get("signal_vs_abandoned")
+    signal = CHECK_SIGNALS.get(str(document.get("signal_check")), (None, True))[0]
+    if isinstance(own, Mapping) and signal is not Signal.REWARD:  # a reward check's own signal is said already
+        compared.append((PLAIN.get(signal, str(own.get("key"))) if signal else str(own.get("key")), own))
+    if not compared:
+        return None
+    counts = {b.get("steps") for _, b in compared}
+    clauses = []
+    for i, (name, b) in enumerate(compared):
+        new, old = _figure(b.get("new")), _figure(b.get("abandoned"))
+        sides = (" on the new branch", " on the abandoned one") if i == 0 else ("", "")
+        over = "" if len(counts) == 1 else f" over {b.get('steps')} steps"
+        relation = _relation(b.get("new"), b.get("abandoned"), b.get("tolerance"))
+        clauses.append(f"{name} {new}{sides[0]} vs {old}{sides[1]}{over} ({relation})")
+    lead = f"at the same {b.get('steps')} steps" if len(counts) == 1 else "at the same steps"
+    return f"{lead}: " + ", ".join(clauses)
 
 
 def measure_outcome(

@@ -152,7 +152,9 @@ def judge_probation(
         return ProbationVerdict(Ending.ON_PROBATION, "on probation")
     figures = outcome.describe()
     if outcome.proven:
-        return ProbationVerdict(Ending.RESOLVED, f"{done} steps after the rollback, fix proven: {figures}")
+        # what was shown, not a claim: "20 steps after the rollback: at the same 21 steps: reward 0.271 on the new
+        # branch vs 0.27 on the abandoned one (level, within ±0.014), entropy 0.324 vs 0.236 (higher); ..."
+        return ProbationVerdict(Ending.RESOLVED, f"{done} steps after the rollback: {figures}")
     longest = max_factor * probation_steps
     if done < longest and not trainer_finished:
         return ProbationVerdict(Ending.ON_PROBATION, f"on probation, not proven yet: {figures}")
