@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 from conftest import history_of
 
+from guardian.checks.findings import Finding, Severity
+from guardian.commands.demo import incident_lines
 from guardian.config import ChecksConfig
 from guardian.rescue.outcome import BranchComparison, Comparison, Outcome, measure_outcome, outcome_line
+from guardian.rescue.policy import judge_probation
+from guardian.store import Store
 
 VAL, ENTROPY = "val-core/x/acc/mean@1", "actor/entropy"
 
@@ -81,3 +86,23 @@ def test_figures_without_an_abandoned_branch_compare_with_the_rollback_point() -
         "KL 0.2 vs 0.5 over 9 steps (lower); kl_drift: critical: KL grew"
     )
     assert Outcome(1, None, 0, None, True, "no finding yet", None, None).describe() == "no figures yet"
+
+
+def test_the_demos_summary_says_what_each_rescue_showed(tmp_path: Path) -> None:
+    """``guardian demo``'s closing lines: each incident, then what its intervention showed (the close note)."""
+    reason = judge_probation(outcome=_demo_outcome(), probation_steps=20, max_factor=2, critical_checks_since_resume=[])
+    with Store.open(f"sqlite:///{tmp_path / 'guardian.db'}") as store:
+        store.ensure_run(
+            "demo", name="demo", metrics_path="m", rollouts_dir="", checkpoints_dir=None, mode="enforce", now=0
+        )
+        first = store.open_incident("demo", Finding("entropy_collapse", Severity.CRITICAL, 50, "collapsed [25, 30]"), 1)
+        store.close_incident(first.id, status="resolved", now=2, step=40, note=f"intervention 1: {reason.reason}")
+        store.open_incident("demo", Finding("kl_drift", Severity.CRITICAL, 60, "KL"), 3)
+        lines = incident_lines(list(reversed(store.list_incidents("demo"))))
+    assert lines == [
+        "  incident #1 entropy_collapse: resolved - guardian incidents show 1",
+        "    intervention 1: 20 steps after the rollback: at the same 21 steps: reward 0.271 on the new branch vs 0.27 "
+        "on the abandoned one (level, within ±0.014), entropy 0.324 vs 0.236 (higher); entropy_collapse: warn: "
+        "actor/entropy at 18% of its early level (1.78), low but not falling fast",
+        "  incident #2 kl_drift: open - guardian incidents show 2",
+    ]

@@ -15,6 +15,7 @@ import statistics
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import orjson
@@ -31,7 +32,7 @@ from guardian.loop.outlets import outlets
 from guardian.notify.compose import at_step, format_setting, format_value
 from guardian.rescue.policy import CRASH_OUTPUT_EVIDENCE
 from guardian.sinks.snapshot import RunSnapshot
-from guardian.store import InterventionView, StateDetail, Store, config_changes
+from guardian.store import IncidentView, InterventionView, StateDetail, Store, config_changes
 
 # seconds per step added to the trainer, so the story unfolds at a readable pace
 FINAL_STEPS = 10  # the closing line's reward: means of the first and the last this-many steps
@@ -219,10 +220,22 @@ def run_demo(config: GuardianConfig, *, scenario: str, json_output: bool) -> int
             if len(reward) >= 2 * FINAL_STEPS:
                 start, end = statistics.fmean(reward[:FINAL_STEPS]), statistics.fmean(reward[-FINAL_STEPS:])
                 console.print(f"  reward {start:.2f} over the first {FINAL_STEPS} steps, {end:.2f} over the last")
-            for i in incidents:
-                console.print(f"  incident #{i.id} {i.check}: {i.status} - guardian incidents show {i.id}")
+            for line in incident_lines(list(reversed(incidents))):
+                console.print(escape(line))
             console.print(f"history: {store.url}; trainer files: {files.root}")
         return code or 0
+
+
+def incident_lines(incidents: Sequence[IncidentView]) -> list[str]:
+    """The closing lines of each incident (oldest first): its status and where it lives, then what its rescue
+    showed in the probation's own words (the close note: "intervention 1: 20 steps after the rollback: at the
+    same 21 steps: reward 0.271 on the new branch vs 0.27 on the abandoned one (level, within ±0.014), ...")."""
+    lines = []
+    for i in incidents:
+        lines.append(f"  incident #{i.id} {i.check}: {i.status} - guardian incidents show {i.id}")
+        if i.note:
+            lines.append(f"    {i.note}")
+    return lines
 
 
 def _first_line(scenario: str) -> str:
