@@ -61,7 +61,8 @@ def test_a_collapse_is_rolled_back_patched_relaunched_and_resolved_once_the_fix_
         State.RESOLVED,
     ]
     (incident,) = world.store.list_incidents(RUN)
-    assert incident.status is IncidentStatus.RESOLVED and "fix proven" in (incident.note or "")
+    assert incident.status is IncidentStatus.RESOLVED
+    assert "reward 0.55 vs 0.5 at the rollback point (higher)" in (incident.note or "")
 
 
 def test_a_relapse_climbs_one_rung_and_rolls_back_one_checkpoint_further(world: World) -> None:
