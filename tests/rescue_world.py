@@ -128,6 +128,7 @@ class World:
     attempt_id: int | None = None
     launched_at: float | None = None
     exit_status: ExitStatus | None = None
+    stopped_in_outage: bool = False  # the guardian stopped the trainer while the store refused writes
     attempt_steps: list[int] = field(default_factory=list)
     critical: list[StandingFinding] = field(default_factory=list)
     outcome: Outcome | None = None
@@ -208,7 +209,7 @@ class World:
         return RescueSnapshot(
             now=self.clock(),
             mode=Mode(self.config.mode),
-            trainer=TrainerFacts(self.attempt_id, self.launched_at, self.exit_status),
+            trainer=TrainerFacts(self.attempt_id, self.launched_at, self.exit_status, self.stopped_in_outage),
             attempt_steps=tuple(steps),
             last_step=max(steps) if steps else 40,
             typical_step_s=10.0,

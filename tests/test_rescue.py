@@ -11,7 +11,8 @@ from rescue_world import RUN, GuardianKilled, World
 
 from guardian.actions.process import ExitStatus
 from guardian.config import GuardianConfig
-from guardian.exits import EXIT_GAVE_UP, EXIT_UNHEALTHY
+from guardian.exits import EXIT_GAVE_UP, EXIT_UNHEALTHY, EXIT_USAGE
+from guardian.rescue.decide import SETUP_FAILURE
 from guardian.rescue.snapshot import StandingFinding
 from guardian.states import IncidentStatus, Kind, RunStatus, State
 from guardian.store import Store
@@ -152,6 +153,7 @@ def test_no_healthy_checkpoint_restarts_from_scratch_once_then_gives_up(world: W
 
 def test_a_crash_opens_its_incident_with_the_output_and_restarts_with_the_same_config(world: World) -> None:
     world.save(10, 20)
+    world.logs(40)  # trained through step 40 (a trainer that trained no step is a setup failure)
     world.exit_status = ExitStatus(1, None)
     world.tick()
     (crash,) = world.store.list_incidents(RUN)
@@ -172,6 +174,7 @@ def test_a_crash_opens_its_incident_with_the_output_and_restarts_with_the_same_c
 
 def test_crash_output_that_cannot_be_read_is_said_in_the_incident_not_swallowed(world: World) -> None:
     world.trainer.tail = PermissionError(13, "Permission denied")
+    world.logs(40)
     world.exit_status = ExitStatus(None, 9)
     world.tick()
     (crash,) = world.store.list_incidents(RUN)
@@ -386,3 +389,64 @@ def test_advice_to_roll_back_to_an_emptied_checkpoint_says_how_to_restore_its_pi
     assert "restore its pin first (mv /ckpt/global_step_30 /ckpt/global_step_30.emptied && cp -al " in advice
     assert "/ckpt/.guardian-pinned/global_step_30 /ckpt/global_step_30), then roll back to step 30" in advice
     assert world.calls == [], "advise mode restores nothing itself"
+
+
+# -- a setup failure: the trainer the user's command launched ended badly before its first training step -------------
+@pytest.mark.parametrize("logged", [(), (0,)], ids=["no line", "only step 0's validation line"])
+def test_a_trainer_that_fails_before_its_first_step_ends_the_run_as_a_setup_failure_never_relaunched(
+    world: World, logged: tuple[int, ...], caplog: pytest.LogCaptureFixture
+) -> None:
+    world.trainer.tail = "Traceback ...\nModuleNotFoundError: No module named 'flash_attn'"
+    stdout = world.home / "attempt-1" / "stdout.log"  # the attempt's whole output, beside the tail kept
+    stdout.parent.mkdir(parents=True)
+    stdout.write_text(world.trainer.tail)
+    world.save(10)  # a checkpoint of an earlier run in the same folder: still no reason to relaunch
+    world.logs(*logged)
+    world.exit_status = ExitStatus(1, None)
+    with caplog.at_level("INFO", logger="guardian"):
+        assert world.tick() == EXIT_USAGE
+    assert world.interventions() == [] and world.calls == ["finish exit code 1"], "stopped what it left; no relaunch"
+    (incident,) = world.store.list_incidents(RUN)
+    assert incident.check == SETUP_FAILURE and incident.is_open
+    assert incident.message == (
+        "trainer ended before its first training step: exit code 1: ModuleNotFoundError: No module named 'flash_attn'"
+    )
+    assert "Traceback" in str(incident.evidence["stdout_tail"])
+    assert world.store.get_run(RUN).status is RunStatus.FINISHED  # type: ignore[union-attr]
+    (line,) = [r.getMessage() for r in caplog.records if "event=setup_failed" in r.getMessage()]
+    assert f"run={RUN} attempt=1 exit=" in line and "exit code 1" in line
+    assert 'output="guardian incidents show 1"' in line and f"log={stdout}" in line
+    world.restarted()  # a guardian started again on the ended run says the same, and records nothing twice
+    world.calls.clear()
+    assert world.tick() == EXIT_USAGE and world.calls == ["finish exit code 1"]
+    assert len(world.store.list_incidents(RUN)) == 1
+
+
+def test_a_trainer_the_guardian_stopped_itself_before_a_training_step_is_no_setup_failure(world: World) -> None:
+    world.logs(0)  # its validation line at step 0 was already collapsing; the store was down: the guardian stopped it
+    world.stopped_in_outage, world.exit_status = True, ExitStatus(None, 2)
+    world.incident(step=0, onset=0)  # the store is back: the replayed findings open the incident
+    assert world.tick() is None
+    assert [i.check for i in world.store.list_incidents(RUN)] == ["entropy_collapse"]
+    assert world.interventions()[0].state is State.RESUMING
+
+
+def test_a_crash_after_a_training_step_is_no_setup_failure(world: World) -> None:
+    world.logs(0, 1)
+    world.exit_status = ExitStatus(1, None)
+    world.tick()
+    (crash,) = world.store.list_incidents(RUN)
+    assert crash.check == "crash" and world.interventions()[0].kind is Kind.RESTART
+
+
+def test_a_relaunch_that_fails_before_its_first_step_relapses_as_before_never_a_setup_failure(
+    world: World,
+) -> None:
+    resumed(world)
+    world.logs(30)  # the resumed trainer's validation line at its checkpoint's step, then it dies
+    world.exit_status = ExitStatus(1, None)
+    assert world.tick() is None
+    assert world.interventions()[0].state is State.RELAPSED
+    assert world.tick() is None, "the rescue goes on (within its budgets): the relaunch was the rescue's choice"
+    assert len(world.interventions()) == 2 and world.calls[-1].startswith("launch attempt 3")
+    assert not any(i.check == SETUP_FAILURE for i in world.store.list_incidents(RUN))

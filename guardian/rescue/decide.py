@@ -28,6 +28,7 @@ from guardian.rescue.effects import (
     RecordCrash,
     Relapse,
     RollBack,
+    SetupFailed,
     StayGivenUp,
     Stop,
     Wait,
@@ -46,10 +47,13 @@ from guardian.states import Kind, Mode, State
 from guardian.store import CheckpointView, IncidentView, InterventionView
 
 CRASH = "crash"  # the check name of an incident the guardian opens for a trainer that ended badly
+# ... and for the trainer of the user's command that ended badly before its first training step: never relaunched
+SETUP_FAILURE = "setup_failure"
 
 
 def decide(s: RescueSnapshot, config: GuardianConfig) -> Effect:
-    """The next effect: move the active intervention on; else keep a given-up run stopped; else record a crash,
+    """The next effect: move the active intervention on; else keep a given-up run stopped; else end a run whose
+    trainer failed before its first training step (a setup failure: no relaunch); else record a crash,
     act on the incident whose trouble began first (as the mode allows); else end the run once its trainer
     ended well (or, outside enforce mode, at all)."""
     active = s.active
@@ -60,6 +64,9 @@ def decide(s: RescueSnapshot, config: GuardianConfig) -> Effect:
     if (ended := s.ended_but_open()) is not None:
         return CloseEnded(*ended, s.last_step)
     status = s.trainer.exit_status
+    if status is not None and not status.ok and _before_first_step(s):
+        recorded = any(i.check == SETUP_FAILURE and i.is_open for i in s.incidents)
+        return SetupFailed(status, s.trainer.attempt_id, recorded)
     if status is not None and not status.ok and _unexplained_crash(s):
         return RecordCrash(status, s.last_step, s.trainer.attempt_id)
     incident = s.first_to_act_on()
@@ -78,6 +85,21 @@ def decide(s: RescueSnapshot, config: GuardianConfig) -> Effect:
 
 def kind_for(check: str) -> Kind:
     return Kind.RESTART if check in RESTART_CHECKS else Kind.REMEDIATE
+
+
+def _before_first_step(s: RescueSnapshot) -> bool:
+    """The trainer of the user's command (not one the rescue relaunched) logged no training step: no line at all,
+    or only the validation line verl writes at step 0 before it trains (``trainer.val_before_train``).
+
+    Not a setup failure: a relaunch that ends before a new step (``_resuming`` relapses it, and the rescue goes on
+    within its budgets: the relaunch was the rescue's choice, its checkpoint or patch may be what failed), and a
+    command that resumes from its own checkpoint and ends after its validation line at that step (its step number
+    cannot be told from a trained one's: it is a crash, restarted as before); nor a trainer this guardian stopped
+    while the store was down (its collapse incident explains that end)."""
+    attempt = s.trainer.attempt_id
+    if attempt is None or s.trainer.stopped_in_outage or any(iv.to_attempt_id == attempt for iv in s.interventions):
+        return False
+    return all(step <= 0 for step in s.attempt_steps)
 
 
 def _unexplained_crash(s: RescueSnapshot) -> bool:

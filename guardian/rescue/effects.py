@@ -150,6 +150,18 @@ class RecordCrash:
 
 
 @dataclass(frozen=True, slots=True)
+class SetupFailed:
+    """The trainer of the user's command ended badly before its first training step (an import error, a bad
+    config): record it with its last output (once), stop what it left, end the run - never relaunched, since the
+    same command would fail the same way; a person must fix the command or its environment."""
+
+    status: ExitStatus
+    attempt_id: int | None  # the attempt that ended
+    recorded: bool  # its incident is stored already (a guardian started again on the ended run)
+    ends_pass = True
+
+
+@dataclass(frozen=True, slots=True)
 class Advise:
     """Advise mode: say once what an intervention would do about ``incident`` (roll back to ``target``; ``restore``:
     after putting its pinned copy back, verl's retention emptied its folder)."""
@@ -193,6 +205,7 @@ Effect = (
     | GiveUp
     | Intervene
     | RecordCrash
+    | SetupFailed
     | Advise
     | StayGivenUp
     | FinishRun

@@ -20,9 +20,9 @@ from guardian.actions.pins import PIN_DIR
 from guardian.actions.verl_keys import PatchError
 from guardian.checks.findings import Finding, Severity
 from guardian.config import GuardianConfig
-from guardian.exits import EXIT_GAVE_UP
+from guardian.exits import EXIT_GAVE_UP, EXIT_USAGE
 from guardian.logs import event, get_logger
-from guardian.rescue.decide import CRASH, climbed, decide
+from guardian.rescue.decide import CRASH, SETUP_FAILURE, climbed, decide
 from guardian.rescue.effects import (
     Advance,
     Advise,
@@ -38,6 +38,7 @@ from guardian.rescue.effects import (
     RecordCrash,
     Relapse,
     RollBack,
+    SetupFailed,
     StayGivenUp,
     Stop,
     Wait,
@@ -46,7 +47,7 @@ from guardian.rescue.policy import CRASH_OUTPUT_EVIDENCE, check_transition
 from guardian.rescue.ports import CheckpointPort, PlannerPort, TrainerPort
 from guardian.rescue.snapshot import RescueSnapshot
 from guardian.states import IncidentStatus, Kind, RunStatus, State
-from guardian.store import InterventionView, StateDetail, Store
+from guardian.store import IncidentView, InterventionView, StateDetail, Store
 
 log = get_logger("supervisor")
 # effects one pass may carry out before it must have waited or ended: DETECTED .. RESUMING is eight; more is a bug
@@ -107,6 +108,8 @@ class Executor:
             self._intervene(effect)
         elif isinstance(effect, RecordCrash):
             self._record_crash(effect)
+        elif isinstance(effect, SetupFailed):
+            return self._setup_failed(effect)
         elif isinstance(effect, Advise):
             self._advise(effect)
         elif isinstance(effect, StayGivenUp):
@@ -289,12 +292,7 @@ class Executor:
 
     def _record_crash(self, effect: RecordCrash) -> None:
         status, step = effect.status, effect.step
-        try:
-            tail = self.trainer.output_tail()
-            last = tail.splitlines()[-1] if tail else ""
-        except OSError as exc:
-            tail, last = "", f"(its output could not be read: {exc})"
-            log.warning(event("crash_output_unreadable", {"run": self.run_id, "error": exc}))
+        tail, last = self._output_tail()
         finding = Finding(
             CRASH,
             Severity.CRITICAL,
@@ -303,12 +301,58 @@ class Executor:
             step,
             {"exit_code": status.exit_code, "signal": status.signal, CRASH_OUTPUT_EVIDENCE: tail},
         )
-        now = self.clock()
-        with self.store.transaction() as store:
-            crash = store.open_incident(self.run_id, finding, now)
-            store.add_finding(self.run_id, effect.attempt_id, finding, now, crash.id)
+        crash = self._open(finding, effect.attempt_id)
         fields = {"run": self.run_id, "incident": crash.id, "check": CRASH, "message": finding.message}
         log.error(event("incident_opened", fields))
+
+    def _output_tail(self) -> tuple[str, str]:
+        """The end of the trainer's output and its last line (or why it could not be read), for an incident."""
+        try:
+            tail = self.trainer.output_tail()
+        except OSError as exc:
+            log.warning(event("crash_output_unreadable", {"run": self.run_id, "error": exc}))
+            return "", f"(its output could not be read: {exc})"
+        return tail, tail.splitlines()[-1] if tail else ""
+
+    def _open(self, finding: Finding, attempt_id: int | None) -> IncidentView:
+        now = self.clock()
+        with self.store.transaction() as store:
+            incident = store.open_incident(self.run_id, finding, now)
+            store.add_finding(self.run_id, attempt_id, finding, now, incident.id)
+        return incident
+
+    def _setup_failed(self, effect: SetupFailed) -> int:
+        """A setup failure (``decide._before_first_step``): the incident keeps the output's tail (as a crash's does),
+        one line says where, and the run ends with exit 2 (bad command or configuration) - a relaunch of the same
+        command would only fail again, after another start-up."""
+        status = effect.status
+        recorded = self.store.list_incidents(self.run_id) if effect.recorded else []
+        incident = next((i for i in recorded if i.check == SETUP_FAILURE and i.is_open), None)
+        if incident is None:
+            tail, last = self._output_tail()
+            why = f"trainer ended before its first training step: {status.describe()}"
+            evidence = {"exit_code": status.exit_code, "signal": status.signal, CRASH_OUTPUT_EVIDENCE: tail}
+            finding = Finding(
+                SETUP_FAILURE, Severity.CRITICAL, None, why + (f": {last}" if last else ""), None, evidence
+            )
+            incident = self._open(finding, effect.attempt_id)
+        self.trainer.finish(status)
+        self.store.set_run_status(self.run_id, RunStatus.FINISHED)
+        attempt = next((a for a in self.store.attempts(self.run_id) if a.id == effect.attempt_id), None)
+        stdout = self.folder.stdout(attempt.number) if attempt is not None else None
+        fields = {
+            "run": self.run_id,
+            "attempt": attempt.number if attempt is not None else None,
+            "exit": status.describe(),
+            "message": incident.message,
+            "incident": incident.id,
+            "output": f"guardian incidents show {incident.id}",
+            "log": stdout if stdout is not None and stdout.is_file() else None,
+            "exit_code": EXIT_USAGE,
+            "fix": "fix the command or its environment, then start the run anew (guardian run --new ...)",
+        }
+        log.critical(event("setup_failed", fields))
+        return EXIT_USAGE
 
     def _advise(self, effect: Advise) -> None:
         incident = effect.incident
