@@ -16,6 +16,7 @@ from guardian.config import GuardianConfig
 from guardian.report import page
 from guardian.report.assemble import run_report
 from guardian.report.trajectories import DumpFolder, highest_reward
+from guardian.review.samples import top_samples
 from guardian.store import Store
 
 REAL = fixture_path("verl-0.9.1-run")
@@ -107,3 +108,18 @@ def test_a_sample_is_held_at_its_best_occurrence_however_the_scores_arrive(tmp_p
         expected = sorted(best.values(), reverse=True)[:count]
         assert [(t.score, t.step) for t in shown] == expected
         assert len({(t.prompt, t.response) for t in shown}) == len(shown)
+
+
+def test_the_checklists_samples_are_one_per_whole_prompt_not_per_shown_prefix(tmp_path: Path) -> None:
+    """Prompts that share a long preamble (a system prompt, tool schemas) longer than the characters shown are
+    different prompts: each keeps its own best sample."""
+    preamble = "You are a careful assistant. " * 20  # 580 characters, more than review_chars shows
+    rows = [
+        {"input": preamble + "copy 3", "output": "3333", "score": 1.0},
+        {"input": preamble + "copy 4", "output": "4444", "score": 0.9},
+        {"input": preamble + "copy 4", "output": "4441", "score": 0.8},  # the same prompt: its best is kept
+    ]
+    (tmp_path / "7.jsonl").write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in rows))
+    review = top_samples({7: tmp_path / "7.jsonl"}, count=5, chars=400)
+    assert [(s.score, s.response) for s in review.samples] == [(1.0, "3333"), (0.9, "4444")]
+    assert all(len(s.prompt) == 400 and s.prompt.endswith("…") for s in review.samples)

@@ -10,6 +10,7 @@ older attempt's folder also holds the dumps of the branch a rollback abandoned).
 
 from __future__ import annotations
 
+import hashlib
 import heapq
 import itertools
 import os
@@ -56,8 +57,12 @@ class SampleReview:
     problems: tuple[str, ...]
 
 
+def _text(value: object) -> str:
+    return value if isinstance(value, str) else "" if value is None else str(value)
+
+
 def _cut(value: object, chars: int) -> str:
-    text = value if isinstance(value, str) else "" if value is None else str(value)
+    text = _text(value)
     return text if len(text) <= chars else text[: chars - 1] + ELLIPSIS
 
 
@@ -78,9 +83,11 @@ def top_samples(
     files: dict[int, Path], *, count: int, chars: int, max_line_bytes: int = MAX_LINE_BYTES
 ) -> SampleReview:
     """The ``count`` highest-scoring samples of ``files`` (step -> dump), best first, one per prompt (a GRPO group
-    repeats its prompt: the best of each shows more of what the reward pays for); ties go to the later step."""
+    repeats its prompt: the best of each shows more of what the reward pays for); ties go to the later step. A
+    prompt is its whole text (a digest of it), not the ``chars`` shown: prompts that share a long preamble (a
+    system prompt, tool schemas) are different prompts."""
     problems: list[str] = []
-    best: dict[str, tuple[float, int, int, Sample]] = {}  # prompt -> its best sample, ranked
+    best: dict[bytes, tuple[float, int, int, Sample]] = {}  # the prompt's digest -> its best sample, ranked
     order = itertools.count()
     for step, path in files.items():
         try:
@@ -91,21 +98,22 @@ def top_samples(
                     score = sample_score(row)
                     if score is None:
                         continue
-                    prompt = _cut(row.get("input"), chars)
+                    prompt = _text(row.get("input"))
+                    key = hashlib.blake2b(prompt.encode(errors="surrogatepass"), digest_size=16).digest()
                     entry = (score, step, -next(order))
-                    if prompt in best and best[prompt][:3] >= entry:
+                    if key in best and best[key][:3] >= entry:
                         continue
                     truth = row.get("gts")
                     sample = Sample(
                         step,
                         score,
-                        prompt,
+                        _cut(prompt, chars),
                         _cut(row.get("output"), chars),
                         _cut(truth, chars) if truth is not None else None,
                         str(path),
                         number,
                     )
-                    best[prompt] = (*entry, sample)
+                    best[key] = (*entry, sample)
         except OSError as exc:
             problems.append(f"{path}: cannot read ({exc.strerror or exc})")
     ranked = heapq.nlargest(count, best.values(), key=lambda e: e[:3])
