@@ -173,6 +173,12 @@ def test_the_same_run_command_again_does_not_relaunch_a_finished_run(tmp_path: P
     assert len(said) == 1 and "run=a" in said[0] and "status=finished" in said[0] and "exit=0" in said[0]
     assert "--new" in said[0], "how to start it again deliberately"
     assert not any("event=trainer_launch" in line for line in lines.lines)
+    # --attach to it as well: a run that is over has no trainer to guard (a stopped one would read as a crash)
+    lines.lines.clear()
+    assert guard_request(config, replace(request, attach=True), threading.Event()) == EXIT_OK
+    assert any("run_already_over" in line for line in lines.lines)
+    with Store.open(config.database_url()) as store:
+        assert len(store.attempts("a")) == 1
 
 
 def test_a_run_that_gave_up_answers_93_again_and_new_starts_a_new_run_deliberately(tmp_path: Path) -> None:

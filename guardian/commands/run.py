@@ -279,7 +279,8 @@ def guard_request(
     ) as store:
         known = store.get_run(request.run_id)
         command, cwd, ray_address = request.command, request.cwd, request.ray_address
-        ended = recorded_end(store, known) if known is not None and not request.attach else None
+        # --attach too: a run that finished, gave up or was stopped by `guardian stop` has no trainer to guard
+        ended = recorded_end(store, known) if known is not None else None
         if ended is not None and not request.new:
             _say_already_over(request.run_id, ended, fleet=fleet)
             over(ended)
