@@ -83,7 +83,12 @@ def world(tmp_path: Path) -> tuple[GuardianConfig, int]:
         store.advance(iv.id, State.RESUMING, now=NOW + 7, to_attempt_id=second.id)
         store.write_steps(RUN, second.id, 0, [StepRecord(s, _values(s, 2)) for s in range(10, 41)], NOW + 8)
         store.advance(iv.id, State.PROBATION, now=NOW + 8, detail={"first_step": 11})
-        store.advance(iv.id, State.RESOLVED, now=NOW + 9, detail={"why": "fix proven"})
+        store.advance(
+            iv.id,
+            State.RESOLVED,
+            now=NOW + 9,
+            detail={"why": "21 steps after the rollback: reward 0.5 vs 0.3 at the rollback point (higher)"},
+        )
         store.close_incident(incident.id, status="resolved", now=NOW + 10, step=32, note="fixed")
     for step in range(1, 41):
         _dump(dumps, step, [{"input": f"q{step}", "output": "ok", "gts": "ok", "score": 0.1, "step": step}])
