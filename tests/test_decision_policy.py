@@ -154,10 +154,10 @@ def test_a_rescue_whose_kl_keeps_growing_slower_than_the_abandoned_branch_is_res
     assert outcome.reward_vs_abandoned.steps == 10 and not outcome.signal_healthy and outcome.proven
     verdict = judge_probation(outcome=outcome, probation_steps=10, max_factor=2, critical_checks_since_resume=[])
     assert verdict.ending is Ending.RESOLVED
-    assert "on the abandoned branch over 10 steps (at least as good)" in verdict.reason
+    assert "at the same 10 steps: reward 0.41 on the new branch vs 0.3 on the abandoned one (higher)" in verdict.reason
     # as `guardian incidents show` and the report print the stored figures
     line = outcome_line(outcome.to_json())
-    assert "critic/score/mean 0.41 vs 0.3 on the abandoned branch over 10 steps (at least as good)" in line
+    assert "at the same 10 steps: reward 0.41 on the new branch vs 0.3 on the abandoned one (higher)" in line
 
 
 def test_a_rescue_that_learns_less_than_the_abandoned_branch_is_not_proven() -> None:

@@ -257,23 +257,28 @@ def measure_outcome(
         signal_message="no finding yet" if own is None else _status(own),
         reward=_compare_reward(history, target_step, checks),
         validation=_compare_validation(history, target_step, checks),
-        reward_vs_abandoned=versus_abandoned(history, Signal.REWARD, higher_is_better=True, checks=checks),
-        signal_vs_abandoned=_versus_own(history, own_check, checks),
+        reward_vs_abandoned=versus_abandoned(
+            history, Signal.REWARD, higher_is_better=True, after=target_step, checks=checks
+        ),
+        signal_vs_abandoned=_versus_own(history, own_check, target_step, checks),
     )
 
 
 def versus_abandoned(
-    history: RunHistory, signal: Signal, *, higher_is_better: bool, checks: ChecksConfig
+    history: RunHistory, signal: Signal, *, higher_is_better: bool, after: int, checks: ChecksConfig
 ) -> BranchComparison | None:
     """The signal's mean over the steps both the active branch and the latest abandoned one logged after the
-    rollback point; the tolerance is ``improve_z`` sigmas of the difference of the two means (the signal's own
+    rollback point ``after`` (verl's first line after a resume, at the rollback step itself, is the checkpoint's
+    on both branches); the tolerance is ``improve_z`` sigmas of the difference of the two means (the signal's own
     step-to-step noise on both branches), at least ``recovery_tolerance`` of the abandoned mean."""
     old = history.abandoned.get(signal)
     if old is None or not len(old):
         return None
     new = history.signal(signal)
     pairs = [
-        (v, old.values[i]) for s, v in zip(new.steps, new.values, strict=True) if (i := _index(old, s)) is not None
+        (v, old.values[i])
+        for s, v in zip(new.steps, new.values, strict=True)
+        if s > after and (i := _index(old, s)) is not None
     ]
     pairs = [(a, b) for a, b in pairs if math.isfinite(a) and math.isfinite(b)]
     if not pairs:
@@ -287,11 +292,11 @@ def versus_abandoned(
     return BranchComparison(key, n, mean_new, mean_old, tolerance, higher_is_better)
 
 
-def _versus_own(history: RunHistory, check: str | None, checks: ChecksConfig) -> BranchComparison | None:
+def _versus_own(history: RunHistory, check: str | None, after: int, checks: ChecksConfig) -> BranchComparison | None:
     if check not in CHECK_SIGNALS:
         return None
     signal, higher_is_better = CHECK_SIGNALS[check]
-    return versus_abandoned(history, signal, higher_is_better=higher_is_better, checks=checks)
+    return versus_abandoned(history, signal, higher_is_better=higher_is_better, after=after, checks=checks)
 
 
 def _index(series: Series, step: int) -> int | None:
