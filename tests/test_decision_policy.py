@@ -167,3 +167,13 @@ def test_a_rescue_that_learns_less_than_the_abandoned_branch_is_not_proven() -> 
     assert not outcome.proven
     document = outcome.to_json()
     assert document["reward_vs_abandoned"]["at_least_as_good"] is False  # type: ignore[index]
+
+
+def test_the_resumes_first_line_at_the_rollback_step_is_not_compared() -> None:
+    # verl's first line after a resume is at the rollback step itself (validation before training): the checkpoint's
+    h = _branches([0.1 * 1.15**i for i in range(1, 11)], [0.3 + 0.02 * i for i in range(1, 11)])
+    h.add(StepRecord(10, {KL: 0.1, R: 0.3, **SCORE_RANGE}))  # a second resume from step 10, as verl writes it
+    for step in range(11, 16):
+        h.add(StepRecord(step, {KL: 0.1, R: 0.5, **SCORE_RANGE}))
+    outcome = measure_outcome(h, target_step=10, own=None, own_check="kl_drift", checks=C)
+    assert outcome.reward_vs_abandoned is not None and outcome.reward_vs_abandoned.steps == 5
