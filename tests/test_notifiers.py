@@ -178,6 +178,12 @@ def test_action_depends_on_mode_and_severity(mode: str, severity: Severity, expe
         assert alert.title.startswith("[warning] ") and alert.level is Level.WARNING
 
 
+def test_a_setup_failure_promises_no_relaunch() -> None:
+    alert = compose(event(incident(check="setup_failure", onset=None, opened=None, evidence={"exit_code": 1})))
+    assert "failed before its first training step: not relaunched" in alert.text
+    assert "will stop" not in alert.text and "roll back" not in alert.text
+
+
 def test_crash_incident_promises_a_restart_not_a_patch() -> None:
     output = f"Traceback ... HF_TOKEN={SECRET}"  # a trainer's last words may hold a secret
     alert = compose(

@@ -12,7 +12,7 @@ from rescue_world import RUN, GuardianKilled, World
 from guardian.actions.process import ExitStatus
 from guardian.config import GuardianConfig
 from guardian.exits import EXIT_GAVE_UP, EXIT_UNHEALTHY, EXIT_USAGE
-from guardian.rescue.decide import SETUP_FAILURE
+from guardian.rescue.policy import SETUP_FAILURE
 from guardian.rescue.snapshot import StandingFinding
 from guardian.states import IncidentStatus, Kind, RunStatus, State
 from guardian.store import Store

@@ -20,7 +20,7 @@ from typing import Final
 from guardian.checks.findings import Severity
 from guardian.exits import EXIT_GAVE_UP
 from guardian.notify.events import EventKind, GuardianEvent, Level
-from guardian.rescue.policy import CRASH_OUTPUT_EVIDENCE, RESTART_CHECKS
+from guardian.rescue.policy import CRASH_OUTPUT_EVIDENCE, RESTART_CHECKS, SETUP_FAILURE
 from guardian.states import State
 
 TITLE_MAX: Final = 63  # W&B: a title must be under 64 characters
@@ -195,6 +195,8 @@ def _action(event: GuardianEvent) -> str:
         return f"watching; no action unless it turns critical{advice}"
     if event.mode == "advise":
         return f"advise mode: no action taken; see `guardian incidents show {incident.id}` for the recommended fix"
+    if incident.check == SETUP_FAILURE:
+        return "failed before its first training step: not relaunched; fix the command or its environment (exit 2)"
     before = incident.onset_step if incident.onset_step is not None else incident.opened_step
     limit = f"at or before step {before}" if before is not None else "before the onset"
     if incident.check in RESTART_CHECKS:

@@ -35,6 +35,7 @@ from guardian.rescue.effects import (
 )
 from guardian.rescue.policy import (
     RESTART_CHECKS,
+    SETUP_FAILURE,
     Ending,
     PastIntervention,
     Plan,
@@ -47,8 +48,6 @@ from guardian.states import Kind, Mode, State
 from guardian.store import CheckpointView, IncidentView, InterventionView
 
 CRASH = "crash"  # the check name of an incident the guardian opens for a trainer that ended badly
-# ... and for the trainer of the user's command that ended badly before its first training step: never relaunched
-SETUP_FAILURE = "setup_failure"
 
 
 def decide(s: RescueSnapshot, config: GuardianConfig) -> Effect:

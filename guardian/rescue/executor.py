@@ -22,7 +22,7 @@ from guardian.checks.findings import Finding, Severity
 from guardian.config import GuardianConfig
 from guardian.exits import EXIT_GAVE_UP, EXIT_USAGE
 from guardian.logs import event, get_logger
-from guardian.rescue.decide import CRASH, SETUP_FAILURE, climbed, decide
+from guardian.rescue.decide import CRASH, climbed, decide
 from guardian.rescue.effects import (
     Advance,
     Advise,
@@ -43,7 +43,7 @@ from guardian.rescue.effects import (
     Stop,
     Wait,
 )
-from guardian.rescue.policy import CRASH_OUTPUT_EVIDENCE, check_transition
+from guardian.rescue.policy import CRASH_OUTPUT_EVIDENCE, SETUP_FAILURE, check_transition
 from guardian.rescue.ports import CheckpointPort, PlannerPort, TrainerPort
 from guardian.rescue.snapshot import RescueSnapshot
 from guardian.states import IncidentStatus, Kind, RunStatus, State

@@ -26,6 +26,8 @@ from guardian.states import Kind, State
 
 # incidents of these checks are answered with a restart (Kind.RESTART), every other one with a remedy
 RESTART_CHECKS: frozenset[str] = frozenset({"stall", "crash"})
+# the check of an incident for a trainer that ended before its first training step: never relaunched
+SETUP_FAILURE = "setup_failure"
 # evidence key of a crash incident holding the trainer's last output: kept in the store, never sent out
 # (a trainer may print a token), so alerts point at `guardian incidents show` instead
 CRASH_OUTPUT_EVIDENCE = "stdout_tail"
