@@ -288,24 +288,15 @@ class Store(InterventionRecords, DeliveryRecords, EvaluationRecords, PinRecords)
         """Keep the exit code the run's guardian ended with (``exit_code`` in its ``config_json``): a later start of
         the same run, finished or given up, answers with it instead of launching again."""
         with self._write() as session, session.begin():
-            row = session.get(Run, run_id)
-            if row is None:
-                raise NotFoundError(f"no run {run_id!r}")
-            saved = orjson.loads(row.config_json or "{}")
-            saved = saved if isinstance(saved, dict) else {}
-            row.config_json = orjson.dumps({**saved, "exit_code": int(exit_code)}).decode()
+            _merge_saved(_run_row(session, run_id), {"exit_code": int(exit_code)})
 
     def record_run_stop(self, run_id: str, stopped: Mapping[str, object]) -> RunView:
         """A person stopped the run (``guardian stop``): it is over (finished: a later start of it answers its end
         instead of launching again) and what stopped it is kept (``stopped`` in its ``config_json``: who, why,
         when, which attempt, the signals sent)."""
         with self._write() as session, session.begin():
-            row = session.get(Run, run_id)
-            if row is None:
-                raise NotFoundError(f"no run {run_id!r}")
-            saved = orjson.loads(row.config_json or "{}")
-            saved = saved if isinstance(saved, dict) else {}
-            row.config_json = orjson.dumps({**saved, "stopped": dict(stopped)}, default=_json_default).decode()
+            row = _run_row(session, run_id)
+            _merge_saved(row, {"stopped": dict(stopped)})
             row.status = RunStatus.FINISHED
             return run_view(row)
 
@@ -749,3 +740,17 @@ class Store(InterventionRecords, DeliveryRecords, EvaluationRecords, PinRecords)
         if row is None:
             raise NotFoundError(f"no incident {incident_id}")
         return row
+
+
+def _run_row(session: Session, run_id: str) -> Run:
+    row = session.get(Run, run_id)
+    if row is None:
+        raise NotFoundError(f"no run {run_id!r}")
+    return row
+
+
+def _merge_saved(row: Run, fields: Mapping[str, object]) -> None:
+    """``fields`` merged into what the run keeps of itself (``config_json``: its command, cwd, end...)."""
+    saved = orjson.loads(row.config_json or "{}")
+    saved = saved if isinstance(saved, dict) else {}
+    row.config_json = orjson.dumps({**saved, **fields}, default=_json_default).decode()
