@@ -1,4 +1,4 @@
-"""The red-team findings of issue 24 in the recipe (../shared/docs/hard-edges-2026-12.md): the retrieval server's
+"""The red-team findings of issue 24 in the recipe: the retrieval server's
 request limits and timeouts (S6 body size, S7 slowloris and the connection cap, S10 unknown request keys) and
 the data preparation's bad inputs (D2-D7, and D8 for the evaluation that shares its readers).
 

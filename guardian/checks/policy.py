@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Iterable
+from bisect import bisect_right
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from enum import Enum
 from types import MappingProxyType
 from typing import Final
 
+from guardian.checks.base import ONSET_LOOKBACK
 from guardian.checks.findings import Finding, Severity
 from guardian.checks.trend import Trend, plateau_start, reward_scale, reward_trend_at
 from guardian.config import BaselineConfig, PolicyConfig, RewardCollapseConfig
@@ -138,7 +140,9 @@ class ProgressReading:
     why: str
     since: int | None = None  # the step a sharp fall began, when the reading rests on one
     hard: bool = False  # far below the run's start for several points: acts alone
-    learned_until: int | None = None  # a stalled run: about where it stopped learning (a window before its plateau)
+    # a stalled run: about where it stopped learning (a window before its plateau); asked only when a slow failure
+    # turns critical (walking back to the plateau's start costs a pass over the reward)
+    learned_until: Callable[[], int | None] | None = None
 
 
 def decide(finding: Finding, reading: ProgressReading) -> Finding:
@@ -162,9 +166,11 @@ def decide(finding: Finding, reading: ProgressReading) -> Finding:
     elif severity == Severity.CRITICAL and role is Role.MECHANISM and shape in (Shape.FAILURE, Shape.FAST):
         message = f"{message}; {reading.why}"
     onset = finding.onset_step
-    if severity == Severity.CRITICAL and shape is Shape.FAILURE and onset is not None and reading.learned_until:
+    slow_failure_acts = severity == Severity.CRITICAL and shape is Shape.FAILURE
+    learned = reading.learned_until() if slow_failure_acts and reading.learned_until is not None else None
+    if onset is not None and learned is not None:
         # a slow failure became trouble once the run stopped learning: a rollback keeps the progress made until then
-        onset = max(onset, reading.learned_until)
+        onset = max(onset, learned)
     return replace(finding, severity=severity, message=message, evidence=evidence, advice=advice, onset_step=onset)
 
 
@@ -250,8 +256,11 @@ def _reading_at(
     if _holding(trend, cfg, reward_cfg):
         return ProgressReading(Progress.HOLDING, f"{trend.describe(key)} holds near its best ({trend.peak:.3g})")
     if trend.long_stalled or (trend.stalled and trend.pace == 0):
-        plateau = plateau_start(h, step, reward_cfg, bcfg)
-        learned_until = plateau - trend.window if plateau is not None and trend.pace > 0 else None
+
+        def learned_until() -> int | None:
+            plateau = plateau_start(h, step, reward_cfg, bcfg)
+            return plateau - trend.window if plateau is not None and trend.pace > 0 else None
+
         return ProgressReading(Progress.STALLED, f"{trend.describe(key)} has stalled", learned_until=learned_until)
     return ProgressReading(Progress.SLOWING, f"{trend.describe(key)} is not clearly improving")
 
@@ -272,16 +281,33 @@ def _holding(t: Trend, cfg: PolicyConfig, reward_cfg: RewardCollapseConfig) -> b
 def _points_below_start(h: RunHistory, step: int, cfg: PolicyConfig) -> tuple[int, int | None]:
     """How many of the newest reward points, in a row, lie below the run's start by ``sharp_drop`` of the
     reward's scale (a fall no noise explains, read before the trend has points enough to judge), and the
-    step the first of them was logged at."""
+    step the first of them was logged at. Walks back from ``step`` at most ``ONSET_LOOKBACK`` points."""
     series = h.signal(Signal.REWARD)
-    finite = [(s, v) for s, v in zip(series.steps, series.values, strict=True) if s <= step and math.isfinite(v)]
     scale = reward_scale(h, step)
-    if len(finite) <= cfg.start_points or scale is None:
+    start, first_after = _start_level(series.values, cfg.start_points)
+    if start is None or scale is None:
         return 0, None
-    bar = statistics.median(v for _, v in finite[: cfg.start_points]) - cfg.sharp_drop * scale
+    bar = start - cfg.sharp_drop * scale
     count, since = 0, None
-    for at, value in reversed(finite[cfg.start_points :]):
-        if not value < bar:
-            break
-        count, since = count + 1, at
+    i = bisect_right(series.steps, step) - 1
+    floor = max(first_after, i - ONSET_LOOKBACK)
+    while i >= floor:
+        value = series.values[i]
+        if math.isfinite(value):
+            if not value < bar:
+                break
+            count, since = count + 1, series.steps[i]
+        i -= 1
     return count, since
+
+
+def _start_level(values: list[float], points: int) -> tuple[float | None, int]:
+    """The median of the first ``points`` finite values and the position after the last of them (None while
+    the series holds fewer)."""
+    first: list[float] = []
+    for i, value in enumerate(values):
+        if math.isfinite(value):
+            first.append(value)
+            if len(first) == points:
+                return statistics.median(first), i + 1
+    return None, len(values)
