@@ -202,14 +202,16 @@ def read_progress(
     if h.last_step is None or not (h.has(Signal.REWARD) or h.has(Signal.VAL_SCORE)):
         return ProgressReading(Progress.UNMEASURED, "the run logs no reward or validation score")
     n = cfg.outcome_points
-    readings = [_reading_at(h, step, cfg, reward_cfg, bcfg) for step in h.steps[-_HOLD_LOOKBACK * n :]]
-    if readings[-1].since is not None:
-        return readings[-1]
-    held = min(readings[-n:], key=lambda r: _SEVERITY_ORDER.index(r.progress))
-    if held.progress is Progress.SLOWING:
-        before = next((r for r in reversed(readings[:-n]) if r.progress is not Progress.SLOWING), None)
-        if before is not None and before.progress is Progress.STALLED:
-            return before
+    recent = [_reading_at(h, step, cfg, reward_cfg, bcfg) for step in h.steps[-n:]]
+    if recent[-1].since is not None:
+        return recent[-1]
+    held = min(recent, key=lambda r: _SEVERITY_ORDER.index(r.progress))
+    if held.progress is Progress.SLOWING:  # read further back only then
+        older = h.steps[-_HOLD_LOOKBACK * n : -n] if len(h.steps) > n else []
+        for step in reversed(older):
+            before = _reading_at(h, step, cfg, reward_cfg, bcfg)
+            if before.progress is not Progress.SLOWING:
+                return before if before.progress is Progress.STALLED else held
     return held
 
 
