@@ -55,6 +55,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.pool import NullPool
 
 from guardian.checks import CheckContext, build_checks
+from guardian.checks.policy import apply, read_progress
 from guardian.commands.watch.end import FileState
 from guardian.commands.watch.loop import FollowedFile, WatchLoop
 from guardian.commands.watch.trainer import TrainerLiveness
@@ -412,6 +413,7 @@ def replay_breakdown(path: Path) -> dict[str, float]:
     ctx = CheckContext(history, config.baseline)
     tracker = StatusTracker()
     spent: dict[str, float] = {"read+parse (iter_records)": 0.0, "history.add": 0.0, "tracker": 0.0}
+    spent["decision policy"] = 0.0
     spent.update({f"check {c.name}": 0.0 for c in checks})
     clock = time.perf_counter
     records = iter_records(path)
@@ -430,6 +432,9 @@ def replay_breakdown(path: Path) -> dict[str, float]:
                 start = clock()
                 findings.append(check.evaluate(ctx))
                 spent[f"check {check.name}"] += clock() - start
+            start = clock()
+            findings = apply(findings, read_progress(history, config.policy, config.reward_collapse, config.baseline))
+            spent["decision policy"] += clock() - start
             start = clock()
             tracker.update(findings)
             spent["tracker"] += clock() - start
