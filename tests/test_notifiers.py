@@ -529,9 +529,13 @@ def test_wandb_offline_alert_lands_in_the_run_file(wandb_env: Path) -> None:
     assert sys.modules["wandb"].run is None  # the notifier's run never became the process's wandb.run
     files = list((wandb_env / "wb").rglob("*.wandb"))
     assert len(files) == 1, files
-    data = files[0].read_bytes()
-    for alert in alerts:
-        assert alert.title.encode() in data and alert.text.encode() in data
+    wanted = [part.encode() for alert in alerts for part in (alert.title, alert.text)]
+    # wandb-core (its own process) may still be writing the file when finish() returns: wait for it, bounded
+    deadline = time.monotonic() + 30
+    while not all(part in (data := files[0].read_bytes()) for part in wanted) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    for part in wanted:
+        assert part in data, (part, len(data))
 
 
 def test_wandb_run_of_its_own_leaves_the_process_run_alone(wandb_env: Path) -> None:

@@ -5,7 +5,6 @@ clock."""
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import signal
@@ -618,31 +617,31 @@ class TmpfsDisk:
 
 
 class PageLimitDisk:
-    """Unprivileged stand-in: SQLite's ``max_page_count`` held at the file's size on the guardian's connections,
-    so growing the database fails with the same ``database or disk is full``."""
+    """Unprivileged stand-in: every write the guardian's SQLite connections try fails with SQLite's own
+    ``database or disk is full``. (A page cap alone is not enough: a write that fits in an existing page's slack,
+    like a table's first row, still lands, so which writes failed depended on timing.)"""
+
+    WRITES = ("insert", "update", "delete", "replace")
 
     def __init__(self, root: Path) -> None:
         root.mkdir()
         self.db = root / "guardian.db"
 
-    def _limit(self, dbapi_connection: sqlite3.Connection, _record: object) -> None:
-        (pages,) = dbapi_connection.execute("PRAGMA page_count").fetchone()
-        dbapi_connection.execute(f"PRAGMA max_page_count={pages}")
+    def _refuse_writes(self, cursor: sqlite3.Cursor, statement: str, parameters: object, context: object) -> None:
+        if statement.lstrip().lower().startswith(self.WRITES):
+            raise sqlite3.OperationalError("database or disk is full")
 
     def fill(self, store: Store) -> None:
-        store.close()
-        # a full disk still takes writes into the file's free pages (the schema's migrations leave some): none left
-        with contextlib.closing(sqlite3.connect(self.db)) as connection:
-            connection.execute("VACUUM")
-        event.listen(Engine, "connect", self._limit)  # the pool's next connections carry the limit
+        for name in ("do_execute", "do_executemany"):
+            event.listen(Engine, name, self._refuse_writes)
 
     def free(self, store: Store) -> None:
-        event.remove(Engine, "connect", self._limit)
-        store.close()
+        self.close()
 
     def close(self) -> None:
-        if event.contains(Engine, "connect", self._limit):
-            event.remove(Engine, "connect", self._limit)
+        for name in ("do_execute", "do_executemany"):
+            if event.contains(Engine, name, self._refuse_writes):
+                event.remove(Engine, name, self._refuse_writes)
 
 
 @pytest.fixture(params=["tmpfs", "page_limit"])
