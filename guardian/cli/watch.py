@@ -178,6 +178,7 @@ def _watch(
     total_steps: int | None,
     stop: threading.Event,
 ) -> WatchSummary:
+    from guardian.commands.view import Header
     from guardian.commands.watch.display import Display, LiveView, PlainProgress
     from guardian.commands.watch.loop import FollowedFile, WatchLoop
     from guardian.incidents.guardian import Guardian
@@ -217,9 +218,11 @@ def _watch(
     fields = {"run": run_id, "metrics": path, "db": store.url, "follow": not args.no_follow}
     log.info(event("watch", {**fields, "pid": args.pid, "total_steps": total_steps}))
     live = sys.stdout.isatty() and not args.no_live
-    with outlets(config, store, guardian, time.time, stop) as out:
+    # the live view's header shows the attempt, which the store holds
+    with outlets(config, store, guardian, time.time, stop, views_read_store=live) as out:
+        header = Header("guardian watch", mode="observe", trainer_pid=args.pid, total_steps=total_steps)
         display: Display = (
-            LiveView(guardian, out.snapshots.latest) if live else PlainProgress(guardian, _print, time.time)
+            LiveView(guardian, out.snapshots.latest, header) if live else PlainProgress(guardian, _print, time.time)
         )
         loop = WatchLoop(
             guardian,

@@ -18,15 +18,16 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-from rich.console import Group
-from rich.live import Live
 from sqlalchemy.exc import SQLAlchemyError
 
 from guardian.actions.dirlock import DirLockedError, holding
 from guardian.actions.launcher import holding_dumps
+from guardian.actions.overrides import effective_value
 from guardian.actions.patch import AttemptFiles
 from guardian.actions.process import LocalProcessControl
-from guardian.commands.view import run_view
+from guardian.actions.verl_keys import PatchError
+from guardian.commands.screen import LiveScreen
+from guardian.commands.view import Frame, Header, render, run_footer
 from guardian.config import GuardianConfig
 from guardian.exits import EXIT_GAVE_UP, EXIT_INTERRUPTED, EXIT_OK, EXIT_UNHEALTHY
 from guardian.fleet.outcome import meaning
@@ -36,14 +37,16 @@ from guardian.loop.guard import guard
 from guardian.loop.outlets import Outlets, outlets
 from guardian.loop.pace import PollPace
 from guardian.notify.setup import check_sinks
+from guardian.rescue.local import LocalTrainer
 from guardian.rescue.ray_jobs import JobsClient, RayJobsError, connect
 from guardian.rescue.ray_survivors import ClusterState, StateApi
 from guardian.rescue.supervisor import Supervisor
-from guardian.sinks.snapshot import GuardianSource
+from guardian.sinks.snapshot import GuardianSource, RunSnapshot
 from guardian.states import IncidentStatus, RunStatus, State
 from guardian.store import RunView, Store, StoreError
 
 log = get_logger("run")
+TOTAL_STEPS = "trainer.total_training_steps"
 # Test hook for the chaos tests: the guardian SIGKILLs itself right after committing this state.
 DIE_AFTER_ENV = "GUARDIAN_TEST_DIE_AFTER"
 
@@ -233,14 +236,39 @@ def _live_view(held: ExitStack, supervisor: Supervisor, snapshots: GuardianSourc
     """Start the run's live view, open while ``held`` is; returns what redraws it from each tick's snapshot."""
     if snapshots is None:
         raise ValueError("the live view draws the run's published snapshots: pass snapshots")
-    view = held.enter_context(Live(_render(supervisor), refresh_per_second=4))
-    return lambda ok: view.update(run_view(snapshots.latest))
+    total = run_total_steps(supervisor.trainer.argv(supervisor.command), supervisor.cwd)
+
+    def frame(snapshot: RunSnapshot) -> Frame:
+        header = Header("guardian run", supervisor.config.mode, trainer_pid(supervisor), total)
+        footer = run_footer(snapshot)
+        return Frame(lambda w, h: render(snapshot, header=header, footer=footer, width=w, height=h))
+
+    # the first frame: the run as ``start`` left it (a re-attach rebuilt its history), before the first tick publishes
+    first = GuardianSource(supervisor.guardian, supervisor.store, time.time).latest
+    view = held.enter_context(LiveScreen(frame(first)))
+    return lambda ok: view.update(frame(snapshots.latest))
 
 
-def _render(supervisor: Supervisor) -> Group:
-    """The live view's first frame: the run as ``start`` left it (a re-attach rebuilt its history), before the first
-    tick publishes its snapshot."""
-    return run_view(GuardianSource(supervisor.guardian, supervisor.store, time.time).latest)
+def trainer_pid(supervisor: Supervisor) -> int | None:
+    """The pid of the trainer's process group leader (the attempt's wrapper), when a local trainer runs."""
+    trainer = supervisor.trainer
+    if not isinstance(trainer, LocalTrainer) or trainer.attempt is None or trainer.attempt.handle is None:
+        return None
+    return trainer.attempt.handle.pid
+
+
+def run_total_steps(argv: Sequence[str], cwd: Path) -> int | None:
+    """``trainer.total_training_steps`` of the run's command (its overrides, else its config file); None when unset
+    (verl then derives it from the data) or unreadable."""
+    try:
+        value = effective_value(argv, TOTAL_STEPS, defaults={TOTAL_STEPS: None}, cwd=cwd)
+    except PatchError:
+        return None
+    try:
+        steps = int(str(value))
+    except ValueError:
+        return None
+    return steps if steps > 0 else None
 
 
 def run_guarded(config: GuardianConfig, request: RunRequest, *, stop: threading.Event | None = None) -> int:

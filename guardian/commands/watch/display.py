@@ -12,9 +12,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from rich.live import Live
+from rich.console import Console
 
-from guardian.commands.view import finding_line, progress_line, render
+from guardian.commands.screen import LiveScreen
+from guardian.commands.view import WATCH_HEADER, Frame, Header, finding_line, progress_line, render
 from guardian.commands.watch.end import FileState
 from guardian.incidents.guardian import Clock, Guardian, TickResult
 from guardian.sinks.snapshot import RunSnapshot
@@ -72,23 +73,29 @@ class PlainProgress:
 
 
 class LiveView:
-    """The live terminal table (rich), drawn from ``first`` (the snapshot published before the first tick), then
-    redrawn after every tick."""
+    """The live terminal view, drawn from ``first`` (the snapshot published before the first tick), then redrawn in
+    place after every tick on the alternate screen (``guardian.commands.screen``), at the terminal's size."""
 
-    def __init__(self, guardian: Guardian, first: RunSnapshot) -> None:
+    def __init__(
+        self, guardian: Guardian, first: RunSnapshot, header: Header = WATCH_HEADER, console: Console | None = None
+    ) -> None:
         self.guardian = guardian
-        self._live = Live(render(first), refresh_per_second=4)
+        self.header = header
+        self._screen = LiveScreen(self._frame(first, ""), console)
+
+    def _frame(self, snapshot: RunSnapshot, note: str) -> Frame:
+        return Frame(lambda width, height: render(snapshot, note, header=self.header, width=width, height=height))
 
     def __enter__(self) -> LiveView:
-        self._live.start()
+        self._screen.__enter__()
         return self
 
     def __exit__(self, *_: object) -> None:
-        self._live.stop()
+        self._screen.__exit__()
 
     def show(self, result: TickResult, file: FileState, snapshot: RunSnapshot) -> None:
         note = f"waiting for {self.guardian.metrics.path}" if file is FileState.MISSING else ""
-        self._live.update(render(snapshot, note))
+        self._screen.update(self._frame(snapshot, note))
 
     def finish(self, snapshot: RunSnapshot) -> None:
-        self._live.refresh()  # the last tick drew its snapshot already
+        pass  # the last tick drew its snapshot already; leaving the screen prints it once
