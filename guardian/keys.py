@@ -157,8 +157,20 @@ def signals_present(keys: set[str] | frozenset[str]) -> dict[Signal, str]:
     return found
 
 
-# Every raw key the checks can read: a replay parses only these.
+# Every raw key the checks can read: a replay parses only these (and CHECKED_PREFIXES), the store keeps only these.
 CHECKED_KEYS: frozenset[str] = frozenset(k for aliases in ALIASES.values() for k in aliases) | NON_FINITE_WATCHED_KEYS
+
+
+def is_checked_key(key: str) -> bool:
+    """Whether the checks read ``key`` (an exact key, or one under ``CHECKED_PREFIXES``): what the store keeps of a
+    metrics line. The report, the review, the checklist and the exporter read back no other key of a metrics line;
+    the metrics files stay the record of every key."""
+    return key in CHECKED_KEYS or key.startswith(CHECKED_PREFIXES)
+
+
+def checked_values(data: Mapping[str, float]) -> dict[str, float]:
+    """``data`` with only the keys the checks read (``is_checked_key``), in their order."""
+    return {key: value for key, value in data.items() if key in CHECKED_KEYS or key.startswith(CHECKED_PREFIXES)}
 
 
 # ==================================================================================================

@@ -6,8 +6,9 @@ The clock is injected, so tests drive ticks against files they write.
 Judging happens in memory; the store gets a tick's writes through ``store.writebehind.WriteBehind``: the
 steps of the tick and the findings and incidents they produced commit in one transaction (a guardian
 killed in between neither loses findings nor records them twice when it re-reads the file), and while
-the database refuses writes they wait in memory, in order, and the judging goes on. The lines naming
-stored rows (``event=incident_opened``, ``event=incident_recovered``) are logged once that transaction
+the database refuses writes they wait in memory, in order, and the judging goes on. Of a metrics line the
+store keeps the keys the checks read (``keys.is_checked_key``), all that any reader of the store reads back
+of it (the metrics files stay the record of every key). The lines naming stored rows (``event=incident_opened``, ``event=incident_recovered``) are logged once that transaction
 committed. Should the database refuse the unit for a bug (a constraint violated) rather than an outage, the
 tracker forgets the checks whose transitions it held: the next tick raises them again, and the incident a
 RAISED transition opens is opened then instead of never.
@@ -29,7 +30,7 @@ from guardian.history.timeline import Arrival, RunHistory, StepRecord
 from guardian.incidents.health import StepHealth
 from guardian.incidents.replay import feed_step
 from guardian.incidents.tracker import Change, StatusTracker, Transition
-from guardian.keys import signals_present
+from guardian.keys import checked_values, signals_present
 from guardian.logs import event, get_logger
 from guardian.sources.checkpoints import scan_checkpoints
 from guardian.sources.jsonl import MetricsBatch, NewSegment
@@ -266,7 +267,8 @@ class Guardian:
     def _flush(self, pending: list[StepRecord], work: TickWrites, now: float, branch: int | None = None) -> None:
         if pending and self.attempt_id is not None:
             line = self.history.branch if branch is None else branch
-            work.parts.append(partial(_write_steps, self.run_id, self.attempt_id, line, list(pending), now))
+            stored = [StepRecord(r.step, checked_values(r.data)) for r in pending]  # see keys.is_checked_key
+            work.parts.append(partial(_write_steps, self.run_id, self.attempt_id, line, stored, now))
         pending.clear()
 
     def _commit_work(self, work: TickWrites) -> TickWrites:
