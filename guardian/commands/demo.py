@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import math
+import signal
 import statistics
 import sys
 import threading
@@ -26,11 +27,13 @@ from guardian.checks.findings import Severity
 from guardian.commands.run import guard_loop, local_supervisor, register_run
 from guardian.config import GuardianConfig
 from guardian.demo.scenarios import SCENARIOS, RunFiles
+from guardian.exits import EXIT_INTERRUPTED
 from guardian.keys import Signal
 from guardian.logs import logging_to_file
 from guardian.loop.outlets import outlets
 from guardian.notify.compose import at_step, format_setting, format_value
 from guardian.rescue.policy import CRASH_OUTPUT_EVIDENCE
+from guardian.rescue.supervisor import Supervisor
 from guardian.sinks.snapshot import RunSnapshot
 from guardian.store import IncidentView, InterventionView, StateDetail, Store, config_changes
 
@@ -144,14 +147,25 @@ class Narrator:
 
 def _values(snapshot: RunSnapshot) -> str:
     parts = []
-    for signal in (Signal.REWARD, Signal.ENTROPY, Signal.EGR):
-        value = snapshot.signals.get(signal)
+    for shown in (Signal.REWARD, Signal.ENTROPY, Signal.EGR):
+        value = snapshot.signals.get(shown)
         if value is not None and math.isfinite(value):
-            parts.append(f"{signal.value} {value:.3f}")
+            parts.append(f"{shown.value} {value:.3f}")
     return "  ".join(parts)
 
 
 def run_demo(config: GuardianConfig, *, scenario: str, json_output: bool) -> int:
+    """The demo; Ctrl-C or SIGTERM stop it (its trainer too) and still print its summary, never a traceback."""
+    stop = threading.Event()
+    previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        return _demo(config, scenario=scenario, json_output=json_output, stop=stop)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _demo(config: GuardianConfig, *, scenario: str, json_output: bool, stop: threading.Event) -> int:
     config = demo_config(config)
     run_id = f"demo-{scenario}-{time.strftime('%Y%m%d-%H%M%S')}"
     root = config.home.resolve() / "runs" / run_id
@@ -176,11 +190,19 @@ def run_demo(config: GuardianConfig, *, scenario: str, json_output: bool) -> int
         ) as store,
     ):
         console.print(f"  every event line: {log_file}")
+        if config.exporter.enabled:
+            console.print(f"  metrics: {metrics_url(config)} while the demo runs")
         supervisor = local_supervisor(config, store, run_id=run_id, command=command, cwd=files.root)
         register_run(store, supervisor, name=f"demo {scenario}")
         narrate = Narrator(console, store, run_id)
-        stop = threading.Event()
-        with outlets(config, store, supervisor.guardian, time.time, stop) as out:
+
+        def lingering(url: str, seconds: float) -> None:
+            console.print(
+                f"serving the final state on {url} for {seconds:.0f} s more, so Prometheus scrapes it "
+                "(exporter.linger_s); Ctrl-C to stop now"
+            )
+
+        with outlets(config, store, supervisor.guardian, time.time, stop, on_linger=lingering) as out:
             supervisor.announce = out.announce
             supervisor.start()
             code = guard_loop(
@@ -191,39 +213,68 @@ def run_demo(config: GuardianConfig, *, scenario: str, json_output: bool) -> int
                 after_tick=lambda ok: narrate(out.snapshots.latest),  # the tick's snapshot is published by then
                 snapshots=out.snapshots,
             )
-        incidents = store.list_incidents(run_id)
-        if json_output:
-            document = {
-                "run": run_id,
-                "scenario": scenario,
-                "exit_code": code,
-                "last_step": supervisor.guardian.history.last_step,
-                "incidents": [
-                    {
-                        **detail.to_json(),
-                        "interventions": [
-                            {**iv.to_json(), "events": [e.to_json() for e in store.intervention_events(iv.id)]}
-                            for iv in store.interventions(incident_id=i.id)
-                        ],
-                    }
-                    for i in incidents
-                    if (detail := store.get_incident(i.id)) is not None
-                ],
-                "store": store.url,
-            }
-            sys.stdout.write(orjson.dumps(document, option=orjson.OPT_INDENT_2).decode() + "\n")
-        else:
-            last = supervisor.guardian.history.last_step
-            outcome = {0: "[bold green]finished[/]", 93: "[bold red]gave up (exit 93: do not requeue)[/]"}
-            console.print(f"\nrun {run_id}: {outcome.get(code or 0, f'exit {code}')} at step {last}")
-            reward = [v for v in supervisor.guardian.history.signal(Signal.REWARD).values if math.isfinite(v)]
-            if len(reward) >= 2 * FINAL_STEPS:
-                start, end = statistics.fmean(reward[:FINAL_STEPS]), statistics.fmean(reward[-FINAL_STEPS:])
-                console.print(f"  reward {start:.2f} over the first {FINAL_STEPS} steps, {end:.2f} over the last")
-            for line in incident_lines(list(reversed(incidents))):
-                console.print(escape(line))
-            console.print(f"history: {store.url}; trainer files: {files.root}")
-        return code or 0
+            if code is None:  # Ctrl-C or SIGTERM: the demo's trainer is the demo's own, it does not outlive it
+                console.print("\n[yellow]interrupted[/]: stopping the demo's trainer")
+                supervisor.trainer.stop(reason="demo interrupted")
+            # the summary before the exporter's linger, which would otherwise hold it back
+            _summary(console, store, supervisor, run_id, scenario, code, json_output, files)
+        return code if code is not None else EXIT_INTERRUPTED
+
+
+def metrics_url(config: GuardianConfig) -> str:
+    """Where the exporter serves (the port as configured: 0 is a free port, named on the event=exporter line)."""
+    port = config.exporter.port or "PORT"
+    return f"http://{config.exporter.host}:{port}/metrics"
+
+
+def _summary(
+    console: Console,
+    store: Store,
+    supervisor: Supervisor,
+    run_id: str,
+    scenario: str,
+    code: int | None,
+    json_output: bool,
+    files: RunFiles,
+) -> None:
+    """The demo's closing lines (or, with ``--json``, its incident timeline)."""
+    incidents = store.list_incidents(run_id)
+    if json_output:
+        document = {
+            "run": run_id,
+            "scenario": scenario,
+            "exit_code": code,
+            "last_step": supervisor.guardian.history.last_step,
+            "incidents": [
+                {
+                    **detail.to_json(),
+                    "interventions": [
+                        {**iv.to_json(), "events": [e.to_json() for e in store.intervention_events(iv.id)]}
+                        for iv in store.interventions(incident_id=i.id)
+                    ],
+                }
+                for i in incidents
+                if (detail := store.get_incident(i.id)) is not None
+            ],
+            "store": store.url,
+        }
+        sys.stdout.write(orjson.dumps(document, option=orjson.OPT_INDENT_2).decode() + "\n")
+        sys.stdout.flush()
+        return
+    last = supervisor.guardian.history.last_step
+    outcome = {
+        0: "[bold green]finished[/]",
+        93: "[bold red]gave up (exit 93: do not requeue)[/]",
+        None: "[yellow]interrupted[/]",
+    }
+    console.print(f"\nrun {run_id}: {outcome.get(code, f'exit {code}')} at step {last}")
+    reward = [v for v in supervisor.guardian.history.signal(Signal.REWARD).values if math.isfinite(v)]
+    if len(reward) >= 2 * FINAL_STEPS:
+        start, end = statistics.fmean(reward[:FINAL_STEPS]), statistics.fmean(reward[-FINAL_STEPS:])
+        console.print(f"  reward {start:.2f} over the first {FINAL_STEPS} steps, {end:.2f} over the last")
+    for line in incident_lines(list(reversed(incidents))):
+        console.print(escape(line))
+    console.print(f"history: {store.url}; trainer files: {files.root}")
 
 
 def incident_lines(incidents: Sequence[IncidentView]) -> list[str]:

@@ -40,14 +40,22 @@ def outlets(
     stop: threading.Event,
     *,
     views_read_store: bool = False,
+    on_linger: Callable[[str, float], None] | None = None,
 ) -> Iterator[Outlets]:
     """The run's notifiers and snapshots while the block runs; ``stop`` (Ctrl-C, SIGTERM) also ends the exporter's
     linger. ``views_read_store``: a view shows what the store holds, so the snapshots read it even when the
-    exporter is off."""
+    exporter is off. ``on_linger(url, seconds)``: told when the exporter's linger starts (``sinks.export.serving``)."""
     with (
         notifying(config, store, guardian.run_id, clock, os.environ) as dispatcher,
         exporting(
-            guardian, store, config.exporter, clock, stop, sink_names(config), views_read_store=views_read_store
+            guardian,
+            store,
+            config.exporter,
+            clock,
+            stop,
+            sink_names(config),
+            views_read_store=views_read_store,
+            on_linger=on_linger,
         ) as snapshots,
     ):
         yield Outlets(dispatcher.announce, snapshots)

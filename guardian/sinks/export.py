@@ -4,7 +4,7 @@ loop runs (``exporter`` in guardian.yaml); ``FleetSource`` serves several runs' 
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Protocol
 
@@ -28,12 +28,13 @@ def exporting(
     sinks: Sequence[str] = (),
     *,
     views_read_store: bool = False,
+    on_linger: Callable[[str, float], None] | None = None,
 ) -> Iterator[GuardianSource]:
     """Serve ``/metrics`` while the block runs; yields the run's snapshots, to call after every tick with whether
     it succeeded (``guardian_last_poll_success``): that publishes the tick's snapshot, which the terminal views
     draw too (``latest``). Disabled: serves nothing, and the snapshots read the store only when
     ``views_read_store`` (a view shows what it holds); else they are the guardian's memory alone. When the block
-    ends the run's snapshots say ``guardian_up 0``, served for the linger (``serving``).
+    ends the run's snapshots say ``guardian_up 0``, served for the linger (``serving``; ``on_linger`` is told).
     """
     source = GuardianSource(
         guardian,
@@ -46,7 +47,7 @@ def exporting(
     if not cfg.enabled:
         yield source
         return
-    with serving(source, cfg, stop, {"run": guardian.run_id}):
+    with serving(source, cfg, stop, {"run": guardian.run_id}, on_linger):
         try:
             yield source
         finally:
@@ -55,16 +56,22 @@ def exporting(
 
 @contextmanager
 def serving(
-    source: ExportSource, cfg: ExporterConfig, stop: threading.Event | None, fields: Mapping[str, object]
+    source: ExportSource,
+    cfg: ExporterConfig,
+    stop: threading.Event | None,
+    fields: Mapping[str, object],
+    on_linger: Callable[[str, float], None] | None = None,
 ) -> Iterator[None]:
     """Serve ``source`` on ``/metrics`` (``cfg``'s host and port) while the block runs, then keep serving for
     ``cfg.linger_s`` (the caller has made its snapshots say ``guardian_up 0``), so the last state (a gave-up, the
     final counters) is scraped and a stop reads differently from a crash (whose series just vanish). That holds
     for a stop by signal too (``stop`` set: the first Ctrl-C or SIGTERM); a second one, setting ``stop`` again,
     ends the linger. An exception (Ctrl-C as KeyboardInterrupt in ``guardian demo``) ends it at once. ``fields``
-    go on the ``event=exporter`` line."""
+    go on the ``event=exporter`` line; ``on_linger(url, seconds)`` is called as the linger starts, once a Ctrl-C
+    would end it (a command tells the person at the terminal what it waits for)."""
     server, thread = serve(source, cfg.host, cfg.port, allow_public=cfg.allow_public)
-    log.info(event("exporter", {"url": f"http://{cfg.host}:{server.server_port}/metrics", **fields}))
+    url = f"http://{cfg.host}:{server.server_port}/metrics"
+    log.info(event("exporter", {"url": url, **fields}))
     ended = False
     try:
         yield
@@ -75,6 +82,8 @@ def serving(
             if ended and cfg.linger_s > 0:  # not after an exception
                 stop.clear()
                 log.info(event("exporter_linger", {"seconds": cfg.linger_s, "skip": "Ctrl-C"}))
+                if on_linger is not None:
+                    on_linger(url, cfg.linger_s)
                 stop.wait(cfg.linger_s)
                 stop.set()
         finally:
