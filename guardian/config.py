@@ -346,6 +346,13 @@ class SourcesConfig(_Section):
         description="Seconds between reads of a running job's logs for the mirror; each read fetches the whole log "
         "(Ray 2.60's Jobs API has no offset), so a long log costs the dashboard more per read.",
     )
+    forwarding_grace_s: float = Field(
+        10.0,
+        gt=0,
+        description="guardian run: once the trainer's output shows a step line, its metrics file must hold a line "
+        'within this many seconds, else one error says the launch (a script not ending in "$@") dropped the '
+        "guardian's arguments.",
+    )
 
 
 class StoreConfig(_Section):

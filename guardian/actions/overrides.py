@@ -2,7 +2,10 @@
 
 A launch is ``[prefix…] python -m verl.trainer.main_ppo [--config-path=DIR] [--config-name=NAME]
 key=value +key=value ++key=value ~key …`` (also ``python3``, wrappers before ``python``, a script path
-instead of ``-m``, and ``guardian.demo.trainer``, which takes the same overrides). The guardian never
+instead of ``-m``, and ``guardian.demo.trainer``, which takes the same overrides), or a shell script that ends in
+``python3 -m verl.trainer.main_ppo … "$@"`` (``bash train.sh key=value …``): only the arguments after the script
+are read, what the script sets itself is unknown (``UnknownKey``), and every key the guardian writes is appended as
+``++key=value``, which Hydra applies last whatever the script did to the key before. The guardian never
 rewrites what it does not need to: ``with_overrides`` replaces or appends only the keys it changes, and
 writes ``++key`` for keys outside verl's YAML, because Hydra's struct mode refuses a plain override of
 a missing key (facts §4). Values use a subset of Hydra's override grammar; tests check it against
@@ -35,6 +38,11 @@ _CONFIG_FLAGS = {
     **dict.fromkeys(("--config-dir", "-cd"), "dir"),
 }
 _INTERPOLATION = re.compile(r"\$\{([A-Za-z_][\w.]*)\}")
+_SHELLS = frozenset({"bash", "sh", "dash", "zsh", "ksh"})
+
+
+class UnknownKey(PatchError):
+    """A key a launch script may set itself: the guardian does not read a script's own arguments."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,11 +72,12 @@ class LaunchCommand:
     config_dir: str | None
     overrides: tuple[Override, ...]
     positions: tuple[int, ...]
+    script: bool = False  # ``entry`` is a shell script that forwards its arguments ("$@") to the trainer
 
     @property
     def is_verl(self) -> bool:
         """Launches verl itself (not the demo trainer), so verl's Hydra tree applies."""
-        return self.entry.startswith("verl.") or self.entry.endswith("main_ppo.py")
+        return not self.script and (self.entry.startswith("verl.") or self.entry.endswith("main_ppo.py"))
 
     def override_texts(self) -> list[str]:
         return [o.text() for o in self.overrides]
@@ -83,16 +92,36 @@ def parse_override(token: str) -> Override | None:
     return Override(op, match.group(2), match.group(3))
 
 
+def _script_start(argv: tuple[str, ...]) -> int | None:
+    """Index just past a launch script's path (``bash [-flags] train.sh``, ``./train.sh``), or None."""
+    for i, token in enumerate(argv):
+        if token.endswith(".sh"):
+            return i + 1
+        if token.rsplit("/", 1)[-1] in _SHELLS:
+            j = i + 1
+            while j < len(argv) and argv[j].startswith("-") and argv[j] not in ("-c", "--"):
+                j += 1
+            if j < len(argv) and argv[j] in ("-c", "--"):
+                raise PatchError(
+                    f"{' '.join(argv)!r}: an inline shell command cannot take the guardian's arguments; put it in a "
+                    "script whose python command ends in \"$@\" and run 'bash SCRIPT key=value …'"
+                )
+            return j + 1 if j < len(argv) else None
+    return None
+
+
 def parse_command(argv: Sequence[str]) -> LaunchCommand:
-    """Split a launch argv; PatchError when it runs no Python module or script we can patch."""
+    """Split a launch argv; PatchError when it runs no Python module, script or launch script we can patch."""
     argv = tuple(argv)
     start = next((i + 2 for i, a in enumerate(argv[:-1]) if a == "-m"), None)
     if start is None:
         start = next((i + 1 for i, a in enumerate(argv) if a.endswith(".py")), None)
+    script = _script_start(argv[: start - 1] if start is not None else argv)
+    start = script if script is not None else start
     if start is None:
         raise PatchError(
-            f"cannot find the trainer in {' '.join(argv)!r}: expected 'python -m verl.trainer.main_ppo …' "
-            "or 'python path/to/script.py …' (pass the python command itself, not a shell script)"
+            f"cannot find the trainer in {' '.join(argv)!r}: expected 'python -m verl.trainer.main_ppo …', "
+            "'python path/to/script.py …' or 'bash train.sh …' (a script whose python command ends in \"$@\")"
         )
     config: dict[str, str] = {}
     overrides: list[Override] = []
@@ -119,6 +148,7 @@ def parse_command(argv: Sequence[str]) -> LaunchCommand:
         config.get("dir"),
         tuple(overrides),
         tuple(positions),
+        script is not None,
     )
 
 
@@ -223,6 +253,11 @@ class EffectiveConfig:
         cmd = command if isinstance(command, LaunchCommand) else parse_command(command)
         eff = cls(cmd, defaults, (cwd or Path.cwd()).resolve())
         eff._load_yaml()
+        if cmd.script:
+            eff.notes.append(
+                f"{cmd.entry} is a launch script: the guardian reads only the arguments after it; what the script "
+                "sets itself is unknown to it, and its own overrides are appended after the script's (last wins)"
+            )
         return eff
 
     def _load_yaml(self) -> None:
@@ -296,6 +331,11 @@ class EffectiveConfig:
             node = node[part]
         else:
             return node
+        if self.command.script:
+            raise UnknownKey(
+                f"{key}: unknown - {self.command.entry} may set it, and the guardian does not read a script's own "
+                f'arguments; pass {key}=VALUE after the script (it forwards "$@", so that value wins)'
+            )
         if key in self.defaults:
             return self.defaults[key]
         raise PatchError(f"{key}: not on the command line, not in the config file, and no verl default is known")
@@ -325,8 +365,9 @@ def with_overrides(
     command: LaunchCommand | Sequence[str], changes: Mapping[str, object], *, known_keys: Collection[str]
 ) -> list[str]:
     """The argv with each key in ``changes`` set: its last occurrence replaced in place (earlier ones dropped),
-    or appended. ``key=v`` for keys in verl's YAML (``known_keys``), ``++key=v`` otherwise or when the command
-    already used ``+``/``++`` for it (add-or-override works whether or not the key exists)."""
+    or appended. ``key=v`` for keys in verl's YAML (``known_keys``), ``++key=v`` otherwise, when the command
+    already used ``+``/``++`` for it, or for a launch script (add-or-override works whether or not the key exists,
+    even after the script's own ``~key``)."""
     cmd = command if isinstance(command, LaunchCommand) else parse_command(command)
     argv: list[str | None] = list(cmd.argv)
     appended: list[str] = []
@@ -334,7 +375,7 @@ def with_overrides(
         if key.startswith(("+", "~")) or parse_override(f"{key}=x") is None:
             raise PatchError(f"{key!r} is not a plain dotted key; the guardian chooses the '+' prefix itself")
         hits = [(pos, o) for pos, o in zip(cmd.positions, cmd.overrides, strict=True) if o.key == key]
-        plus = key not in known_keys or any(o.op in ("+", "++") for _, o in hits)
+        plus = cmd.script or key not in known_keys or any(o.op in ("+", "++") for _, o in hits)
         text = f"{'++' if plus else ''}{key}={render_value(value)}"
         for pos, _ in hits[:-1]:
             argv[pos] = None

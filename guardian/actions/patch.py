@@ -6,7 +6,10 @@ next rung compounds on the previous one.
 Every resulting value is validated (``verl_keys.validate``) and the final argv is composed with verl's
 Hydra config when verl is installed. verl restores LR and scheduler from the checkpoint's optimizer/extra
 state (verified on verl 0.9.1: shared/verl-0.9.1-run), so whenever the LR changes the resume loads the
-model only (``load_contents=[model]``) and the plan says that optimizer state was reset. Pure: no processes.
+model only (``load_contents=[model]``) and the plan says that optimizer state was reset. A launch script's own
+arguments are unknown (``overrides.UnknownKey``): a ``set`` applies regardless (its diff says the value before
+was unknown), a change that needs the current value is refused, naming the key to pass after the script.
+Pure: no processes.
 """
 
 from __future__ import annotations
@@ -23,7 +26,14 @@ from guardian.actions.ladder import (
     Change,
     Rung,
 )
-from guardian.actions.overrides import EffectiveConfig, LaunchCommand, parse_command, parse_value, with_overrides
+from guardian.actions.overrides import (
+    EffectiveConfig,
+    LaunchCommand,
+    UnknownKey,
+    parse_command,
+    parse_value,
+    with_overrides,
+)
 from guardian.actions.verl_keys import ENV_VARS, PatchError, compose_check, validate
 
 
@@ -72,15 +82,20 @@ def prepare_attempt(
     base = (cwd or Path.cwd()).resolve()
     cmd = parse_command(command)
     eff = EffectiveConfig.of(cmd, verl_keys.defaults(), base)
+    if cmd.script:
+        _script_gives(eff, "trainer.logger", "[console,wandb,file]", "your script's loggers plus file")
+        _script_gives(eff, "trainer.default_local_dir", "/abs/ckpt", "where the guardian finds the checkpoints")
     loggers = eff.get("trainer.logger")
     loggers = parse_value(loggers) if isinstance(loggers, str) else loggers  # '["console","file"]' as text
     loggers = [loggers] if isinstance(loggers, str) else list(loggers) if isinstance(loggers, list | tuple) else []
     changes: dict[str, object] = {} if "file" in loggers else {"trainer.logger": [*loggers, "file"]}
-    users = (eff if user_command is None else EffectiveConfig.of(user_command, verl_keys.defaults(), base)).get(
-        "trainer.rollout_data_dir"
+    users = known(
+        eff if user_command is None else EffectiveConfig.of(user_command, verl_keys.defaults(), base),
+        "trainer.rollout_data_dir",
     )
+    users = None if users is UNKNOWN else users  # a script's own: the guardian's, appended, wins over it
     rollout = base / str(users or rollout_dir)
-    if eff.get("trainer.rollout_data_dir") != (users or str(rollout)):
+    if known(eff, "trainer.rollout_data_dir") != (users or str(rollout)):
         changes["trainer.rollout_data_dir"] = users or str(rollout)
     metrics = base / metrics_path
     changes[ENV_VARS + "VERL_FILE_LOGGER_PATH"] = str(metrics)
@@ -94,6 +109,27 @@ def prepare_attempt(
     argv = with_overrides(cmd, changes, known_keys=verl_keys.yaml_keys())
     env = {"VERL_FILE_LOGGER_PATH": str(metrics)}
     return AttemptFiles(tuple(argv), env, metrics, rollout, bool(users), base / ckpt)
+
+
+UNKNOWN = "unknown (set inside the launch script, if at all)"
+
+
+def known(eff: EffectiveConfig, key: str) -> object:
+    """``eff.get(key)``, or ``UNKNOWN`` when a launch script may set the key itself."""
+    try:
+        return eff.get(key)
+    except UnknownKey:
+        return UNKNOWN
+
+
+def _script_gives(eff: EffectiveConfig, key: str, example: str, why: str) -> None:
+    """PatchError unless the arguments after a launch script set ``key``, which the guardian must know."""
+    if known(eff, key) is UNKNOWN:
+        raise PatchError(
+            f"{key} is not among the arguments after {eff.command.entry}: the guardian cannot read what the script "
+            f"sets itself and must know it ({why}); pass it after the script, e.g. '{key}={example}' (the script "
+            'forwards "$@" to the trainer, so that value wins)'
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,6 +164,11 @@ def _same(a: object, b: object) -> bool:
 def _apply(change: Change, before: object) -> object:
     if "set" in change.model_fields_set:
         return change.set
+    if before is UNKNOWN:
+        raise PatchError(
+            f"cannot apply {change.describe()}: the run's current {change.key} is unknown (its launch script may set "
+            f"it); pass {change.key}=VALUE after the script so the guardian can compute the new value"
+        )
     if isinstance(before, bool) or not isinstance(before, int | float):
         raise PatchError(f"cannot apply {change.describe()}: the run's current value is {before!r}, not a number")
     if change.multiply is not None:
@@ -154,10 +195,13 @@ def plan_patch(command: Sequence[str], rung: Rung, *, resume_from: str | None, r
     eff = EffectiveConfig.of(cmd, verl_keys.defaults(), run_files.cwd)
     notes, staged = list(eff.notes), dict[str, object]()
     for change in rung.changes:
-        current = {k: staged[k] if k in staged else eff.get(k) for k in (*change.when, change.key)}
+        current = {k: staged[k] if k in staged else known(eff, k) for k in (*change.when, change.key)}
+        for k in change.when:
+            if current[k] is UNKNOWN:
+                eff.get(k)  # raises UnknownKey, naming the key to pass after the script
         if all(_same(current[k], v) for k, v in change.when.items()):
             staged[change.key] = validate(change.key, _apply(change, current[change.key]))
-    changed = {k: v for k, v in staged.items() if not _same(v, eff.get(k))}
+    changed = {k: v for k, v in staged.items() if not _same(v, known(eff, k))}
     reset = bool(rung.reset_optimizer) or LR in changed
     if reset:
         changed[LOAD_CONTENTS] = ["model"]
@@ -207,13 +251,13 @@ def _finish(
     rung: str | None,
     reset: bool,
 ) -> PatchPlan:
-    contents = eff.get(LOAD_CONTENTS)
+    contents = known(eff, LOAD_CONTENTS)
     if not reset and isinstance(contents, list) and "optimizer" not in contents:
         notes.append(f"the command already sets load_contents={contents}: optimizer state is not restored")
     changed = {k: validate(k, v) for k, v in changed.items()}
     files = run_files.prepare(with_overrides(cmd, changed, known_keys=verl_keys.yaml_keys()))
     notes.append(_compose_note(parse_command(files.argv), {*changed, "trainer.logger", "trainer.rollout_data_dir"}))
-    diff = tuple((k, eff.get(k), v) for k, v in changed.items() if not _same(v, eff.get(k)))
+    diff = tuple((k, known(eff, k), v) for k, v in changed.items() if not _same(v, known(eff, k)))
     resume = changed.get("trainer.resume_from_path") if changed["trainer.resume_mode"] == "resume_path" else None
     return PatchPlan(files.argv, diff, tuple(notes), None if resume is None else str(resume), files, rung, reset)
 
@@ -221,6 +265,9 @@ def _finish(
 def _compose_note(cmd: LaunchCommand, written: set[str]) -> str:
     """Compose the final overrides with verl's Hydra tree: all of them when the run uses verl's own config,
     else only those the guardian wrote (the user's config file may add keys verl's tree lacks)."""
+    if cmd.script:
+        ours = [o.text() for o in cmd.overrides if o.key in written or o.key.startswith(ENV_VARS)]
+        return compose_check(ours) + f" (the guardian's overrides only; {cmd.entry}'s own arguments are not read)"
     if not cmd.is_verl:
         return f"{cmd.entry} is not verl: values checked against the guardian's verl 0.9.1 key list"
     if cmd.config_path is None and cmd.config_dir is None:

@@ -25,7 +25,12 @@ def register(add: AddCommand) -> None:
         help="start a new run even if the store records this one as over (finished, or gave up: 93); it gets the "
         "run id with a timestamp added. Without it such a run is not launched again: it answers its recorded exit",
     )
-    p.add_argument("--dry-run", action="store_true", help="print the command the first attempt would run, and exit")
+    p.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print the command the first attempt would run (the arguments the guardian appends, the variables it "
+        "exports), and exit",
+    )
     p.add_argument("--no-live", action="store_true", help="no live terminal view (logs only)")
     p.add_argument("--export", type=int, metavar="PORT", help="serve Prometheus metrics on 127.0.0.1:PORT")
     p.add_argument(
@@ -33,7 +38,12 @@ def register(add: AddCommand) -> None:
         metavar="ADDR",
         help="submit the trainer as Ray Jobs to this cluster's dashboard (http://HEAD:8265) instead of a local process",
     )
-    p.add_argument("command", nargs=argparse.REMAINDER, help="-- python -m verl.trainer.main_ppo key=value ...")
+    p.add_argument(
+        "command",
+        nargs=argparse.REMAINDER,
+        help="-- python -m verl.trainer.main_ppo key=value ..., or -- bash train.sh key=value ... (a script whose "
+        'python command ends in "$@"; the guardian appends its arguments after yours)',
+    )
     p.set_defaults(func=cmd_run)
 
     p = add("demo", "The closed loop on CPU: a tiny verl-compatible GRPO run, guarded in enforce mode.")

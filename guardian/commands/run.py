@@ -24,6 +24,7 @@ from guardian.actions.dirlock import DirLockedError, holding
 from guardian.actions.launcher import holding_dumps
 from guardian.actions.overrides import effective_value
 from guardian.actions.patch import AttemptFiles
+from guardian.actions.preview import launch_preview
 from guardian.actions.process import LocalProcessControl
 from guardian.actions.verl_keys import PatchError
 from guardian.commands.screen import LiveScreen
@@ -345,12 +346,8 @@ def guard_request(
         )
         if request.dry_run:
             files = supervisor.files.prepare(command)
-            sys.stdout.write(
-                orjson.dumps(
-                    {"argv": list(files.argv), "env": dict(files.env), "cwd": str(cwd)}, option=orjson.OPT_INDENT_2
-                ).decode()
-                + "\n"
-            )
+            preview = launch_preview(command, files, cwd)
+            sys.stdout.write(orjson.dumps(preview, option=orjson.OPT_INDENT_2).decode() + "\n")
             return 0
         with ExitStack() as held:
             try:  # one guardian per checkpoint dir, taken before the run is registered or anything starts

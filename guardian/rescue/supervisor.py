@@ -27,9 +27,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from guardian.actions.launcher import RunFolder
+from guardian.actions.overrides import parse_command
 from guardian.actions.patch import RunFiles
 from guardian.actions.pins import pinned_steps
 from guardian.actions.process import ExitStatus, TrainerControl
+from guardian.actions.verl_keys import PatchError
 from guardian.checks.findings import Severity
 from guardian.checks.stall import typical_step_seconds
 from guardian.config import GuardianConfig
@@ -50,6 +52,7 @@ from guardian.rescue.ray_survivors import ClusterState
 from guardian.rescue.snapshot import RescueSnapshot, StandingFinding, TrainerFacts
 from guardian.sources.checkpoints import resumable, scan_checkpoints
 from guardian.sources.console import ConsoleFile
+from guardian.sources.forwarding import Dropped, ForwardingWatch
 from guardian.sources.jsonl import MetricsFile
 from guardian.sources.rollouts import RolloutDir
 from guardian.states import Kind, Mode, State
@@ -136,6 +139,7 @@ class Supervisor:
             planner=LocalPlanner(self.config, self._current_argv, lambda: self._run_files(self._next_attempt_number())),
             after_commit=self.after_commit,
         )
+        self._forwarding: ForwardingWatch | None = None  # the followed attempt's check that it got our arguments
         self.busy = False  # the last tick saw something move (a line, a transition, an intervention state to act in)
         self._store_wait = StoreWait(limit_s=self.config.store.outage_wait_s)
         self._latest: RescueSnapshot | None = None  # the rescue pass's last snapshot (the pin pass reads it)
@@ -177,6 +181,7 @@ class Supervisor:
             self.guardian.rebuild(self._metrics_source(Path(attempt.metrics_path), attempt.number), dumps)
         argv = stored_argv(latest.command) or self.command
         self.trainer.attach(latest, argv)
+        self._watch_forwarding(latest.number)
         stored = self.store.latest_step_of_attempt(latest.id)
         self.guardian.switch_attempt(
             latest.id,
@@ -191,6 +196,24 @@ class Supervisor:
         self.guardian.switch_attempt(
             attempt_id, self._metrics_source(self.folder.metrics(number), number), self._rollouts_of(number, argv)
         )
+        self._watch_forwarding(number)
+
+    def _watch_forwarding(self, number: int) -> None:
+        """Check that attempt ``number`` of a local trainer got the guardian's arguments (``sources.forwarding``)."""
+        if self.jobs is None:
+            self._forwarding = ForwardingWatch(
+                self.folder.stdout(number),
+                self.folder.metrics(number),
+                self.config.sources.forwarding_grace_s,
+                self.clock,
+                self.config.sources.max_line_bytes,
+            )
+
+    def _check_forwarding(self) -> None:
+        """The one error line when the followed attempt prints steps but its metrics file stays empty."""
+        dropped = self._forwarding.poll() if self._forwarding is not None else None
+        if dropped is not None:
+            log.error(event("arguments_not_forwarded", forwarding_fields(self.run_id, self.command, dropped)))
 
     # -- one pass ---------------------------------------------------------------------------------
     def tick(self) -> int | None:
@@ -208,6 +231,7 @@ class Supervisor:
             raise
         moved = self.guardian.tick()
         self.busy = bool(moved.new_steps or moved.transitions or moved.bad_lines)
+        aside(self.run_id, "forwarding", self._check_forwarding)
         if not self.guardian.store_degraded:
             try:
                 code = self._rescue(exit_status)
@@ -383,6 +407,26 @@ class Supervisor:
 
     def _current_argv(self) -> tuple[str, ...]:
         return self.trainer.argv(self.command)
+
+
+def forwarding_fields(run_id: str, command: Sequence[str], dropped: Dropped) -> dict[str, object]:
+    """What ``event=arguments_not_forwarded`` says: what was seen, what it means, what to do."""
+    try:
+        cmd = parse_command(command)
+    except PatchError:
+        cmd = None
+    launch = f"the python command in {cmd.entry}" if cmd is not None and cmd.script else "the launch command"
+    return {
+        "run": run_id,
+        "step": dropped.step,
+        "metrics": dropped.metrics,
+        "stdout": dropped.stdout,
+        "message": f"the trainer printed step {dropped.step} but wrote nothing to the metrics file the guardian told "
+        f"it to use: {launch} does not pass on the arguments the guardian appended (file logger, rollout dumps, "
+        "resume path, patches), so the guardian sees no metrics and a rollback or patch would not reach the trainer",
+        "fix": f'end {launch} with "$@" (python3 -m verl.trainer.main_ppo ... "$@"), stop this run '
+        f"(guardian stop {run_id}) and start it again",
+    }
 
 
 def stored_argv(value: object) -> tuple[str, ...]:
