@@ -258,6 +258,27 @@ class StallConfig(CheckBase):
     critical_factor: float = Field(5.0, gt=1, description="Critical after this × the typical step time.")
     min_seconds: float = Field(60.0, gt=0, description="Never call a stall before this many seconds.")
     startup_seconds: float = Field(3600.0, gt=0, description="Critical when no step arrives this long after start.")
+    startup_learned_factor: float = Field(
+        3.0,
+        ge=1,
+        description="A relaunch (a restart or a rollback: it also loads a checkpoint) may take this × the first "
+        "launch's time from start to its first step before it counts as stalled; never less than startup_seconds "
+        "here, nor than intervention.startup_seconds for the rescue's resume deadline.",
+    )
+    save_seconds: float = Field(
+        900.0,
+        gt=0,
+        description="A step that saves a checkpoint (trainer.save_freq, the last step, or a new global_step_N/ "
+        "folder seen growing) may stay silent this much longer than any other step; the silence counts from "
+        "the last time the guardian saw that folder grow.",
+    )
+    validation_seconds: float = Field(
+        3600.0,
+        gt=0,
+        description="A step that validates (trainer.test_freq, the last step, or a validation dump "
+        "{trainer.validation_data_dir}/N.jsonl seen growing) may stay silent this much longer than any other "
+        "step; verl writes nothing while it validates, so make it cover the whole validation set.",
+    )
 
 
 class PolicyConfig(_Section):
@@ -474,40 +495,6 @@ class CheckpointsConfig(_Section):
     @property
     def copy_min_free_bytes(self) -> int:
         return round(self.copy_min_free_gib * (1 << 30))
-
-
-class RolloutsConfig(_Section):
-    """The rollout dumps ``guardian run`` has verl write into each attempt's own folder (tens of MB a step at 7B):
-    past a byte cap the oldest are removed (actions/dump_retention.py). The evidence never is: the recent window,
-    the steps around every incident, abandoned and quarantined branches; nor a dump folder the command names."""
-
-    keep_gib: float | None = Field(
-        10.0,
-        ge=0,
-        description="Keep a run's own rollout dumps under this many GiB: past it the oldest dumps not kept for a "
-        "reason below are removed (event=rollouts_pruned). null: never remove any.",
-    )
-    keep_recent_steps: int = Field(
-        100,
-        ge=1,
-        description="The dumps of the newest this-many steps are always kept: the checks' windows and a re-attached "
-        "guardian read them, and an incident's earliest steps (its rollback point, its onset) are found only when it "
-        "opens - make it longer than that lag (up to trainer.save_freq), or those dumps may be gone by then.",
-    )
-    keep_around_incident_steps: int = Field(
-        20,
-        ge=0,
-        description="The dumps this many steps either side of an incident's onset, detection, rollback point and "
-        "closing, and of every step where a warning or worse stood, are always kept, so an incident's report still "
-        "shows them (never fewer than report.context_steps).",
-    )
-    prune_every_steps: int = Field(
-        10, ge=1, description="Look for dumps to remove once every this-many new steps (after the tick's work)."
-    )
-
-    @property
-    def keep_bytes(self) -> int | None:
-        return None if self.keep_gib is None else round(self.keep_gib * (1 << 30))
 
 
 class ExporterConfig(_Section):
@@ -756,7 +743,6 @@ class GuardianConfig(_Section):
     ray: RayConfig = RayConfig()
     remediation: RemediationConfig = RemediationConfig()
     checkpoints: CheckpointsConfig = CheckpointsConfig()
-    rollouts: RolloutsConfig = RolloutsConfig()
     exporter: ExporterConfig = ExporterConfig()
     notify: NotifyConfig = NotifyConfig()
     report: ReportConfig = ReportConfig()

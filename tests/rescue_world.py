@@ -132,6 +132,7 @@ class World:
     attempt_steps: list[int] = field(default_factory=list)
     critical: list[StandingFinding] = field(default_factory=list)
     outcome: Outcome | None = None
+    first_startup_s: float | None = None  # how long the run's first launch took to its first step
     kill_after: str | None = None  # the state after whose commit the guardian "dies" (once)
 
     def __post_init__(self) -> None:
@@ -213,6 +214,7 @@ class World:
             attempt_steps=tuple(steps),
             last_step=max(steps) if steps else 40,
             typical_step_s=10.0,
+            first_startup_s=self.first_startup_s,
             critical=tuple(self.critical),
             incidents=tuple(self.store.list_incidents(RUN)),
             interventions=tuple(self.store.interventions(RUN)),

@@ -208,6 +208,18 @@ def test_a_relaunch_that_does_not_train_past_its_checkpoint_relapses(world: Worl
     assert world.interventions()[0].state is State.RELAPSED and why in (world.interventions()[0].note or "")
 
 
+def test_a_relaunch_may_take_a_multiple_of_what_the_first_launch_took_to_its_first_step(world: World) -> None:
+    world.first_startup_s = 400.0  # x 3 = 1200 s, above intervention.startup_seconds (900 s)
+    resumed(world)
+    world.clock.now += 1249  # 1200 s + 5 typical steps of 10 s: not yet
+    world.tick()
+    assert world.interventions()[0].state is State.RESUMING
+    world.clock.now += 2
+    world.tick()
+    assert world.interventions()[0].state is State.RELAPSED
+    assert "no new step 1250s after the relaunch" in (world.interventions()[0].note or "")
+
+
 def test_an_unproven_fix_is_unresolved_after_twice_the_probation_and_the_run_ends_unhealthy(world: World) -> None:
     resumed(world)
     world.logs(31)

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from guardian.checks.findings import EvidenceValue, Finding, Severity
+from guardian.checks.signs import LifeSigns, StepSchedule
 from guardian.config import BaselineConfig
 from guardian.history.timeline import RunHistory, Series
 from guardian.keys import Signal
@@ -27,13 +28,18 @@ HOLD_LOOKBACK = 4
 class CheckContext:
     """Everything a check may read. ``now``/``started_at`` are wall-clock seconds; None in replay.
     ``trainer_alive``: whether the trainer process is still running; None when no process is known (``watch``
-    without ``--pid``, replay)."""
+    without ``--pid``, replay). ``schedule``, ``life_signs`` and ``first_startup_s`` are the stall check's: the
+    steps verl saves and validates at, what the disk showed of the step in progress, and how long the first launch
+    took to its first step (None: not known)."""
 
     history: RunHistory
     baseline: BaselineConfig
     now: float | None = None
     started_at: float | None = None
     trainer_alive: bool | None = None
+    schedule: StepSchedule | None = None
+    life_signs: LifeSigns | None = None
+    first_startup_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,6 +1,12 @@
 """Stall: no new step for k times the run's typical step time (NVRx computes hang timeouts the same
 way, with a safety factor of 5). Until a (re)launched trainer logs its first step, the limit is
-``startup_seconds`` from the launch instead. Needs the wall clock, so it is UNKNOWN in replay.
+``startup_seconds`` from the launch instead - or, for a relaunch, ``startup_learned_factor`` × what the first launch
+took, when that is longer (a relaunch also loads a checkpoint). Needs the wall clock, so it is UNKNOWN in replay.
+
+verl logs a step's line only after its checkpoint save and validation, so the step in progress gets more time when
+it saves (``save_seconds`` more: ``trainer.save_freq``, the last step, or its ``global_step_N/`` folder seen
+changing) or validates (``validation_seconds`` more: ``trainer.test_freq``, the last step, or its validation dump
+seen changing); a change seen on disk is a sign of life, and the silence then counts from it (``checks.signs``).
 
 Silence is read against what is known of the trainer process (``CheckContext.trainer_alive``):
 
@@ -14,10 +20,12 @@ Silence is read against what is known of the trainer process (``CheckContext.tra
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from itertools import pairwise
 
 from guardian.checks.base import CheckContext, ok, rounded
 from guardian.checks.findings import EvidenceValue, Finding, Severity
+from guardian.checks.signs import LifeSigns, StepSchedule, startup_allowance
 from guardian.config import StallConfig
 from guardian.history.timeline import RunHistory, median
 from guardian.keys import Signal
@@ -36,6 +44,43 @@ def typical_step_seconds(h: RunHistory) -> float | None:
     arrived = [h.arrivals[s] for s in h.steps[-TYPICAL_WINDOW - 1 :] if s in h.arrivals]
     gaps = [b - a for a, b in pairwise(arrived) if b >= a]
     return median(gaps) if gaps else None
+
+
+@dataclass(frozen=True, slots=True)
+class BusyStep:
+    """The step in progress: what verl does at it besides training (``doing``), the extra silence that earns it,
+    and when the disk last showed it alive (None: not seen)."""
+
+    step: int
+    doing: tuple[str, ...]
+    extra_seconds: float
+    life_at: float | None
+
+    def evidence(self, now: float, allowed: float) -> dict[str, EvidenceValue]:
+        seen = {} if self.life_at is None else {"seconds_since_sign_of_life": rounded(now - self.life_at)}
+        return {"busy_step": self.step, "busy_with": ",".join(self.doing), "allowed_seconds": rounded(allowed), **seen}
+
+    def arriving(self) -> str:
+        return f"step {self.step} {' and '.join(self.doing)}: allowed longer"
+
+    def why_too_long(self, now: float, allowed: float) -> str:
+        grew = "" if self.life_at is None else f", its files last changed {now - self.life_at:.0f}s ago"
+        return f"; step {self.step} {' and '.join(self.doing)}, allowed {allowed:.0f}s of silence{grew}"
+
+
+def busy_step(step: int, schedule: StepSchedule | None, signs: LifeSigns | None, cfg: StallConfig) -> BusyStep:
+    """Whether step ``step`` saves or validates (the run's schedule, or its folder or dump seen changing), the
+    extra silence allowed for that, and its last sign of life on disk."""
+    seen = signs if signs is not None and signs.step == step else LifeSigns()
+    doing: list[str] = []
+    extra = 0.0
+    if (schedule is not None and schedule.saves(step)) or seen.saved_at is not None:
+        doing.append("saves a checkpoint")
+        extra += cfg.save_seconds
+    if (schedule is not None and schedule.validates(step)) or seen.dumped_at is not None:
+        doing.append("validates")
+        extra += cfg.validation_seconds
+    return BusyStep(step, tuple(doing), extra, seen.latest_at(step))
 
 
 def _trainer(alive: bool | None) -> str:
@@ -61,13 +106,20 @@ def stall(ctx: CheckContext, cfg: StallConfig) -> Finding:
     }
     if typical is None or not math.isfinite(typical):
         return ok(CHECK, h.last_step, "step time not known yet", evidence)
-    warn_after = max(cfg.warn_factor * typical, cfg.min_seconds)
-    critical_after = max(cfg.critical_factor * typical, cfg.min_seconds)
-    if silent < warn_after:
-        return ok(CHECK, h.last_step, "steps arriving", evidence)
+    assert h.last_step is not None  # an arrival is a step's
+    busy = busy_step(h.last_step + 1, ctx.schedule, ctx.life_signs, cfg)
+    quiet = silent if busy.life_at is None else ctx.now - max(last_arrival, busy.life_at)
+    warn_after = max(cfg.warn_factor * typical, cfg.min_seconds) + busy.extra_seconds
+    critical_after = max(cfg.critical_factor * typical, cfg.min_seconds) + busy.extra_seconds
+    if busy.doing:
+        evidence.update(busy.evidence(ctx.now, critical_after))
+    if quiet < warn_after:
+        return ok(CHECK, h.last_step, busy.arriving() if busy.doing else "steps arriving", evidence)
     message = f"no new step for {silent:.0f}s ({silent / typical:.1f}x the typical {typical:.3g}s step)"
+    if busy.doing:
+        message += busy.why_too_long(ctx.now, critical_after)
     severity = Severity.WARN
-    if silent >= critical_after:
+    if quiet >= critical_after:
         if ctx.trainer_alive:
             severity = Severity.CRITICAL
         else:
@@ -80,11 +132,15 @@ def _startup(ctx: CheckContext, cfg: StallConfig) -> Finding:
     if ctx.started_at is None or ctx.now is None:
         return Finding(CHECK, Severity.UNKNOWN, None, "no steps yet")
     waited = ctx.now - ctx.started_at
+    allowed = startup_allowance(cfg.startup_seconds, ctx.first_startup_s, cfg.startup_learned_factor)
     evidence: dict[str, EvidenceValue] = {
         "seconds_since_start": rounded(waited),
+        "startup_allowance_seconds": rounded(allowed),
         "trainer_process": _trainer(ctx.trainer_alive),
     }
-    if waited < cfg.startup_seconds:
+    if ctx.first_startup_s is not None:
+        evidence["first_startup_seconds"] = rounded(ctx.first_startup_s)
+    if waited < allowed:
         return ok(CHECK, None, "waiting for the first step", evidence)
     if ctx.trainer_alive:
         return Finding(CHECK, Severity.CRITICAL, None, f"no first step {waited:.0f}s after start", None, evidence)

@@ -23,7 +23,16 @@ SUPPORTED_LOGGERS = ("console", "file")
 IGNORED_LOGGERS = ("wandb", "mlflow", "swanlab", "vemlp_wandb", "tensorboard", "clearml", "trackio", "rl_insight")
 CHECKPOINT_CONTENTS = ("model", "optimizer", "extra", "hf_model")
 KL_TYPES = ("low_var_kl", "k3", "kl", "k1", "mse", "k2", "abs")
-FAULT_KEYS = ("nan_at_step", "hang_at_step", "crash_at_step", "exit_code", "slow_steps", "transient")
+FAULT_KEYS = (
+    "nan_at_step",
+    "hang_at_step",
+    "crash_at_step",
+    "exit_code",
+    "slow_steps",
+    "slow_save_s",
+    "slow_validation_s",
+    "transient",
+)
 
 # key -> (demo default, verl 0.9.1 default): where the demo departs from verl's default, and why
 DEMO_DEFAULTS: dict[str, tuple[Any, Any]] = {

@@ -44,6 +44,10 @@ class Faults:
     crash_at_step: int | None = None
     exit_code: int = 1
     slow_steps: float = 0.0
+    # seconds each checkpoint save takes, its folder growing all along (a big checkpoint streaming to disk)
+    slow_save_s: float = 0.0
+    # seconds each validation takes, with nothing written meanwhile (verl's many-turn validation)
+    slow_validation_s: float = 0.0
     # a transient fault (a flaky node, a bad batch) strikes once per checkpoint dir: it leaves a marker
     # file there, and a later launch that finds the marker is spared
     transient: bool = False
@@ -122,12 +126,16 @@ def _faults(tree: Tree) -> Faults:
 
     code = opt("exit_code")
     slow = number(tree, "trainer.fault.slow_steps", allow_none=True)
+    slow_save = number(tree, "trainer.fault.slow_save_s", allow_none=True)
+    slow_validation = number(tree, "trainer.fault.slow_validation_s", allow_none=True)
     return Faults(
         nan_at_step=opt("nan_at_step"),
         hang_at_step=opt("hang_at_step"),
         crash_at_step=opt("crash_at_step"),
         exit_code=1 if code is None else code,
         slow_steps=0.0 if slow is None else float(slow),
+        slow_save_s=0.0 if slow_save is None else float(slow_save),
+        slow_validation_s=0.0 if slow_validation is None else float(slow_validation),
         transient=tree.get("trainer", {}).get("fault", {}).get("transient") is True,
     )
 

@@ -52,6 +52,8 @@ from guardian.demo.task import ALPHABET, PromptLoader, build_dataset, decode, lo
 from guardian.demo.writers import RolloutDumper, Tracking
 
 TRANSIENT_MARKER = ".transient-fault-fired"
+SLOW_SAVE_FILE = "slow_save.bin"  # what a slow save (+trainer.fault.slow_save_s) writes, a chunk at a time
+SLOW_SAVE_CHUNK_S = 0.2
 
 
 class Trainer:
@@ -78,6 +80,8 @@ class Trainer:
 
     # -- checkpoints ------------------------------------------------------------------------------
     def _save(self) -> None:
+        if self.s.faults.slow_save_s > 0:
+            self._slow_save(self.s.faults.slow_save_s)
         rng_state = ckpt.pack_json(self.rng.bit_generator.state)
         actor = {
             "model": dict(self.params),
@@ -90,6 +94,17 @@ class Trainer:
             "n_positions": self.s.max_response_length,
         }
         self.checkpoints.save(self.global_steps, self.s.save_contents, actor, self.loader.state_dict(), hf)
+
+    def _slow_save(self, seconds: float) -> None:
+        """A save that takes ``seconds``, its folder growing by a chunk every ``SLOW_SAVE_CHUNK_S``."""
+        folder = Path(self.s.default_local_dir) / f"global_step_{self.global_steps}" / "actor"
+        folder.mkdir(parents=True, exist_ok=True)
+        end = time.monotonic() + seconds
+        with open(folder / SLOW_SAVE_FILE, "ab") as out:
+            while time.monotonic() < end:
+                out.write(bytes(4096))
+                out.flush()
+                time.sleep(min(SLOW_SAVE_CHUNK_S, max(end - time.monotonic(), 0.0)))
 
     def _load(self) -> None:
         folder = ckpt.resume_folder(self.s.resume_mode, self.s.default_local_dir, self.s.resume_from_path)
@@ -188,6 +203,8 @@ class Trainer:
 
     def _validate(self) -> dict[str, object]:
         """Greedy decoding (verl's val_kwargs: temperature 0, n=1) over every prompt."""
+        if self.s.faults.slow_validation_s > 0:
+            time.sleep(self.s.faults.slow_validation_s)
         prompt_ids = np.arange(len(self.dataset), dtype=np.int64)
         tokens, lengths = greedy(self.params, prompt_ids)
         rewards, raw = self._score(prompt_ids, tokens, lengths)

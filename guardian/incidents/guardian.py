@@ -25,15 +25,16 @@ from typing import Protocol
 
 from guardian.checks import CheckContext, build_checks, evaluate
 from guardian.checks.findings import Finding, Severity
+from guardian.checks.signs import LifeSigns, StepSchedule, note_footprint, startup_allowance
 from guardian.config import GuardianConfig
 from guardian.history.timeline import Arrival, RunHistory, StepRecord
 from guardian.incidents.health import StepHealth
 from guardian.incidents.replay import feed_step
-from guardian.incidents.signal_report import SignalReport
 from guardian.incidents.tracker import Change, StatusTracker, Transition
-from guardian.keys import Signal, checked_values
+from guardian.keys import checked_values, signals_present
 from guardian.logs import event, get_logger
 from guardian.sources.checkpoints import scan_checkpoints
+from guardian.sources.footprint import look
 from guardian.sources.jsonl import MetricsBatch, NewSegment
 from guardian.sources.rollouts import RolloutDir, read_finished
 from guardian.store import Store
@@ -102,6 +103,10 @@ class Guardian:
     trainer_alive: Callable[[], bool | None] = lambda: None
     # what the checks' findings update; `watch` passes one that also remembers the first critical finding
     tracker: StatusTracker = field(default_factory=StatusTracker)
+    # the steps verl saves and validates at (the run's trainer.save_freq/test_freq), for the stall check
+    schedule: StepSchedule | None = None
+    # trainer.validation_data_dir: a growing N.jsonl there is a sign of life of step N
+    validation_dir: Path | None = None
 
     def __post_init__(self) -> None:
         self.history = RunHistory(
@@ -112,6 +117,11 @@ class Guardian:
         # the worst finding at each step of the active timeline: a checkpoint is pinned only when healthy around it
         self.health = StepHealth()
         self.started_at = self.clock()
+        # what the disk showed of the step in progress (its checkpoint folder, its validation dump)
+        self.life_signs = LifeSigns()
+        # how long the run's first launch took to its first step: later launches are allowed a multiple of it
+        self.first_startup_s: float | None = None
+        self._learns_startup = False  # the current launch is the run's first: its first step is timed
         # the attempt the steps read now belong to; `guardian run` names each one itself (switch_attempt: one
         # metrics file per launch), `watch` infers them from file segments (verl truncates its log on every start)
         self.attempt_id: int | None = None
@@ -122,7 +132,7 @@ class Guardian:
         self._known_checkpoints: dict[Path, str] = {}
         # steps the current attempt's metrics file has logged (a resume starts at its checkpoint's step)
         self.attempt_steps: list[int] = []
-        self.signal_report = SignalReport(self.run_id)  # the event=signals line
+        self._reported_signals = False
         self.bad_lines_total = 0
         self.steps_judged = 0  # steps read and judged since this guardian started (a failed tick's too)
         self._carried: MetricsBatch | None = None  # read, not yet judged: a tick failed before it got there
@@ -174,6 +184,8 @@ class Guardian:
             pending.append(item)
             self.attempt_steps.append(item.step)
             result.new_steps += arrival is not Arrival.MERGED
+            if self._learns_startup:
+                self._learn_startup(now)
             self.steps_judged += arrival is not Arrival.MERGED
             result.transitions.extend(self._judge(now, work))
         self._flush(pending, work, now)
@@ -188,12 +200,13 @@ class Guardian:
                     )
             for problem in stats.bad:
                 log.warning(event("bad_rollout_line", {"run": self.run_id, "detail": problem}))
+        self._look_for_life(now)
         result.transitions.extend(self._judge(now, work))
         self._commit_work(work)
         if self.checkpoints_dir is not None:
             self.writes.submit("checkpoints", partial(self._scan_checkpoints, now=now), atomic=False, coalesce=True)
-        if self.history.steps and (said := self.signal_report.update(*self._signals_seen())) is not None:
-            log.info(event("signals", said))
+        if not self._reported_signals and self.history.steps:
+            self._report_signals()
         return result
 
     # -- stages -------------------------------------------------------------------------------
@@ -228,9 +241,11 @@ class Guardian:
         rollouts: RolloutDir | None = None,
         *,
         judged_through: int | None = None,
+        first_launch: bool = False,
     ) -> None:
         """Follow a new trainer launch: its own metrics file and rollout dumps (a dump dir the attempts share
-        keeps its reader, which knows the dumps already merged), the same run timeline."""
+        keeps its reader, which knows the dumps already merged), the same run timeline. ``first_launch``: the
+        run's first attempt, just launched: the time to its first step sets later launches' start-up allowance."""
         self.attempt_id, self._follows_launches = attempt_id, True
         self.metrics = metrics
         if rollouts is not None and (self.rollouts is None or self.rollouts.path != rollouts.path):
@@ -238,6 +253,38 @@ class Guardian:
         self._judged_through = judged_through
         self.attempt_steps = []
         self.started_at = self.clock()  # the stall check gives a fresh launch its start-up allowance
+        self._learns_startup = first_launch
+
+    def _learn_startup(self, now: float) -> None:
+        """The first launch logged its first step: time it, and say what later launches are allowed."""
+        self._learns_startup = False
+        self.first_startup_s = took = now - self.started_at
+        stall = self.config.checks.stall
+        fields = {
+            "run": self.run_id,
+            "seconds": round(took, 1),
+            "stall_allowance_s": round(startup_allowance(stall.startup_seconds, took, stall.startup_learned_factor)),
+            "resume_allowance_s": round(
+                startup_allowance(self.config.intervention.startup_seconds, took, stall.startup_learned_factor)
+            ),
+        }
+        log.info(event("startup_learned", fields))
+
+    def _look_for_life(self, now: float) -> None:
+        """Look at the step in progress's checkpoint folder and validation dump (a few stats) for the stall check;
+        the first change seen of each is logged."""
+        if self.history.last_step is None or (self.checkpoints_dir is None and self.validation_dir is None):
+            return
+        step = self.history.last_step + 1
+        before = self.life_signs
+        seen = look(self.checkpoints_dir, self.validation_dir, step)
+        after = self.life_signs = note_footprint(before, step, seen, now)
+        for what, was, now_at in (
+            ("checkpoint", before.saved_at if before.step == step else None, after.saved_at),
+            ("validation_dump", before.dumped_at if before.step == step else None, after.dumped_at),
+        ):
+            if was is None and now_at is not None:
+                log.info(event("sign_of_life", {"run": self.run_id, "step": step, "what": what}))
 
     def rebuild(self, metrics: MetricsSource, rollouts: RolloutDir | None = None) -> int:
         """Re-read an earlier attempt's finished metrics file and rollout dumps into the timeline without
@@ -263,6 +310,9 @@ class Guardian:
             now=now,
             started_at=self.started_at,
             trainer_alive=self.trainer_alive(),
+            schedule=self.schedule,
+            life_signs=self.life_signs,
+            first_startup_s=self.first_startup_s,
         )
 
     def _flush(self, pending: list[StepRecord], work: TickWrites, now: float, branch: int | None = None) -> None:
@@ -407,8 +457,20 @@ class Guardian:
                 )
                 self._known_checkpoints[Path(ckpt.path)] = "unhealthy"
 
-    def _signals_seen(self) -> tuple[set[str], Iterable[Signal], int | None]:
-        return self.history.keys_seen, self.history.series, self.history.last_step
+    def _report_signals(self) -> None:
+        present = signals_present(frozenset(self.history.keys_seen))
+        missing = [s.value for s in self.history.series if s not in present]
+        log.info(
+            event(
+                "signals",
+                {
+                    "run": self.run_id,
+                    "present": ",".join(f"{s.value}={k}" for s, k in present.items()),
+                    "missing": ",".join(missing),
+                },
+            )
+        )
+        self._reported_signals = True
 
 
 def _log_finding(run_id: str, t: Transition) -> None:

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 
 from guardian.actions.checkpoints import choose_rollback_target
 from guardian.actions.ladder import Rung
+from guardian.checks.signs import startup_allowance
 from guardian.config import GuardianConfig
 from guardian.exits import EXIT_UNHEALTHY
 from guardian.rescue.effects import (
@@ -229,7 +230,9 @@ def _resuming(s: RescueSnapshot, config: GuardianConfig, iv: InterventionView) -
         return Relapse(iv, f"relaunched trainer ended before a new step: {status.describe()}")
     deadline = resume_deadline(
         typical_step_s=s.typical_step_s,
-        startup_s=config.intervention.startup_seconds,
+        startup_s=startup_allowance(
+            config.intervention.startup_seconds, s.first_startup_s, config.checks.stall.startup_learned_factor
+        ),
         steps=config.intervention.resume_deadline_steps,
     )
     if s.now - launched > deadline:

@@ -44,6 +44,7 @@ class RescueSnapshot:
     attempt_steps: tuple[int, ...] = ()  # the steps the current attempt's metrics file logged
     last_step: int | None = None  # the newest step of the run's timeline
     typical_step_s: float | None = None
+    first_startup_s: float | None = None  # how long the run's first launch took to its first step (None: not known)
     critical: tuple[StandingFinding, ...] = ()
     incidents: tuple[IncidentView, ...] = ()  # the run's, every status
     interventions: tuple[InterventionView, ...] = ()  # the run's, oldest first

@@ -31,6 +31,7 @@ from guardian.actions.overrides import parse_command
 from guardian.actions.patch import RunFiles
 from guardian.actions.pins import pinned_steps
 from guardian.actions.process import ExitStatus, TrainerControl
+from guardian.actions.schedule import read_saves, retention_problem
 from guardian.actions.verl_keys import PatchError
 from guardian.checks.findings import Severity
 from guardian.checks.stall import typical_step_seconds
@@ -46,7 +47,6 @@ from guardian.rescue.executor import Executor
 from guardian.rescue.local import LocalCheckpoints, LocalPlanner, LocalTrainer
 from guardian.rescue.outcome import Outcome, measure_outcome
 from guardian.rescue.pinner import Pinner
-from guardian.rescue.pruner import DumpPruner
 from guardian.rescue.ray_jobs import JobsClient, RayJobsTrainer
 from guardian.rescue.ray_logs import JOB_LOG, JobLogsSource
 from guardian.rescue.ray_survivors import ClusterState
@@ -87,6 +87,7 @@ class Supervisor:
         self.files = self._run_files(1)
         first = self.files.prepare(self.command)
         self.checkpoint_dir = first.checkpoint_dir
+        self.saves = read_saves(first.argv, self.cwd)  # the steps verl saves and validates at, and its retention
         self.trainer: LocalTrainer | RayJobsTrainer
         if self.jobs is None:
             self.trainer = LocalTrainer(
@@ -122,6 +123,8 @@ class Supervisor:
             checkpoints_dir=self.checkpoint_dir,
             close_on_clear=Mode(self.config.mode) is not Mode.ENFORCE,
             trainer_alive=self._trainer_alive,
+            schedule=self.saves.schedule,
+            validation_dir=self.saves.validation_dir,
         )
         users_dumps = first.rollout_dir_is_users
         self.executor = Executor(
@@ -148,8 +151,6 @@ class Supervisor:
         pins = self.config.checkpoints
         pinning = Mode(self.config.mode) is not Mode.OBSERVE and pins.pin_keep > 0
         self.pinner = Pinner(pins, self.store, self.run_id, self.checkpoint_dir, self.clock) if pinning else None
-        # the attempts' own rollout dumps kept under rollouts.keep_gib (never a folder the command names)
-        self.pruner = DumpPruner.of(self.config, self.run_id, self.folder, users_dumps=users_dumps)
 
     def _metrics_file(self, path: Path) -> MetricsFile:
         limits = self.config.sources
@@ -167,6 +168,7 @@ class Supervisor:
     # -- start or re-attach -----------------------------------------------------------------------
     def start(self) -> None:
         """Launch attempt 1 of a new run, or pick up a run this store already knows."""
+        self._check_retention()
         latest = self.store.latest_attempt(self.run_id)
         if latest is None:
             files = self.files.prepare(self.command)
@@ -194,10 +196,30 @@ class Supervisor:
         )
         log.warning(event("run_attached", {"run": self.run_id, "attempt": latest.number, "through_step": stored}))
 
+    def _check_retention(self) -> None:
+        """Say so when verl's retention deletes checkpoints before they can be pinned (a warning: the run is guarded
+        all the same, only its rollback targets are at risk)."""
+        pins = self.config.checkpoints
+        schedule = self.saves.schedule
+        problem = retention_problem(pins.healthy_window_steps, schedule.save_freq, self.saves.keep)
+        if self.pinner is None or problem is None:
+            return
+        fields = {
+            "run": self.run_id,
+            "healthy_window_steps": pins.healthy_window_steps,
+            "save_freq": schedule.save_freq,
+            "max_actor_ckpt_to_keep": self.saves.keep,
+            "message": problem,
+        }
+        log.warning(event("healthy_window_too_wide", fields))
+
     def _follow(self, attempt_id: int, number: int, argv: tuple[str, ...]) -> None:
         """A new launch: the guard loop reads its own metrics file and rollout dumps from now on."""
         self.guardian.switch_attempt(
-            attempt_id, self._metrics_source(self.folder.metrics(number), number), self._rollouts_of(number, argv)
+            attempt_id,
+            self._metrics_source(self.folder.metrics(number), number),
+            self._rollouts_of(number, argv),
+            first_launch=number == 1,
         )
         self._watch_forwarding(number)
 
@@ -246,7 +268,6 @@ class Supervisor:
                 self._store_wait.update(needed=False, now=self.clock())
                 if code is None and moved.new_steps:
                     self._pin()
-                    self._prune()
                 return code
         return self._hold()
 
@@ -272,18 +293,6 @@ class Supervisor:
                 self.run_id,
                 "pins",
                 lambda: pinner.run(self.guardian.health, history.last_step, history.branch, incident_open=open_now),
-            )
-
-    def _prune(self) -> None:
-        """The dump pass after the pin pass (``rescue.pruner``), every few steps: a side show like it."""
-        pruner, latest = self.pruner, self._latest
-        if pruner is not None and latest is not None and pruner.due(latest.last_step):
-            g = self.guardian
-            attempts = self.store.attempts
-            aside(
-                self.run_id,
-                "rollouts",
-                lambda: pruner.run(latest, attempts(self.run_id), g.health, g.tracker.latest.values()),
             )
 
     def _rescue(self, exit_status: ExitStatus | None) -> int | None:
@@ -320,6 +329,7 @@ class Supervisor:
             attempt_steps=tuple(g.attempt_steps),
             last_step=g.history.last_step,
             typical_step_s=typical_step_seconds(g.history) if active and active.state is State.RESUMING else None,
+            first_startup_s=g.first_startup_s,
             critical=tuple(
                 StandingFinding(f.check, f.step) for f in g.tracker.latest.values() if f.severity == Severity.CRITICAL
             ),
