@@ -497,6 +497,40 @@ class CheckpointsConfig(_Section):
         return round(self.copy_min_free_gib * (1 << 30))
 
 
+class RolloutsConfig(_Section):
+    """The rollout dumps ``guardian run`` has verl write into each attempt's own folder (tens of MB a step at 7B):
+    past a byte cap the oldest are removed (actions/dump_retention.py). The evidence never is: the recent window,
+    the steps around every incident, abandoned and quarantined branches; nor a dump folder the command names."""
+
+    keep_gib: float | None = Field(
+        10.0,
+        ge=0,
+        description="Keep a run's own rollout dumps under this many GiB: past it the oldest dumps not kept for a "
+        "reason below are removed (event=rollouts_pruned). null: never remove any.",
+    )
+    keep_recent_steps: int = Field(
+        100,
+        ge=1,
+        description="The dumps of the newest this-many steps are always kept: the checks' windows and a re-attached "
+        "guardian read them, and an incident's earliest steps (its rollback point, its onset) are found only when it "
+        "opens - make it longer than that lag (up to trainer.save_freq), or those dumps may be gone by then.",
+    )
+    keep_around_incident_steps: int = Field(
+        20,
+        ge=0,
+        description="The dumps this many steps either side of an incident's onset, detection, rollback point and "
+        "closing, and of every step where a warning or worse stood, are always kept, so an incident's report still "
+        "shows them (never fewer than report.context_steps).",
+    )
+    prune_every_steps: int = Field(
+        10, ge=1, description="Look for dumps to remove once every this-many new steps (after the tick's work)."
+    )
+
+    @property
+    def keep_bytes(self) -> int | None:
+        return None if self.keep_gib is None else round(self.keep_gib * (1 << 30))
+
+
 class ExporterConfig(_Section):
     enabled: bool = Field(False, description="Serve Prometheus metrics at http://host:port/metrics while guarding.")
     host: str = Field("127.0.0.1", description="Address to listen on (never all interfaces unless allow_public).")
@@ -743,6 +777,7 @@ class GuardianConfig(_Section):
     ray: RayConfig = RayConfig()
     remediation: RemediationConfig = RemediationConfig()
     checkpoints: CheckpointsConfig = CheckpointsConfig()
+    rollouts: RolloutsConfig = RolloutsConfig()
     exporter: ExporterConfig = ExporterConfig()
     notify: NotifyConfig = NotifyConfig()
     report: ReportConfig = ReportConfig()

@@ -30,8 +30,9 @@ from guardian.config import GuardianConfig
 from guardian.history.timeline import Arrival, RunHistory, StepRecord
 from guardian.incidents.health import StepHealth
 from guardian.incidents.replay import feed_step
+from guardian.incidents.signal_report import SignalReport
 from guardian.incidents.tracker import Change, StatusTracker, Transition
-from guardian.keys import checked_values, signals_present
+from guardian.keys import Signal, checked_values
 from guardian.logs import event, get_logger
 from guardian.sources.checkpoints import scan_checkpoints
 from guardian.sources.footprint import look
@@ -132,7 +133,7 @@ class Guardian:
         self._known_checkpoints: dict[Path, str] = {}
         # steps the current attempt's metrics file has logged (a resume starts at its checkpoint's step)
         self.attempt_steps: list[int] = []
-        self._reported_signals = False
+        self.signal_report = SignalReport(self.run_id)  # the event=signals line
         self.bad_lines_total = 0
         self.steps_judged = 0  # steps read and judged since this guardian started (a failed tick's too)
         self._carried: MetricsBatch | None = None  # read, not yet judged: a tick failed before it got there
@@ -205,8 +206,8 @@ class Guardian:
         self._commit_work(work)
         if self.checkpoints_dir is not None:
             self.writes.submit("checkpoints", partial(self._scan_checkpoints, now=now), atomic=False, coalesce=True)
-        if not self._reported_signals and self.history.steps:
-            self._report_signals()
+        if self.history.steps and (said := self.signal_report.update(*self._signals_seen())) is not None:
+            log.info(event("signals", said))
         return result
 
     # -- stages -------------------------------------------------------------------------------
@@ -457,20 +458,8 @@ class Guardian:
                 )
                 self._known_checkpoints[Path(ckpt.path)] = "unhealthy"
 
-    def _report_signals(self) -> None:
-        present = signals_present(frozenset(self.history.keys_seen))
-        missing = [s.value for s in self.history.series if s not in present]
-        log.info(
-            event(
-                "signals",
-                {
-                    "run": self.run_id,
-                    "present": ",".join(f"{s.value}={k}" for s, k in present.items()),
-                    "missing": ",".join(missing),
-                },
-            )
-        )
-        self._reported_signals = True
+    def _signals_seen(self) -> tuple[set[str], Iterable[Signal], int | None]:
+        return self.history.keys_seen, self.history.series, self.history.last_step
 
 
 def _log_finding(run_id: str, t: Transition) -> None:

@@ -47,6 +47,7 @@ from guardian.rescue.executor import Executor
 from guardian.rescue.local import LocalCheckpoints, LocalPlanner, LocalTrainer
 from guardian.rescue.outcome import Outcome, measure_outcome
 from guardian.rescue.pinner import Pinner
+from guardian.rescue.pruner import DumpPruner
 from guardian.rescue.ray_jobs import JobsClient, RayJobsTrainer
 from guardian.rescue.ray_logs import JOB_LOG, JobLogsSource
 from guardian.rescue.ray_survivors import ClusterState
@@ -151,6 +152,8 @@ class Supervisor:
         pins = self.config.checkpoints
         pinning = Mode(self.config.mode) is not Mode.OBSERVE and pins.pin_keep > 0
         self.pinner = Pinner(pins, self.store, self.run_id, self.checkpoint_dir, self.clock) if pinning else None
+        # the attempts' own rollout dumps kept under rollouts.keep_gib (never a folder the command names)
+        self.pruner = DumpPruner.of(self.config, self.run_id, self.folder, users_dumps=users_dumps)
 
     def _metrics_file(self, path: Path) -> MetricsFile:
         limits = self.config.sources
@@ -268,6 +271,7 @@ class Supervisor:
                 self._store_wait.update(needed=False, now=self.clock())
                 if code is None and moved.new_steps:
                     self._pin()
+                    self._prune()
                 return code
         return self._hold()
 
@@ -293,6 +297,18 @@ class Supervisor:
                 self.run_id,
                 "pins",
                 lambda: pinner.run(self.guardian.health, history.last_step, history.branch, incident_open=open_now),
+            )
+
+    def _prune(self) -> None:
+        """The dump pass after the pin pass (``rescue.pruner``), every few steps: a side show like it."""
+        pruner, latest = self.pruner, self._latest
+        if pruner is not None and latest is not None and pruner.due(latest.last_step):
+            g = self.guardian
+            attempts = self.store.attempts
+            aside(
+                self.run_id,
+                "rollouts",
+                lambda: pruner.run(latest, attempts(self.run_id), g.health, g.tracker.latest.values()),
             )
 
     def _rescue(self, exit_status: ExitStatus | None) -> int | None:
