@@ -47,7 +47,7 @@ class DumpPruner:
             return None
         policy = Retention(
             keep_bytes=cfg.keep_bytes,
-            keep_recent_steps=cfg.keep_recent_steps,
+            keep_recent_steps=max(cfg.keep_recent_steps, config.checklist.review_steps),
             keep_around_incident_steps=max(cfg.keep_around_incident_steps, config.report.context_steps),
             keep_first_steps=baseline_end(config.checks.baseline),
         )
