@@ -1,7 +1,9 @@
 """Atomic file writes: readers see the old content or the whole new content, also after a power cut.
 
 The data goes to a temporary file in the same folder, is fsynced, replaces the target with
-``os.replace`` and the folder is fsynced so the rename itself is durable.
+``os.replace`` and the folder is fsynced so the rename itself is durable. The temporary file is owner-only, so a
+file is private unless its writer says otherwise: ``mode=for_others()`` for what others read (dashboards, a run's
+attempt files), as ``open()`` would have made it (0644 under the usual umask 022).
 """
 
 from __future__ import annotations
@@ -9,6 +11,24 @@ from __future__ import annotations
 import os
 import tempfile
 from pathlib import Path
+
+
+def umask() -> int:
+    """The process's umask: read where Linux tells it (``/proc/self/status``), else set and put back."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    current = os.umask(0o077)  # another thread creating a file meanwhile gets it owner-only: the safe side
+    os.umask(current)
+    return current
+
+
+def for_others() -> int:
+    """The mode of a file others read: read-write for all less the umask, as ``open()`` gives (0644 under 022)."""
+    return 0o666 & ~umask()
 
 
 def fsync_dir(path: Path) -> None:
@@ -27,7 +47,8 @@ def fsync_dir(path: Path) -> None:
 
 def write_atomically(path: Path, data: bytes, *, mode: int | None = None) -> None:
     """Replace ``path`` with ``data`` atomically; the temporary file never outlives a failure. ``mode``: the new
-    file's permissions (default: the temporary file's, owner-only)."""
+    file's permissions (default: the temporary file's, owner-only: state and anything that may hold a secret;
+    ``for_others()`` for a file meant to be read by others)."""
     fd, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as out:

@@ -1,4 +1,6 @@
-"""Writing a file so that a reader sees the old one or the new one, never half of one."""
+"""Writing a file so that a reader sees the old one or the new one, never half of one. The files are data for
+others (verl's parquet, a corpus, an evaluation's results): they get the mode ``open()`` would give them (0644
+under the usual umask), not the temporary file's owner-only one."""
 
 from __future__ import annotations
 
@@ -10,18 +12,40 @@ from contextlib import contextmanager
 from pathlib import Path
 
 
+def umask() -> int:
+    """The process's umask: read where Linux tells it (``/proc/self/status``), else set and put back."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    current = os.umask(0o077)
+    os.umask(current)
+    return current
+
+
+def _temporary(path: Path) -> Path:
+    """An empty temporary file beside ``path``, with the mode ``open()`` would give ``path``."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        os.fchmod(fd, 0o666 & ~umask())
+    finally:
+        os.close(fd)
+    return Path(tmp)
+
+
 @contextmanager
 def replacing(path: Path) -> Iterator[Path]:
     """A temporary path in ``path``'s folder to write; on success it replaces ``path`` (``os.replace``), on any error
     it is removed and ``path`` is left as it was. The folder is created if missing."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
+    tmp = _temporary(path)
     try:
-        yield Path(tmp)
+        yield tmp
         os.replace(tmp, path)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
         raise
 
 
@@ -37,9 +61,7 @@ def replacing_pair(first: Path, second: Path) -> Iterator[tuple[Path, Path]]:
     try:
         for path in (first, second):
             path.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-            os.close(fd)
-            made.append(Path(tmp))
+            made.append(_temporary(path))
         yield made[0], made[1]
         for path in (first, second):
             if path.is_dir():

@@ -23,7 +23,7 @@ import orjson
 
 from guardian.actions.dirlock import LOCK_NAME, DirLockedError, holding
 from guardian.actions.process import TrainerControl, TrainerHandle, read_runner_start
-from guardian.atomic import write_atomically
+from guardian.atomic import for_others, write_atomically
 from guardian.logs import event, get_logger
 
 log = get_logger("launcher")
@@ -88,9 +88,11 @@ def prepare_attempt(
     attempt_dir = folder.attempt(number)
     attempt_dir.mkdir(parents=True, exist_ok=True)
     command = {"argv": list(argv), "env": dict(extra_env), "cwd": str(cwd), **(record or {})}
-    write_atomically(attempt_dir / "command.json", orjson.dumps(command, option=orjson.OPT_INDENT_2))
+    # for others to read, like the metrics file beside them (no secret: the store's URL never reaches the trainer)
+    shared = for_others()
+    write_atomically(attempt_dir / "command.json", orjson.dumps(command, option=orjson.OPT_INDENT_2), mode=shared)
     overrides = [a for a in argv if "=" in a and not a.startswith("-")]
-    write_atomically(attempt_dir / "overrides.txt", ("\n".join(overrides) + "\n").encode())
+    write_atomically(attempt_dir / "overrides.txt", ("\n".join(overrides) + "\n").encode(), mode=shared)
     folder.metrics(number).touch()  # verl does not create the logger file's parent; the file marks the attempt
     return attempt_dir
 

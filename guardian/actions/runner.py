@@ -36,7 +36,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import FrameType
 
-from guardian.atomic import write_atomically
+from guardian.atomic import for_others, write_atomically
 
 SHIELDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 EXIT_CANNOT_START = 127
@@ -48,8 +48,9 @@ def pid_file_for(exit_file: Path) -> Path:
 
 
 def write_json_atomic(path: Path, payload: Mapping[str, object]) -> None:
-    """Write ``payload`` as JSON to ``path`` so readers see either nothing or the whole document."""
-    write_atomically(path, (json.dumps(dict(payload), sort_keys=True) + "\n").encode())
+    """Write ``payload`` as JSON to ``path`` so readers see either nothing or the whole document (an attempt's file:
+    readable by others, as the files beside it)."""
+    write_atomically(path, (json.dumps(dict(payload), sort_keys=True) + "\n").encode(), mode=for_others())
 
 
 def _ignore(signum: int, frame: FrameType | None) -> None:

@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import json
 import re
+import stat
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Final
 
-from guardian.atomic import write_atomically
+from guardian.atomic import for_others, write_atomically
 from guardian.dashboards.panels import Json
 from guardian.dashboards.training import training_dashboard
 from guardian.logs import event, get_logger
@@ -58,14 +59,16 @@ def expected(directory: Path) -> dict[Path, bytes]:
 
 
 def export_all(directory: Path = DEFAULT_DIR) -> list[Path]:
-    """Write every dashboard to ``directory/<uid>.json`` (creating the folder); returns the paths
-    whose content changed. Files of other names in the folder are left alone."""
+    """Write every dashboard to ``directory/<uid>.json`` (creating the folder), readable by others (Grafana's
+    provisioner often reads them as another user: 0644 under the usual umask); returns the paths whose content or
+    mode changed (an owner-only file an earlier export left is made readable). Files of other names are left alone."""
     directory.mkdir(parents=True, exist_ok=True)
     changed: list[Path] = []
+    shared = for_others()
     for path, data in expected(directory).items():
-        if _read(path) == data:
+        if _read(path) == data and stat.S_IMODE(path.stat().st_mode) == shared:
             continue
-        write_atomically(path, data)
+        write_atomically(path, data, mode=shared)
         changed.append(path)
         log.info(event("dashboard_written", {"path": path}))
     return changed
