@@ -511,9 +511,10 @@ class RolloutsConfig(_Section):
     keep_recent_steps: int = Field(
         100,
         ge=1,
-        description="The dumps of the newest this-many steps are always kept: the checks' windows and a re-attached "
-        "guardian read them, and an incident's earliest steps (its rollback point, its onset) are found only when it "
-        "opens - make it longer than that lag (up to trainer.save_freq), or those dumps may be gone by then.",
+        description="The dumps of the newest this-many steps (never fewer than checklist.review_steps) are always "
+        "kept: the checks' windows and a re-attached guardian read them, and an incident's earliest steps (its "
+        "rollback point, its onset) are found only when it opens - make it longer than that lag (up to "
+        "trainer.save_freq), or those dumps may be gone by then.",
     )
     keep_around_incident_steps: int = Field(
         20,
