@@ -21,6 +21,7 @@ STEPS=7
 usage() {
   cat <<'EOF'
 usage: recipe/run.sh [options] [--] [hydra overrides...]
+       python -m recipe [options] [--] [hydra overrides...]    (the recipe installed: verl-guardian[recipe])
 
 Prepare the data, build the retrieval index, start the retrieval server and Ray, then train the search agent with
 verl 0.9.1 under the guardian. Missing data and index are built; existing ones are reused.
@@ -37,11 +38,11 @@ options:
 Arguments of the form key=value, +key=value, ++key=value or ~key (and everything after --) are passed to
 verl's main_ppo as Hydra overrides, after the script's own.
 
-environment (defaults in brackets; the checkout is the folder above this script):
-  RECIPE_DATA            train/val parquet folder [<checkout>/data/search]
-  RECIPE_OUT             checkpoints, rollout dumps, logs [<checkout>/outputs]
-  RECIPE_INDEX           retrieval index folder [<checkout>/data/wiki-18-index]
-  RECIPE_CORPUS          wiki-18 corpus JSONL [<checkout>/data/wiki-18/wiki-18.jsonl]
+environment (defaults in brackets; <work> is the checkout when this script sits in one, else the current folder):
+  RECIPE_DATA            train/val parquet folder [<work>/data/search]
+  RECIPE_OUT             checkpoints, rollout dumps, logs [<work>/outputs]
+  RECIPE_INDEX           retrieval index folder [<work>/data/wiki-18-index]
+  RECIPE_CORPUS          wiki-18 corpus JSONL [<work>/data/wiki-18/wiki-18.jsonl]
   RECIPE_HOTPOTQA        prepare_data --hotpotqa source [hf:hotpotqa/hotpot_qa:distractor@train]
   RECIPE_2WIKI           prepare_data --2wiki source [none]
   RECIPE_RETRIEVAL_HOST  retrieval server host [127.0.0.1]
@@ -49,7 +50,7 @@ environment (defaults in brackets; the checkout is the folder above this script)
   RECIPE_HEALTH_TIMEOUT  seconds to wait for the server's /health [900]
   RECIPE_TOPK            passages per search of the agent loop [3]
   RECIPE_MAX_RESULT_CHARS  characters of one search's result block [3000]
-  PYTHON                 the Python that has verl and this checkout's dependencies [python]
+  PYTHON                 the Python that has verl and the recipe's dependencies [python; python -m recipe: that one]
 EOF
 }
 
@@ -141,16 +142,24 @@ esac
 
 # ------------------------------------------------------------------------------------------------ settings
 
+# the folder that holds the recipe package: a checkout, or site-packages when installed from the wheel
 RECIPE_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+# where the data, index and outputs go by default and where the steps run: the checkout, else the current folder
+# (never site-packages)
+if [[ -f $RECIPE_ROOT/pyproject.toml ]]; then
+  WORK_DIR=$RECIPE_ROOT
+else
+  WORK_DIR=$PWD
+fi
 CONFIG_DIR=$RECIPE_ROOT/recipe/configs
 CONFIG_FILE=$CONFIG_DIR/$config.yaml
 [[ -f $CONFIG_FILE ]] || die "config file $CONFIG_FILE not found"
 
 export RECIPE_ROOT
-export RECIPE_DATA=${RECIPE_DATA:-$RECIPE_ROOT/data/search}
-export RECIPE_OUT=${RECIPE_OUT:-$RECIPE_ROOT/outputs}
-RECIPE_INDEX=${RECIPE_INDEX:-$RECIPE_ROOT/data/wiki-18-index}
-RECIPE_CORPUS=${corpus:-$RECIPE_ROOT/data/wiki-18/wiki-18.jsonl}
+export RECIPE_DATA=${RECIPE_DATA:-$WORK_DIR/data/search}
+export RECIPE_OUT=${RECIPE_OUT:-$WORK_DIR/outputs}
+RECIPE_INDEX=${RECIPE_INDEX:-$WORK_DIR/data/wiki-18-index}
+RECIPE_CORPUS=${corpus:-$WORK_DIR/data/wiki-18/wiki-18.jsonl}
 RECIPE_HOTPOTQA=${RECIPE_HOTPOTQA:-hf:hotpotqa/hotpot_qa:distractor@train}
 RECIPE_2WIKI=${RECIPE_2WIKI:-}
 RETRIEVAL_HOST=${RECIPE_RETRIEVAL_HOST:-127.0.0.1}
@@ -159,8 +168,11 @@ export RECIPE_RETRIEVAL_URL=http://$RETRIEVAL_HOST:$RETRIEVAL_PORT/retrieve
 HEALTH_URL=http://$RETRIEVAL_HOST:$RETRIEVAL_PORT/health
 HEALTH_TIMEOUT=${RECIPE_HEALTH_TIMEOUT:-900}
 PYTHON=${PYTHON:-python}
-# the agent loop and the tool are imported from this checkout inside Ray workers
-export PYTHONPATH=$RECIPE_ROOT${PYTHONPATH:+:$PYTHONPATH}
+# the agent loop and the tool are imported from this checkout inside Ray workers (an installed recipe is on the
+# Python's own path: site-packages is not put in front of the standard library)
+if [[ $WORK_DIR == "$RECIPE_ROOT" ]]; then
+  export PYTHONPATH=$RECIPE_ROOT${PYTHONPATH:+:$PYTHONPATH}
+fi
 # verl's file logger without the guardian: $VERL_FILE_LOGGER_ROOT/{project}/{experiment}.jsonl (the guardian sets
 # VERL_FILE_LOGGER_PATH per attempt, which verl prefers)
 export VERL_FILE_LOGGER_ROOT=$RECIPE_OUT/logs
@@ -241,6 +253,25 @@ else
   ((gpus >= N_GPUS)) || die "nvidia-smi lists $gpus GPU(s); the config needs $N_GPUS (trainer.n_gpus_per_node)"
   log "found $gpus GPU(s)"
 fi
+# the Python of every step has the recipe's dependencies and verl (a fresh node fails here, not hours later)
+preflight=("$PYTHON" -m recipe.preflight)
+quoted=$(printf '%q ' "${preflight[@]}")
+log "+ ${quoted% }"
+problem=""
+if ! command -v "$PYTHON" >/dev/null 2>&1; then
+  problem="PYTHON=$PYTHON is not a command here: set PYTHON to the Python that has verl (python -m recipe sets it)"
+elif found=$(cd "$WORK_DIR" && "${preflight[@]}" 2>&1); then
+  log "$found"
+else
+  problem=${found:-"$PYTHON -m recipe.preflight failed with no output"}
+fi
+if [[ -n $problem ]]; then
+  if ((dry_run)); then
+    log "dry run: a real run would stop here: $problem"
+  else
+    die "$problem"
+  fi
+fi
 
 # ------------------------------------------------------------------------------------------------ 2 data
 
@@ -250,7 +281,7 @@ if [[ -f $RECIPE_DATA/train.parquet && -f $RECIPE_DATA/val.parquet ]]; then
   step 2 "prepare data: $RECIPE_DATA/{train,val}.parquet exist, reused"
 else
   step 2 "prepare data: writing $RECIPE_DATA/{train,val}.parquet"
-  (cd "$RECIPE_ROOT" && run "${prepare[@]}")
+  (cd "$WORK_DIR" && run "${prepare[@]}")
 fi
 
 # ------------------------------------------------------------------------------------------------ 3 index
@@ -271,7 +302,7 @@ else
       die "corpus $RECIPE_CORPUS not found. To $corpus_hint"
     fi
   fi
-  (cd "$RECIPE_ROOT" && run "${index_cmd[@]}")
+  (cd "$WORK_DIR" && run "${index_cmd[@]}")
 fi
 
 # ------------------------------------------------------------------------------------------------ 4-5 retrieval
@@ -295,7 +326,7 @@ else
   log "+ $(printf '%q ' "${server[@]}")> $(printf '%q' "$server_log") 2>&1 &"
   if ! ((dry_run)); then
     mkdir -p "$LOG_DIR"
-    (cd "$RECIPE_ROOT" && exec "${server[@]}") >"$server_log" 2>&1 &
+    (cd "$WORK_DIR" && exec "${server[@]}") >"$server_log" 2>&1 &
     server_pid=$!
     log "retrieval server pid $server_pid"
   fi
@@ -346,9 +377,12 @@ env_var_override() {
   [[ $value != *"'"* && $value != *\\* ]] || die "$name contains a quote or a backslash, which Hydra cannot pass on: '$value'"
   env_overrides+=("++ray_kwargs.ray_init.runtime_env.env_vars.$name='$value'")
 }
-for name in RECIPE_ROOT RECIPE_DATA RECIPE_OUT RECIPE_RETRIEVAL_URL PYTHONPATH VERL_FILE_LOGGER_ROOT; do
+for name in RECIPE_ROOT RECIPE_DATA RECIPE_OUT RECIPE_RETRIEVAL_URL VERL_FILE_LOGGER_ROOT; do
   env_var_override "$name"
 done
+if [[ -n ${PYTHONPATH:-} ]]; then
+  env_var_override PYTHONPATH
+fi
 # the agent loop's retrieval settings (recipe/configs/agent_loops.yaml), when set
 for name in RECIPE_TOPK RECIPE_MAX_RESULT_CHARS; do
   if [[ -n ${!name:-} ]]; then
@@ -361,11 +395,11 @@ trainer=("$PYTHON" -m verl.trainer.main_ppo --config-path "$CONFIG_DIR" --config
 if ((use_guardian)); then
   trainer=(guardian run ${guardian_args[@]+"${guardian_args[@]}"} -- "${trainer[@]}")
   if ! ((dry_run)); then
-    command -v guardian >/dev/null 2>&1 || die "guardian not found: pip install -e $RECIPE_ROOT, or pass --no-guardian"
+    command -v guardian >/dev/null 2>&1 || die "guardian not found on PATH: pip install 'verl-guardian[recipe]' (from a checkout: pip install -e '.[recipe]'), or pass --no-guardian"
   fi
 fi
 step 7 "launch training: $config$( ((use_guardian)) || printf ' (no guardian)')"
-cd "$RECIPE_ROOT"
+cd "$WORK_DIR"
 run "${trainer[@]}"
 ((dry_run)) && log "dry run: nothing was run"
 exit 0
