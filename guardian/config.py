@@ -746,7 +746,12 @@ class ChecklistConfig(_Section):
 
 
 class GuardianConfig(_Section):
-    home: Path = Field(Path(".guardian"), description="Guardian home: database, run folders.")
+    home: Path = Field(
+        Path(".guardian"),
+        description="Guardian home: database, run folders. $GUARDIAN_HOME wins over it; relative: to this file's "
+        "folder; left out: the nearest .guardian/ in the current folder or above, else $XDG_STATE_HOME/verl-guardian "
+        "(~/.local/state/verl-guardian). guardian/home.py has the whole rule.",
+    )
     db_url: str | None = Field(
         None,
         description="SQLAlchemy URL of the store; default sqlite:///<home>/guardian.db; PostgreSQL: "

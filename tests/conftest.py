@@ -37,6 +37,17 @@ def _outside_the_repository(tmp_path_factory: pytest.TempPathFactory, monkeypatc
     monkeypatch.chdir(tmp_path_factory.mktemp("cwd"))
 
 
+@pytest.fixture(autouse=True)
+def _away_from_the_users_home(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No test reads or writes the real user's guardian home or store (guardian/home.py): GUARDIAN_HOME and
+    GUARDIAN_DB_URL are unset (a test that wants one sets it), the per-user state folder is a fresh temporary one, and
+    the search for a ``.guardian/`` stops at pytest's temporary folder (a stray ``/tmp/.guardian`` is never found)."""
+    monkeypatch.delenv("GUARDIAN_HOME", raising=False)
+    monkeypatch.delenv("GUARDIAN_DB_URL", raising=False)
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path_factory.mktemp("state")))
+    monkeypatch.setenv("GUARDIAN_CEILING_DIRECTORIES", str(tmp_path_factory.getbasetemp()))
+
+
 def missing(message: str) -> NoReturn:
     """Something a test needs is absent: skip locally with ``message``, fail in CI (where it must be there)."""
     if os.environ.get("CI"):

@@ -10,6 +10,7 @@ import pytest
 from conftest import fixture_path
 
 from guardian.cli import EXIT_OK, EXIT_UNHEALTHY, EXIT_USAGE, main
+from guardian.store import Store
 
 
 @pytest.fixture(autouse=True)
@@ -70,7 +71,8 @@ def test_watch_a_finished_log_then_incidents(tmp_path: Path, capsys: pytest.Capt
     assert main(["incidents", "show", "9999"]) == 1
 
 
-def test_doctor_reports_store_and_optional_tools(capsys: pytest.CaptureFixture[str]) -> None:
+def test_doctor_reports_store_and_optional_tools(guardian_home: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    Store.open(f"sqlite:///{guardian_home / 'guardian.db'}").close()  # doctor opens a store, never creates one
     assert main(["doctor", "--json"]) == EXIT_OK
     report = {r["name"]: r for r in json.loads(capsys.readouterr().out)}
     assert report["store"]["status"] == "ok"

@@ -18,6 +18,7 @@ from conftest import fixture_path
 
 import guardian.cli.replay
 from guardian.cli import EXIT_ERROR, EXIT_UNHEALTHY, EXIT_USAGE, main
+from guardian.store import Store
 
 GOOD_TRACE = str(fixture_path("traces", "aopd-4.jsonl"))
 TINY_TRACE = str(fixture_path("verl-0.9.1-run", "metrics-10-steps.jsonl"))
@@ -154,7 +155,10 @@ def test_bad_paths_and_files(command: str, bad_files: dict[str, Path], capsys: p
         (["no-such-command"], "'no-such-command'"),
     ],
 )
-def test_bad_ids_and_option_values(argv: list[str], names: str, capsys: pytest.CaptureFixture[str]) -> None:
+def test_bad_ids_and_option_values(
+    argv: list[str], names: str, guardian_home: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    Store.open(f"sqlite:///{guardian_home / 'guardian.db'}").close()  # an unknown id in a store (none: said first)
     code, output = run_cli(argv, capsys)
     assert_clean(argv, code, output, names, USAGE_OR_ERROR)
 

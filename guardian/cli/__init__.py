@@ -29,6 +29,7 @@ from guardian.cli import (
 from guardian.cli.common import guardian_home, log, write_traceback
 from guardian.config import ConfigError
 from guardian.exits import EXIT_ERROR, EXIT_OK, EXIT_UNHEALTHY, EXIT_USAGE
+from guardian.home import StoreNotFoundError
 from guardian.logs import event, init_logging
 from guardian.store import StoreError
 
@@ -48,7 +49,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     def add(name: str, help_text: str) -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=help_text, description=help_text)
-        p.add_argument("--config", help="guardian.yaml (default: built-in defaults + env overrides)")
+        p.add_argument(
+            "--config",
+            help="guardian.yaml (default: ./guardian.yaml, else the project's or the home's, else built-in defaults; "
+            "env overrides apply)",
+        )
         return p
 
     for command in COMMANDS:
@@ -66,6 +71,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         code: int = args.func(args)
         return code
+    except StoreNotFoundError as exc:  # a command that reads the history, pointed at a home without one
+        log.error(event("no_store", {"message": str(exc)}))
+        return EXIT_ERROR
     except ConfigError as exc:
         log.error(str(exc))
         return EXIT_USAGE

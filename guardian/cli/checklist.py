@@ -54,7 +54,7 @@ def register(add: AddCommand) -> None:
 
 
 def cmd_checklist(args: argparse.Namespace) -> int:
-    config = resolved_config(args)
+    config = resolved_config(args, reads_history=True)
     with open_store(config) as store:
         run = store.get_run(args.run)
         if run is None:

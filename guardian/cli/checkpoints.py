@@ -33,7 +33,6 @@ def cmd_checkpoints(args: argparse.Namespace) -> int:
     from guardian.actions.dirlock import DirLockedError, holding
     from guardian.actions.pins import held_bytes
 
-    config = resolved_config(args)
     restoring = args.target == "restore"
     run_id = args.run if restoring else args.target
     if run_id is None or (restoring and args.incident is None):
@@ -41,6 +40,7 @@ def cmd_checkpoints(args: argparse.Namespace) -> int:
             event("usage", {"message": "guardian checkpoints RUN | guardian checkpoints restore RUN --incident ID"})
         )
         return EXIT_USAGE
+    config = resolved_config(args, reads_history=True)
     with open_store(config) as store:
         run = store.get_run(run_id)
         if run is None or not run.checkpoints_dir:

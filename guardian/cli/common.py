@@ -15,8 +15,9 @@ from typing import Protocol
 import orjson
 
 from guardian.atomic import write_atomically
-from guardian.config import ConfigError, GuardianConfig, load_config
-from guardian.logs import get_logger
+from guardian.config import ConfigError, GuardianConfig
+from guardian.home import StoreNotFoundError, locate
+from guardian.logs import event, get_logger
 from guardian.redact import scrub_text
 from guardian.store import Store
 
@@ -60,9 +61,17 @@ def print_json(document: object) -> None:
     sys.stdout.write(orjson.dumps(document, option=orjson.OPT_INDENT_2).decode() + "\n")
 
 
-def resolved_config(args: argparse.Namespace) -> GuardianConfig:
-    """guardian.yaml (``--config``) or the defaults, with ``--export PORT`` applied."""
-    config = load_config(Path(args.config) if args.config else None)
+def resolved_config(args: argparse.Namespace, *, reads_history: bool = False, store: bool = True) -> GuardianConfig:
+    """The configuration and home by ``guardian.home``'s rule, with ``--export PORT`` applied; logs one
+    ``event=using`` line naming the home, the store (when the command uses one: ``store``) and the config file.
+    ``reads_history``: the command reads what is stored, so no store where the home says is an error
+    (``StoreNotFoundError``), and none is created."""
+    located = locate(getattr(args, "config", None))
+    log.info(event("using", located.fields(store=store)))
+    problem = located.missing_store() if reads_history else None
+    if problem is not None:
+        raise StoreNotFoundError(problem)
+    config = located.config
     port = getattr(args, "export", None)
     if port is not None:  # --export PORT: the exporter on, on loopback
         config = config.model_copy(
@@ -100,14 +109,11 @@ def dir_problem(path: Path, what: str) -> str | None:
 
 
 def guardian_home(args: argparse.Namespace) -> Path:
-    """The guardian home the command used (its ``--config``, else the defaults with env overrides)."""
-    config = getattr(args, "config", None)
-    for path in (Path(config) if config else None, None):
-        try:
-            return load_config(path).home
-        except ConfigError:
-            continue
-    return Path(tempfile.gettempdir())
+    """The guardian home the command used (``guardian.home``'s rule), else the temp folder."""
+    try:
+        return locate(getattr(args, "config", None)).home.path
+    except (ConfigError, OSError):
+        return Path(tempfile.gettempdir())
 
 
 def write_traceback(home: Path, exc: BaseException, now: float) -> Path | None:

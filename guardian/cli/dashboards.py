@@ -60,7 +60,7 @@ def cmd_dashboards_export(args: argparse.Namespace) -> int:
 def cmd_dashboards_push(args: argparse.Namespace) -> int:
     from guardian.dashboards import dashboards, grafana
 
-    config = resolved_config(args).grafana
+    config = resolved_config(args, store=False).grafana
     url = args.url or config.url
     if not url:
         log.error(event("usage", {"message": "give --url or set grafana.url in guardian.yaml"}))

@@ -113,7 +113,7 @@ def close_note(who: str, reason: str) -> str:
 
 
 def cmd_incidents(args: argparse.Namespace) -> int:
-    config = resolved_config(args)
+    config = resolved_config(args, reads_history=True)
     with open_store(config) as store:
         if args.action == "close":
             return close_incident(store, args.id, args.reason)

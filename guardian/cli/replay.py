@@ -36,7 +36,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     if (args.trace is None) == (args.console is None):
         log.error(event("usage", {"message": "give a metrics JSONL (guardian replay TRACE) or --console FILE"}))
         return EXIT_USAGE
-    config = resolved_config(args)
+    config = resolved_config(args, store=False)
     path = Path(args.trace or args.console)
     problem = file_problem(path, "console log" if args.console else "trace file")
     if problem is None and args.rollouts is not None:

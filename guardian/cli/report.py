@@ -65,7 +65,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     if problem is not None:
         log.error(event("error", {"message": problem}))
         return EXIT_ERROR
-    config = resolved_config(args)
+    config = resolved_config(args, reads_history=True)
     with open_store(config) as store:
         if args.run is not None:
             report, missing = run_report(store, args.run, config, time.time()), f"no run {args.run!r}"

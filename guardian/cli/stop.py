@@ -30,4 +30,5 @@ def cmd_stop(args: argparse.Namespace) -> int:
     from guardian.commands.stop import GUARDIAN_EXIT_WAIT_S, stop_run
 
     wait_s = GUARDIAN_EXIT_WAIT_S if args.wait is None else args.wait
-    return stop_run(resolved_config(args), checked_run_id(args.run_id, option="RUN"), reason=args.reason, wait_s=wait_s)
+    config = resolved_config(args, reads_history=True)
+    return stop_run(config, checked_run_id(args.run_id, option="RUN"), reason=args.reason, wait_s=wait_s)

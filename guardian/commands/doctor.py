@@ -9,9 +9,9 @@ import shutil
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 
-from guardian.config import ConfigError, GuardianConfig, load_config
+from guardian.config import ConfigError, GuardianConfig
+from guardian.home import locate
 from guardian.store import Store, StoreError, head_revision
 
 OPTIONAL_PACKAGES = {
@@ -41,21 +41,13 @@ class Check:
 def diagnose(config_path: str | None) -> list[Check]:
     report = [Check("python", "ok" if sys.version_info >= (3, 11) else "error", platform.python_version())]
     try:
-        config = load_config(Path(config_path) if config_path else None)
+        located = locate(config_path)
     except ConfigError as exc:
         return [*report, Check("config", "error", str(exc))]
-    report.append(Check("config", "ok", config_path or "built-in defaults"))
-    try:
-        with Store.open(
-            config.database_url(),
-            busy_timeout_s=config.store.busy_timeout_s,
-            statement_timeout_s=config.store.statement_timeout_s,
-        ) as store:
-            version = store.schema_version()
-            status = "ok" if version == head_revision() else "error"
-            report.append(Check("store", status, f"{store.url} schema {version} (head {head_revision()})"))
-    except StoreError as exc:
-        report.append(Check("store", "error", str(exc)))
+    config = located.config
+    report.append(Check("config", "ok", str(located.file or "built-in defaults")))
+    report.append(Check("home", "ok", f"{located.home.path} ({located.home.why})"))
+    report.append(_store_check(config, located.missing_store()))
     report.extend(_notify_checks(config, os.environ))
     for package, purpose in OPTIONAL_PACKAGES.items():
         try:
@@ -66,6 +58,23 @@ def diagnose(config_path: str | None) -> list[Check]:
         found = shutil.which(tool)
         report.append(Check(tool, "ok" if found else "missing", found or f"optional: {purpose}"))
     return report
+
+
+def _store_check(config: GuardianConfig, missing: str | None) -> Check:
+    """The store opens at the newest schema; a SQLite store that is not there yet is said, never created."""
+    if missing is not None:
+        return Check("store", "missing", f"{missing} (guardian run, watch or demo creates it)")
+    try:
+        with Store.open(
+            config.database_url(),
+            busy_timeout_s=config.store.busy_timeout_s,
+            statement_timeout_s=config.store.statement_timeout_s,
+        ) as store:
+            version = store.schema_version()
+            status = "ok" if version == head_revision() else "error"
+            return Check("store", status, f"{store.url} schema {version} (head {head_revision()})")
+    except StoreError as exc:
+        return Check("store", "error", str(exc))
 
 
 def _notify_checks(config: GuardianConfig, env: Mapping[str, str]) -> list[Check]:

@@ -16,6 +16,7 @@ one shell-quoted string.
 
 from __future__ import annotations
 
+import os
 import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -34,6 +35,7 @@ from guardian.config import (
     parse_yaml,
     read_small_text,
 )
+from guardian.home import home_in_file
 from guardian.ids import MAX_RUN_ID, checked_run_id
 from guardian.redact import printable
 from guardian.yamlio import Loaded
@@ -107,6 +109,7 @@ def load_fleet(path: Path, fleet_config: GuardianConfig) -> list[FleetRun]:
 
 
 def _resolved(entry: RunEntry, folder: Path, fleet_config: GuardianConfig) -> FleetRun:
+    home = fleet_config.home  # the run folders go under the fleet's home unless the run's own file names one
     if entry.config is None:
         config = fleet_config
     else:
@@ -115,7 +118,8 @@ def _resolved(entry: RunEntry, folder: Path, fleet_config: GuardianConfig) -> Fl
             config = load_config(own)
         except ConfigError as exc:
             raise ConfigError(f"run {entry.run_id} of the fleet: {exc}") from None
-    update: dict[str, object] = {"db_url": fleet_config.database_url()}
+        home = home_in_file(config, own, os.environ) or home
+    update: dict[str, object] = {"db_url": fleet_config.database_url(), "home": home}
     if entry.mode is not None:
         update["mode"] = entry.mode
     cwd = entry.cwd if entry.cwd is None or entry.cwd.is_absolute() else folder / entry.cwd
