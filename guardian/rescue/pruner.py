@@ -94,13 +94,14 @@ class DumpPruner:
             log.info(event("rollouts_pruned", fields))
         if plan.over_cap and not self._said_over_cap:
             self._said_over_cap = True
-            over = {"run": self.run_id, "kept_bytes": plan.kept_bytes, "cap_bytes": self.policy.keep_bytes}
-            fix = "raise rollouts.keep_gib, or lower rollouts.keep_recent_steps / keep_around_incident_steps"
-            log.warning(
-                event(
-                    "rollouts_over_cap", {**over, "why": "the dumps kept as evidence alone exceed the cap", "fix": fix}
-                )
-            )
+            over = {
+                "run": self.run_id,
+                "kept_bytes": plan.kept_bytes,
+                "cap_bytes": self.policy.keep_bytes,
+                "why": "the dumps kept as evidence alone exceed the cap",
+                "fix": "raise rollouts.keep_gib, or lower rollouts.keep_recent_steps / keep_around_incident_steps",
+            }
+            log.warning(event("rollouts_over_cap", over))
 
 
 def incident_ranges(incidents: Sequence[IncidentView], interventions: Sequence[InterventionView]) -> list[StepRange]:
