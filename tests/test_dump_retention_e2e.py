@@ -62,6 +62,9 @@ def test_old_dumps_are_pruned_and_the_incidents_are_kept(tmp_path: Path, caplog:
     lines = [r.getMessage() for r in caplog.records if "event=rollouts_pruned" in r.getMessage()]
     assert lines and all(re.search(r" files=\d+ bytes=\d+ kept_files=\d+ kept_bytes=\d+ cap_bytes=", m) for m in lines)
     assert removed_new, sorted(new)
+    # the evidence alone is over this cap: said once, with what to do
+    (over,) = [r.getMessage() for r in caplog.records if "event=rollouts_over_cap" in r.getMessage()]
+    assert "fix=" in over and "rollouts.keep_gib" in over
     # what the judgment needs stayed: the baseline, the incident's steps and those around them (the report's span),
     # the whole branch the rollback abandoned, the newest steps
     lo, hi = report.steps
