@@ -166,3 +166,52 @@ def test_guardian_watch_on_a_terminal_leaves_one_whole_frame_in_the_scrollback(t
     frame = plain[plain.index("guardian watch tty") : plain.index("watch ended")].rstrip("\n").split("\n")
     assert "mode observe" in frame[0] and "critical" in frame[3]  # the worst check heads the table
     assert len(frame) <= 24 and all(len(line) <= 80 for line in frame)
+
+
+def read_terminal(command: list[str], env: dict[str, str], timeout: float = 120) -> tuple[str, int]:
+    """What ``command`` writes to an 80x24 pseudo-terminal until it exits, and its exit code."""
+    parent, child = pty.openpty()
+    ioctl(child, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 80, 0, 0))
+    env = {k: v for k, v in env.items() if k not in ("COLUMNS", "LINES", "GUARDIAN_DB_URL")}
+    proc = subprocess.Popen(command, stdin=child, stdout=child, stderr=child, env={**env, "TERM": "xterm-256color"})
+    os.close(child)
+    chunks: list[bytes] = []
+    deadline = time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([parent], [], [], 0.2)
+            if ready:
+                try:
+                    data = os.read(parent, 65536)
+                except OSError:  # the terminal closed: the command ended
+                    break
+                if not data:
+                    break
+                chunks.append(data)
+            elif proc.poll() is not None:
+                break
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        code = proc.wait(timeout=30)
+        os.close(parent)
+    return b"".join(chunks).decode(errors="replace"), code
+
+
+@pytest.mark.slow
+def test_guardian_run_on_a_terminal_says_guardian_run_with_its_mode_attempt_pid_and_eta(tmp_path: Path) -> None:
+    """A real ``guardian run`` of the demo trainer on an 80x24 pseudo-terminal."""
+    trainer = [sys.executable, "-m", "guardian.demo.trainer", "trainer.total_training_steps=20"]
+    trainer += ["trainer.total_epochs=1000", f"trainer.default_local_dir={tmp_path / 'ckpt'}"]
+    trainer += ["+trainer.fault.slow_steps=0.1"]
+    text, code = read_terminal(
+        [sys.executable, "-m", "guardian", "run", "--run-id", "ttyrun", "--", *trainer],
+        {**os.environ, "GUARDIAN_HOME": str(tmp_path / "home")},
+    )
+    assert code == 0, text[-3000:]
+    assert ENTER_ALT in text and LEAVE_ALT in text, text[-3000:]
+    inside = text.split(ENTER_ALT, 1)[1].split(LEAVE_ALT, 1)[0]
+    plain = ANSI.sub("", inside)
+    assert "guardian run ttyrun" in plain and "guardian watch" not in plain
+    assert re.search(r"mode enforce  attempt 1  pid \d+", plain), plain[-3000:]
+    assert re.search(r"step \d+/20 .* ETA \d+", plain), plain[-3000:]
