@@ -123,40 +123,10 @@ def test_guardian_watch_on_a_terminal_leaves_one_whole_frame_in_the_scrollback(t
     """A real ``guardian watch`` on an 80x24 pseudo-terminal: frames on the alternate screen, one left after."""
     metrics = tmp_path / "metrics.jsonl"
     metrics.write_bytes(TRACE.read_bytes())
-    env = {**os.environ, "GUARDIAN_HOME": str(tmp_path / "home"), "TERM": "xterm-256color"}
-    env.pop("GUARDIAN_DB_URL", None)
-    env.pop("COLUMNS", None)
-    env.pop("LINES", None)
-    parent, child = pty.openpty()
-    ioctl(child, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 80, 0, 0))
-    proc = subprocess.Popen(
+    text, _ = read_terminal(
         [sys.executable, "-m", "guardian", "watch", "--metrics", str(metrics), "--run-id", "tty", "--no-follow"],
-        stdin=child,
-        stdout=child,
-        stderr=subprocess.DEVNULL,
-        env=env,
-        close_fds=True,
+        {**os.environ, "GUARDIAN_HOME": str(tmp_path / "home")},
     )
-    os.close(child)
-    chunks: list[bytes] = []
-    deadline = time.monotonic() + 60
-    try:
-        while time.monotonic() < deadline:
-            ready, _, _ = select.select([parent], [], [], 0.2)
-            if ready:
-                try:
-                    data = os.read(parent, 65536)
-                except OSError:  # the terminal closed: the watch ended
-                    break
-                if not data:
-                    break
-                chunks.append(data)
-            elif proc.poll() is not None:
-                break
-    finally:
-        proc.wait(timeout=30)
-        os.close(parent)
-    text = b"".join(chunks).decode(errors="replace")
     assert ENTER_ALT in text and LEAVE_ALT in text, text[-2000:]
     before, rest = text.split(ENTER_ALT, 1)
     _, after = rest.split(LEAVE_ALT, 1)
