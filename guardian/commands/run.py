@@ -238,16 +238,22 @@ def _live_view(held: ExitStack, supervisor: Supervisor, snapshots: GuardianSourc
     if snapshots is None:
         raise ValueError("the live view draws the run's published snapshots: pass snapshots")
     total = run_total_steps(supervisor.trainer.argv(supervisor.command), supervisor.cwd)
+    view = held.enter_context(LiveScreen(_render(supervisor, total)))
+    return lambda ok: view.update(run_frame(supervisor, snapshots.latest, total))
 
-    def frame(snapshot: RunSnapshot) -> Frame:
-        header = Header("guardian run", supervisor.config.mode, trainer_pid(supervisor), total)
-        footer = run_footer(snapshot)
-        return Frame(lambda w, h: render(snapshot, header=header, footer=footer, width=w, height=h))
 
-    # the first frame: the run as ``start`` left it (a re-attach rebuilt its history), before the first tick publishes
-    first = GuardianSource(supervisor.guardian, supervisor.store, time.time).latest
-    view = held.enter_context(LiveScreen(frame(first)))
-    return lambda ok: view.update(frame(snapshots.latest))
+def _render(supervisor: Supervisor, total_steps: int | None = None) -> Frame:
+    """The live view's first frame: the run as ``start`` left it (a re-attach rebuilt its history), before the first
+    tick publishes its snapshot."""
+    return run_frame(supervisor, GuardianSource(supervisor.guardian, supervisor.store, time.time).latest, total_steps)
+
+
+def run_frame(supervisor: Supervisor, snapshot: RunSnapshot, total_steps: int | None) -> Frame:
+    """The run's view of ``snapshot``, drawn at the terminal's size: titled ``guardian run``, with the guardian's mode,
+    the trainer's pid, an ETA when ``total_steps`` is known, and the intervention under way."""
+    header = Header("guardian run", supervisor.config.mode, trainer_pid(supervisor), total_steps)
+    footer = run_footer(snapshot)
+    return Frame(lambda w, h: render(snapshot, header=header, footer=footer, width=w, height=h))
 
 
 def trainer_pid(supervisor: Supervisor) -> int | None:
