@@ -11,7 +11,7 @@ steps (reward 0.1 -> 0.5) and then collapses (entropy -25 % a step, reward flat)
 non-negative coefficient holds its entropy and scores ``+script.fixed_reward`` - above or below the
 rollback point's level, as the test wants. ``+script.detached_child=FILE``: each launch first starts a child in
 a session of its own (``setsid``, as a daemon or a Ray instance would) that outlives the trainer, and appends its
-pid to FILE.
+pid to FILE. Like verl's TaskRunner, it prints its config (its arguments as one nested dict, ``pprint``-ed) first.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import pprint
 import subprocess
 import sys
 import time
@@ -29,6 +30,7 @@ LEARN_STEPS = 15
 
 def main(argv: list[str]) -> int:
     args = dict(a.lstrip("+").split("=", 1) for a in argv if "=" in a)
+    print_config(args)
     ckpt = Path(args["trainer.default_local_dir"])
     total = int(args["trainer.total_training_steps"])
     save_freq = int(args.get("trainer.save_freq", "5"))
@@ -68,6 +70,24 @@ def main(argv: list[str]) -> int:
         log.write(json.dumps({"step": step, "data": data}).encode() + b"\n")
         time.sleep(0.02)
     return 0
+
+
+def print_config(args: dict[str, str]) -> None:
+    """The arguments as verl prints its composed config: one nested dict, values read as JSON where they parse."""
+    tree: dict[str, object] = {}
+    for key, text in args.items():
+        *parents, leaf = key.split(".")
+        node = tree
+        for part in parents:
+            child = node.get(part)
+            node[part] = child = child if isinstance(child, dict) else {}
+            node = child
+        try:
+            node[leaf] = json.loads(text)
+        except ValueError:
+            node[leaf] = text
+    pprint.pprint(tree)
+    sys.stdout.flush()
 
 
 def entropy_of(step: int) -> float:

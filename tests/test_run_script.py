@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from conftest import fixture_path
 
 from guardian.actions.ladder import LR, Rung
 from guardian.actions.overrides import parse_command
@@ -17,6 +19,7 @@ from guardian.actions.verl_keys import PatchError
 from guardian.commands.run import RunRequest, run_guarded
 from guardian.config import GuardianConfig
 from guardian.sources.forwarding import dropped_arguments
+from guardian.sources.printed_config import printed_config, read_printed_config
 from guardian.states import State
 from guardian.store import Store
 
@@ -96,6 +99,30 @@ def test_a_patch_of_a_script_run_sets_what_it_can_and_refuses_what_needs_an_unkn
     assert any("launch script" in note for note in plan.notes)
 
 
+def test_the_config_verl_printed_is_read_from_its_stdout_with_ray_prefixes_and_colours() -> None:
+    """Real verl 0.9.1 output: the TaskRunner's pprint of its resolved config, each line behind its actor prefix."""
+    log = fixture_path("verl-0.9.1-run", "harness", "collapse", "runs", "gpu-collapse", "attempt-1", "stdout.log")
+    config = read_printed_config(log)
+    assert config is not None and config["trainer"]["logger"] == ["console", "file"]
+    assert config["actor_rollout_ref"]["actor"]["optim"]["lr"] == 0.001
+    assert config["actor_rollout_ref"]["rollout"]["temperature"] == 1.0
+    # another actor's line inside the print is left out; a dict without a trainer section is not a config
+    text = "(TaskRunner pid=7) {'trainer': {'a': 1,\n(WorkerDict pid=8) noise\n(TaskRunner pid=7)  'b': 2}}\n"
+    assert printed_config("{'step': 1}\n" + text) == {"trainer": {"a": 1, "b": 2}}
+    assert printed_config("no config here\n") is None
+
+
+def test_a_patch_of_a_script_run_computes_from_the_printed_config(tmp_path: Path) -> None:
+    files = RunFiles(tmp_path / "m.jsonl", tmp_path / "r", tmp_path, recorded={"actor_rollout_ref": {"actor": {}}})
+    command = ["bash", "train.sh", "trainer.logger=[console,file]", f"trainer.default_local_dir={tmp_path}"]
+    halve = Rung.model_validate({"name": "lr", "why": "x", "changes": [{"key": LR, "multiply": 0.5}]})
+    with pytest.raises(PatchError, match=rf"current {LR} is unknown"):  # not in what the attempt printed either
+        plan_patch(command, halve, resume_from=None, run_files=files)
+    printed = {"actor_rollout_ref": {"actor": {"optim": {"lr": 2e-6}}}}
+    plan = plan_patch(command, halve, resume_from=None, run_files=replace(files, recorded=printed))
+    assert (LR, 2e-6, 1e-6) in plan.diff and f"++{LR}=1e-06" in plan.argv
+
+
 def test_dropped_arguments_is_decided_from_a_console_step_and_an_empty_metrics_file() -> None:
     assert dropped_arguments(console_step_at=10.0, metrics_bytes=0, now=20.0, grace_s=10.0)
     assert not dropped_arguments(console_step_at=10.0, metrics_bytes=0, now=19.0, grace_s=10.0)  # still in grace
@@ -128,20 +155,28 @@ def test_dry_run_of_a_script_shows_the_appended_arguments_and_the_exported_varia
 def test_a_script_that_forwards_its_arguments_is_guarded_rolled_back_and_relaunched_with_the_patches(
     tmp_path: Path,
 ) -> None:
-    """The script sets the run's length, save cadence and fixed-reward itself and forwards ``"$@"``; the user passes
-    the checkpoint dir, loggers and the keys the entropy rung reads. The collapse is rolled back to step 15 through
-    the script, whose relaunch carries the resume path and the patch after the script's own arguments."""
+    """The script sets the run's length, save cadence, the wrong-signed entropy bonus and the other keys the entropy
+    rung reads itself, and forwards ``"$@"``; the user passes only the checkpoint dir and loggers. The guardian
+    reads the script's values from the config the attempt printed, rolls the collapse back to step 15 through the
+    script, and the relaunch carries the resume path and the patch after the script's own arguments."""
     home, ckpt = tmp_path / "home", tmp_path / "ckpt"
-    own = "trainer.total_training_steps=60 trainer.save_freq=5 +script.fixed_reward=0.6"
+    own = (
+        f"trainer.total_training_steps=60 trainer.save_freq=5 +script.fixed_reward=0.6 {ENT}=-0.1 {TEMP}=0.9 "
+        f"{CLIP_HIGH}=0.2"
+    )
     script = write_script(tmp_path, f'"{sys.executable}" "{SCRIPTED}" {own}', forwards=True)
-    user = ["trainer.logger=[console,file]", f"trainer.default_local_dir={ckpt}", f"{ENT}=-0.1", f"{TEMP}=1.0"]
-    command = ("bash", str(script), *user, f"{CLIP_HIGH}=0.2")
+    command = ("bash", str(script), "trainer.logger=[console,file]", f"trainer.default_local_dir={ckpt}")
     config = config_for(home)
     assert run_guarded(config, RunRequest(command, tmp_path, "script")) == 0
     with Store.open(config.database_url()) as store:
         (intervention,) = store.interventions("script")
         assert intervention.state == State.RESOLVED and intervention.target_step == 15
         assert len(store.attempts("script")) == 2
+        patched = next(e for e in store.intervention_events(intervention.id) if e.state == "PATCHED").detail
+    # the script's own values, read from what attempt 1 printed: the diff starts from them
+    diff = {c["key"]: (c["before"], c["after"]) for c in patched["diff"]}
+    assert diff[ENT] == (-0.1, 0.003) and diff[TEMP] == (0.9, 1.0) and diff[CLIP_HIGH] == (0.2, 0.28)
+    assert any("read from the config its last attempt printed" in note for note in patched["notes"])
     first = json.loads((home / "runs/script/attempt-1/command.json").read_text())
     assert first["argv"][:2] == ["bash", str(script)] and first["env"]["VERL_FILE_LOGGER_PATH"].endswith(
         "attempt-1/metrics.jsonl"
@@ -149,6 +184,7 @@ def test_a_script_that_forwards_its_arguments_is_guarded_rolled_back_and_relaunc
     argv = json.loads((home / "runs/script/attempt-2/command.json").read_text())["argv"]
     assert argv[:2] == ["bash", str(script)] and not any("fixed_reward" in a for a in argv)  # the script's own
     assert f"++trainer.resume_from_path={ckpt}/global_step_15" in argv and f"++{ENT}=0.003" in argv
+    assert argv.index(f"++{ENT}=0.003") > 3  # after the user's arguments: last, so it wins over the script's own
     assert "event=arguments_not_forwarded" not in guardian_log(home, "script")
 
 

@@ -5,7 +5,8 @@ key=value +key=value ++key=value ~key …`` (also ``python3``, wrappers before `
 instead of ``-m``, and ``guardian.demo.trainer``, which takes the same overrides), or a shell script that ends in
 ``python3 -m verl.trainer.main_ppo … "$@"`` (``bash train.sh key=value …``): only the arguments after the script
 are read, what the script sets itself is unknown (``UnknownKey``), and every key the guardian writes is appended as
-``++key=value``, which Hydra applies last whatever the script did to the key before. The guardian never
+``++key=value``, which Hydra applies last whatever the script did to the key before; once an attempt has printed
+its config (``sources.printed_config``), a relaunch reads the script's values from it. The guardian never
 rewrites what it does not need to: ``with_overrides`` replaces or appends only the keys it changes, and
 writes ``++key`` for keys outside verl's YAML, because Hydra's struct mode refuses a plain override of
 a missing key (facts §4). Values use a subset of Hydra's override grammar; tests check it against
@@ -245,18 +246,27 @@ class EffectiveConfig:
     config_file: Path | None = None
     notes: list[str] = field(default_factory=list)
     _yaml: dict[str, Any] | None = None
+    recorded: Mapping[str, Any] | None = None  # a launch script's run: the config its attempt printed
 
     @classmethod
     def of(
-        cls, command: LaunchCommand | Sequence[str], defaults: Mapping[str, object], cwd: Path | None = None
+        cls,
+        command: LaunchCommand | Sequence[str],
+        defaults: Mapping[str, object],
+        cwd: Path | None = None,
+        *,
+        recorded: Mapping[str, Any] | None = None,
     ) -> EffectiveConfig:
+        """``recorded``: the config the launch's attempt printed (read for a launch script's own values)."""
         cmd = command if isinstance(command, LaunchCommand) else parse_command(command)
         eff = cls(cmd, defaults, (cwd or Path.cwd()).resolve())
         eff._load_yaml()
         if cmd.script:
+            eff.recorded = recorded
+            known = "read from the config its last attempt printed" if recorded else "unknown to it"
             eff.notes.append(
-                f"{cmd.entry} is a launch script: the guardian reads only the arguments after it; what the script "
-                "sets itself is unknown to it, and its own overrides are appended after the script's (last wins)"
+                f"{cmd.entry} is a launch script: the guardian reads the arguments after it; what the script sets "
+                f"itself is {known}, and the guardian's overrides are appended after the script's (last wins)"
             )
         return eff
 
@@ -331,6 +341,10 @@ class EffectiveConfig:
             node = node[part]
         else:
             return node
+        if self.command.script and self.recorded is not None:
+            found, value = _lookup(self.recorded, key)
+            if found:
+                return value
         if self.command.script:
             raise UnknownKey(
                 f"{key}: unknown - {self.command.entry} may set it, and the guardian does not read a script's own "
@@ -339,6 +353,16 @@ class EffectiveConfig:
         if key in self.defaults:
             return self.defaults[key]
         raise PatchError(f"{key}: not on the command line, not in the config file, and no verl default is known")
+
+
+def _lookup(tree: Mapping[str, Any], key: str) -> tuple[bool, object]:
+    """(True, value) of dotted ``key`` in a nested mapping; (False, None) when a part is missing."""
+    node: Any = tree
+    for part in key.split("."):
+        if not isinstance(node, Mapping) or part not in node:
+            return False, None
+        node = node[part]
+    return True, node
 
 
 def _entry_dir(cmd: LaunchCommand, cwd: Path) -> Path | None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from guardian.actions import verl_keys
 from guardian.actions.checkpoints import CheckpointError, resume_path_for
@@ -57,6 +58,7 @@ class RunFiles:
     rollout_dir: Path
     cwd: Path | None = None  # the trainer's launch cwd (relative verl paths resolve against it); None = ours
     user_command: tuple[str, ...] | None = None  # the user's original argv: a rollout_data_dir it sets is kept
+    recorded: Mapping[str, Any] | None = None  # the config the current attempt printed (a launch script's values)
 
     def prepare(self, command: Sequence[str]) -> AttemptFiles:
         return prepare_attempt(
@@ -192,7 +194,7 @@ def plan_patch(command: Sequence[str], rung: Rung, *, resume_from: str | None, r
     """Apply ``rung`` to the effective config of ``command``, resume from ``resume_from`` (None: start from
     scratch, ``resume_mode=disable``); validated, not run."""
     cmd = parse_command(command)
-    eff = EffectiveConfig.of(cmd, verl_keys.defaults(), run_files.cwd)
+    eff = EffectiveConfig.of(cmd, verl_keys.defaults(), run_files.cwd, recorded=run_files.recorded)
     notes, staged = list(eff.notes), dict[str, object]()
     for change in rung.changes:
         current = {k: staged[k] if k in staged else known(eff, k) for k in (*change.when, change.key)}
@@ -228,7 +230,7 @@ def first_effective_rung(command: Sequence[str], rungs: Sequence[Rung], start: i
 def crash_restart_plan(command: Sequence[str], *, resume_from: str | None, run_files: RunFiles) -> PatchPlan:
     """Same config, resumed from ``resume_from`` (None: from scratch, ``resume_mode=disable``)."""
     cmd = parse_command(command)
-    eff = EffectiveConfig.of(cmd, verl_keys.defaults(), run_files.cwd)
+    eff = EffectiveConfig.of(cmd, verl_keys.defaults(), run_files.cwd, recorded=run_files.recorded)
     notes = list(eff.notes)
     changed = _resume_overrides(resume_from, notes)
     return _finish(cmd, eff, changed, notes, run_files, rung=None, reset=False)

@@ -23,7 +23,7 @@ stopped trainer waiting for the store; past ``outage.STORE_WAIT_S`` of that the 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from guardian.actions.launcher import RunFolder
@@ -56,6 +56,7 @@ from guardian.sources.checkpoints import resumable, scan_checkpoints
 from guardian.sources.console import ConsoleFile
 from guardian.sources.forwarding import Dropped, ForwardingWatch
 from guardian.sources.jsonl import MetricsFile
+from guardian.sources.printed_config import read_printed_config
 from guardian.sources.rollouts import RolloutDir
 from guardian.states import Kind, Mode, State
 from guardian.store import IncidentView, InterventionView, Store
@@ -141,7 +142,7 @@ class Supervisor:
                 lambda: self.guardian.rollouts.path if users_dumps and self.guardian.rollouts else None,
                 copy_min_free_bytes=self.config.checkpoints.copy_min_free_bytes,
             ),
-            planner=LocalPlanner(self.config, self._current_argv, lambda: self._run_files(self._next_attempt_number())),
+            planner=LocalPlanner(self.config, self._current_argv, self._planned_files),
             after_commit=self.after_commit,
         )
         self._forwarding: ForwardingWatch | None = None  # the followed attempt's check that it got our arguments
@@ -438,6 +439,15 @@ class Supervisor:
     def _next_attempt_number(self) -> int:
         latest = self.store.latest_attempt(self.run_id)
         return (latest.number if latest else 0) + 1
+
+    def _planned_files(self) -> RunFiles:
+        """The files of the attempt a plan would launch; for a launch script, with the config the current attempt
+        printed (``sources.printed_config``): the script's own values, which its command line does not show."""
+        files = self._run_files(self._next_attempt_number())
+        attempt = self.trainer.attempt
+        if self.jobs is not None or attempt is None or not parse_command(self._current_argv()).script:
+            return files
+        return replace(files, recorded=read_printed_config(self.folder.stdout(attempt.number)))
 
     def _run_files(self, number: int) -> RunFiles:
         return RunFiles(self.folder.metrics(number), self.folder.rollouts(number), self.cwd, self.command)
