@@ -119,7 +119,7 @@ def resolve_home(
 
 
 def config_candidates(cwd: Path, home: Home) -> list[Path]:
-    """The guardian.yaml files tried in order when ``--config`` is not given (rule 2's ``./guardian.yaml`` first)."""
+    """The guardian.yaml files tried in order when ``--config`` is not given."""
     found = [cwd / CONFIG_FILE]
     if home.source is HomeFrom.PROJECT:
         found.append(home.path.parent / CONFIG_FILE)
@@ -175,7 +175,7 @@ class Located:
             return None
         return (
             f"no guardian store at {printable(file)}: the home {printable(self.home.path)} is "
-            f"{printable(self.home.why)}; nothing was created there. {ADVICE}"
+            f"{printable(self.home.why)}; nothing was created there; {ADVICE}"
         )
 
 
@@ -200,22 +200,22 @@ def locate(config_arg: str | None, env: Mapping[str, str] | None = None, cwd: Pa
     the file when a guardian.yaml is wrong."""
     env = os.environ if env is None else env
     cwd = Path.cwd() if cwd is None else cwd
-    first: Path | None = cwd / config_arg if config_arg else None
-    if first is None and (cwd / CONFIG_FILE).is_file():
-        first = cwd / CONFIG_FILE
-    config = load_config(first, env) if first is not None else None
-    chosen = home_in_file(config, first, env) if config is not None and first is not None else None
-    home = resolve_home(
-        env, cwd, file_home=(chosen, first) if chosen and first else None, is_home=owned_folder, user_home=user_folder()
-    )
-    if config is None:
-        first = next((p for p in config_candidates(cwd, home) if p.is_file()), None)
-        config = load_config(first, env)
-        own = home_in_file(config, first, env) if first is not None else None
+    here = cwd / CONFIG_FILE
+    file = cwd / config_arg if config_arg else here if here.is_file() else None
+    file_home: tuple[Path, Path] | None = None
+    if file is not None:  # rule 2: this file may choose the home
+        config = load_config(file, env)
+        chosen = home_in_file(config, file, env)
+        file_home = (chosen, file) if chosen is not None else None
+    home = resolve_home(env, cwd, file_home=file_home, is_home=owned_folder, user_home=user_folder())
+    if file is None:  # a file found through the home: it cannot move it
+        file = next((p for p in config_candidates(cwd, home) if p.is_file()), None)
+        config = load_config(file, env)
+        own = home_in_file(config, file, env) if file is not None else None
         if own is not None and own.resolve() != home.path.resolve():
             raise ConfigError(
-                f"config file {printable(first)} names home {printable(own)}, but it was found through the home "
+                f"config file {printable(file)} names home {printable(own)}, but it was found through the home "
                 f"{printable(home.path)}: remove its home: (or give the file with --config)"
             )
     overrides = tuple(name for name in ENV_OVERRIDES if name != HOME_ENV and env.get(name))
-    return Located(config.model_copy(update={"home": home.path}), home, first, overrides)
+    return Located(config.model_copy(update={"home": home.path}), home, file, overrides)

@@ -14,7 +14,7 @@ import pytest
 
 from guardian.cli import EXIT_ERROR, EXIT_OK, EXIT_UNHEALTHY, EXIT_USAGE, main
 from guardian.config import ConfigError
-from guardian.home import HomeFrom, config_candidates, locate, resolve_home, state_folder
+from guardian.home import HomeFrom, config_candidates, locate, owned_folder, resolve_home, state_folder
 
 USER = Path("/home/ann")
 
@@ -66,6 +66,15 @@ def test_the_state_folder_follows_xdg_but_not_a_relative_one() -> None:
     assert state_folder({"XDG_STATE_HOME": "rel"}, USER) == USER / ".local/state/verl-guardian"
     with pytest.raises(ConfigError, match="set GUARDIAN_HOME"):
         state_folder({}, None)
+
+
+@pytest.mark.skipif(not hasattr(os, "getuid") or os.getuid() != 0, reason="giving a folder away needs root")
+def test_a_guardian_folder_owned_by_another_user_is_passed_over(tmp_path: Path) -> None:
+    theirs, mine = tmp_path / "theirs" / ".guardian", tmp_path / "mine" / ".guardian"
+    theirs.mkdir(parents=True)
+    mine.mkdir(parents=True)
+    os.chown(theirs, 65534, 65534)
+    assert owned_folder(mine) and not owned_folder(theirs) and not owned_folder(tmp_path / "none")
 
 
 def test_config_files_tried_in_order() -> None:
