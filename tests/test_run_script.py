@@ -61,12 +61,18 @@ def guardian_log(home: Path, run_id: str) -> str:
         (["bash", "-x", "examples/run_qwen.sh", "a.b=1"], "examples/run_qwen.sh"),
         (["./run_qwen2-7b.sh", "a.b=1"], "./run_qwen2-7b.sh"),
         (["/bin/sh", "launch", "a.b=1"], "launch"),
+        (["bash", "--", "train.sh", "a.b=1"], "train.sh"),
     ],
 )
 def test_a_launch_script_is_read_with_the_arguments_after_it(argv: list[str], entry: str) -> None:
     cmd = parse_command(argv)
     assert cmd.script and cmd.entry == entry and not cmd.is_verl
     assert cmd.override_texts() == ["a.b=1"]
+
+
+def test_a_python_launch_with_a_variable_naming_a_script_is_not_a_script_launch() -> None:
+    cmd = parse_command(["env", "HOOK=/x/setup.sh", "python3", "-m", "verl.trainer.main_ppo", "a.b=1"])
+    assert not cmd.script and cmd.is_verl and cmd.override_texts() == ["a.b=1"]
 
 
 def test_an_inline_shell_command_is_refused_saying_what_to_write_instead() -> None:

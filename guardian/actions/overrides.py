@@ -96,13 +96,15 @@ def parse_override(token: str) -> Override | None:
 def _script_start(argv: tuple[str, ...]) -> int | None:
     """Index just past a launch script's path (``bash [-flags] train.sh``, ``./train.sh``), or None."""
     for i, token in enumerate(argv):
-        if token.endswith(".sh"):
+        if token.endswith(".sh") and "=" not in token:  # not an ``env VAR=x.sh`` before the trainer
             return i + 1
         if token.rsplit("/", 1)[-1] in _SHELLS:
             j = i + 1
             while j < len(argv) and argv[j].startswith("-") and argv[j] not in ("-c", "--"):
                 j += 1
-            if j < len(argv) and argv[j] in ("-c", "--"):
+            if j < len(argv) and argv[j] == "--":  # the end of the shell's options
+                j += 1
+            if j < len(argv) and argv[j] == "-c":
                 raise PatchError(
                     f"{' '.join(argv)!r}: an inline shell command cannot take the guardian's arguments; put it in a "
                     "script whose python command ends in \"$@\" and run 'bash SCRIPT key=value …'"
