@@ -5,6 +5,7 @@ place on the alternate screen so the scrollback keeps one whole frame, never tor
 from __future__ import annotations
 
 import io
+import json
 import os
 import pty
 import re
@@ -183,5 +184,7 @@ def test_guardian_run_on_a_terminal_says_guardian_run_with_its_mode_attempt_pid_
     inside = text.split(ENTER_ALT, 1)[1].split(LEAVE_ALT, 1)[0]
     plain = ANSI.sub("", inside)
     assert "guardian run ttyrun" in plain and "guardian watch" not in plain
-    assert re.search(r"mode enforce  attempt 1  pid \d+", plain), plain[-3000:]
+    recorded = next((tmp_path / "home" / "runs" / "ttyrun").rglob("*.pid"))  # the wrapper's record of the trainer
+    pid = json.loads(recorded.read_text())["pid"]
+    assert f"mode enforce  attempt 1  pid {pid} " in plain, plain[-3000:]
     assert re.search(r"step \d+/20 .* ETA \d+", plain), plain[-3000:]

@@ -25,7 +25,7 @@ from guardian.actions.launcher import holding_dumps
 from guardian.actions.overrides import effective_value
 from guardian.actions.patch import AttemptFiles
 from guardian.actions.preview import launch_preview
-from guardian.actions.process import LocalProcessControl
+from guardian.actions.process import LocalProcessControl, read_runner_start
 from guardian.actions.verl_keys import PatchError
 from guardian.commands.screen import LiveScreen
 from guardian.commands.view import Frame, Header, render, run_footer
@@ -257,11 +257,12 @@ def run_frame(supervisor: Supervisor, snapshot: RunSnapshot, total_steps: int | 
 
 
 def trainer_pid(supervisor: Supervisor) -> int | None:
-    """The pid of the trainer's process group leader (the attempt's wrapper), when a local trainer runs."""
+    """The local trainer's pid, as its wrapper recorded it (else the wrapper's: its process group's id)."""
     trainer = supervisor.trainer
     if not isinstance(trainer, LocalTrainer) or trainer.attempt is None or trainer.attempt.handle is None:
         return None
-    return trainer.attempt.handle.pid
+    started = read_runner_start(trainer.attempt.handle.exit_file)
+    return started.pid if started is not None else trainer.attempt.handle.pid
 
 
 def run_total_steps(argv: Sequence[str], cwd: Path) -> int | None:
