@@ -18,7 +18,7 @@ from guardian.actions.patch import UNKNOWN, RunFiles, plan_patch
 from guardian.actions.verl_keys import PatchError
 from guardian.commands.run import RunRequest, run_guarded
 from guardian.config import GuardianConfig
-from guardian.sources.forwarding import dropped_arguments
+from guardian.sources.forwarding import Dropped, dropped_arguments, dropped_fields
 from guardian.sources.printed_config import printed_config, read_printed_config
 from guardian.states import State
 from guardian.store import Store
@@ -134,6 +134,14 @@ def test_dropped_arguments_is_decided_from_a_console_step_and_an_empty_metrics_f
     assert not dropped_arguments(console_step_at=10.0, metrics_bytes=0, now=19.0, grace_s=10.0)  # still in grace
     assert not dropped_arguments(console_step_at=10.0, metrics_bytes=120, now=99.0, grace_s=10.0)  # metrics came
     assert not dropped_arguments(console_step_at=None, metrics_bytes=0, now=99.0, grace_s=10.0)  # no step yet
+
+
+def test_a_python_launch_whose_metrics_do_not_arrive_is_not_blamed_on_a_script(tmp_path: Path) -> None:
+    dropped = Dropped(3, tmp_path / "stdout.log", tmp_path / "metrics.jsonl")
+    fields = dropped_fields("r1", ["python3", "-m", "verl.trainer.main_ppo", "a.b=1"], dropped)
+    assert "another Ray node" in str(fields["message"]) and '"$@"' not in str(fields["fix"])
+    fields = dropped_fields("r1", ["bash", "run_qwen.sh", "a.b=1"], dropped)
+    assert "run_qwen.sh does not pass on" in str(fields["message"]) and "guardian stop r1" in str(fields["fix"])
 
 
 # -- guardian run on a script --------------------------------------------------------------------------------------

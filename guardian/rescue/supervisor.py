@@ -32,7 +32,6 @@ from guardian.actions.patch import RunFiles
 from guardian.actions.pins import pinned_steps
 from guardian.actions.process import ExitStatus, TrainerControl
 from guardian.actions.schedule import read_saves, retention_problem
-from guardian.actions.verl_keys import PatchError
 from guardian.checks.findings import Severity
 from guardian.checks.stall import typical_step_seconds
 from guardian.config import GuardianConfig
@@ -54,7 +53,7 @@ from guardian.rescue.ray_survivors import ClusterState
 from guardian.rescue.snapshot import RescueSnapshot, StandingFinding, TrainerFacts
 from guardian.sources.checkpoints import resumable, scan_checkpoints
 from guardian.sources.console import ConsoleFile
-from guardian.sources.forwarding import Dropped, ForwardingWatch
+from guardian.sources.forwarding import ForwardingWatch, dropped_fields
 from guardian.sources.jsonl import MetricsFile
 from guardian.sources.printed_config import read_printed_config
 from guardian.sources.rollouts import RolloutDir
@@ -242,7 +241,7 @@ class Supervisor:
         """The one error line when the followed attempt prints steps but its metrics file stays empty."""
         dropped = self._forwarding.poll() if self._forwarding is not None else None
         if dropped is not None:
-            log.error(event("arguments_not_forwarded", forwarding_fields(self.run_id, self.command, dropped)))
+            log.error(event("arguments_not_forwarded", dropped_fields(self.run_id, self.command, dropped)))
 
     # -- one pass ---------------------------------------------------------------------------------
     def tick(self) -> int | None:
@@ -459,26 +458,6 @@ class Supervisor:
 
     def _current_argv(self) -> tuple[str, ...]:
         return self.trainer.argv(self.command)
-
-
-def forwarding_fields(run_id: str, command: Sequence[str], dropped: Dropped) -> dict[str, object]:
-    """What ``event=arguments_not_forwarded`` says: what was seen, what it means, what to do."""
-    try:
-        cmd = parse_command(command)
-    except PatchError:
-        cmd = None
-    launch = f"the python command in {cmd.entry}" if cmd is not None and cmd.script else "the launch command"
-    return {
-        "run": run_id,
-        "step": dropped.step,
-        "metrics": dropped.metrics,
-        "stdout": dropped.stdout,
-        "message": f"the trainer printed step {dropped.step} but wrote nothing to the metrics file the guardian told "
-        f"it to use: {launch} does not pass on the arguments the guardian appended (file logger, rollout dumps, "
-        "resume path, patches), so the guardian sees no metrics and a rollback or patch would not reach the trainer",
-        "fix": f'end {launch} with "$@" (python3 -m verl.trainer.main_ppo ... "$@"), stop this run '
-        f"(guardian stop {run_id}) and start it again",
-    }
 
 
 def stored_argv(value: object) -> tuple[str, ...]:

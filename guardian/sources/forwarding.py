@@ -3,15 +3,19 @@
 The guardian tells verl where to write its metrics (``trainer.logger`` with ``file``, appended to the command). A
 script that drops its arguments still trains: verl's console prints ``step:N`` lines in the attempt's stdout while
 the metrics file stays empty. ``dropped_arguments`` decides that from two facts; ``ForwardingWatch`` gathers them,
-reading the stdout log only until its first step line (or the first metrics line) arrives.
+reading the stdout log only until its first step line (or the first metrics line) arrives; ``dropped_fields`` is
+what the error line says. A python launch cannot drop them: there the file is written where the guardian cannot
+read it (a TaskRunner on another node, the attempt folder not shared), and the line says that instead.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from guardian.actions.overrides import parse_command
+from guardian.actions.verl_keys import PatchError
 from guardian.history.timeline import StepRecord
 from guardian.sources.console import ConsoleFile
 
@@ -82,3 +86,33 @@ def _size(path: Path) -> int:
         return path.stat().st_size
     except OSError:
         return 0
+
+
+def dropped_fields(run_id: str, command: Sequence[str], dropped: Dropped) -> dict[str, object]:
+    """What ``event=arguments_not_forwarded`` says: what was seen, what it means, what to do."""
+    try:
+        script = parse_command(command)
+    except PatchError:
+        script = None
+    seen = f"the trainer printed step {dropped.step} but wrote nothing to the metrics file the guardian told it to use"
+    fields: dict[str, object] = {
+        "run": run_id,
+        "step": dropped.step,
+        "metrics": dropped.metrics,
+        "stdout": dropped.stdout,
+    }
+    stop = f"stop this run (guardian stop {run_id}) and start it again"
+    if script is not None and script.script:
+        launch = f"the python command in {script.entry}"
+        return fields | {
+            "message": f"{seen}: {launch} does not pass on the arguments the guardian appended (file logger, rollout "
+            "dumps, resume path, patches), so the guardian sees no metrics and a rollback or patch would not reach "
+            "the trainer",
+            "fix": f'end {launch} with "$@" (python3 -m verl.trainer.main_ppo ... "$@"), {stop}',
+        }
+    return fields | {
+        "message": f"{seen}: the trainer writes it where this machine cannot read it (a TaskRunner on another Ray "
+        "node, the attempt folder not shared with it) or a wrapper drops the arguments the guardian appended",
+        "fix": f"put the guardian home on a filesystem every node shares (or use --ray-address), check the command "
+        f"with guardian run --dry-run, {stop}",
+    }
