@@ -1,11 +1,8 @@
 """Whether a launch passed the guardian's arguments on to the trainer (``bash train.sh …`` must end in ``"$@"``).
 
-The guardian tells verl where to write its metrics (``trainer.logger`` with ``file``, appended to the command). A
-script that drops its arguments still trains: verl's console prints ``step:N`` lines in the attempt's stdout while
-the metrics file stays empty. ``dropped_arguments`` decides that from two facts; ``ForwardingWatch`` gathers them,
-reading the stdout log only until its first step line (or the first metrics line) arrives; ``dropped_fields`` is
-what the error line says. A python launch cannot drop them: there the file is written where the guardian cannot
-read it (a TaskRunner on another node, the attempt folder not shared), and the line says that instead.
+A script that drops them still trains: verl's console prints ``step:N`` in the attempt's stdout while the metrics
+file the guardian named stays empty. ``dropped_arguments`` decides from those two facts, ``ForwardingWatch`` gathers
+them (stdout read only until its first step line), ``dropped_fields`` is the error line's text.
 """
 
 from __future__ import annotations
