@@ -28,7 +28,8 @@ def launch_preview(command: Sequence[str], files: AttemptFiles, cwd: Path) -> di
             "path": cmd.entry,
             "needs": 'its python command must end in "$@": the appended arguments and exported variables reach '
             "the trainer only through it (else: event=arguments_not_forwarded at the first step)",
-            "unknown": "what the script sets itself; the guardian reads only the arguments after it, and "
-            "its own are appended last (Hydra: the last value wins)",
+            "unknown": "what the script sets itself, until an attempt prints its config (a relaunch's patch reads "
+            "it there); the guardian reads the arguments after the script and appends its own last (Hydra: the "
+            "last value wins)",
         }
     return document
