@@ -36,8 +36,6 @@ test: lint
 	$(BIN)/pytest -q
 
 bench: install
-	# the detection bench compares with two peers on the same data: rlwatch (alert-only) and rldoctor
-	$(BIN)/pip install --quiet 'rlwatch==0.5.1' 'rldoctor==0.2.0'
 	$(BIN)/python bench/detection.py
 	$(BIN)/python bench/ingest.py
 	$(BIN)/python bench/trainer.py
