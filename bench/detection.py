@@ -5,8 +5,8 @@
 For each trace in each folder's ``labels.json`` (default: ``tests/fixtures/traces`` and, when it exists,
 ``tests/fixtures/verl-twins``; ``--traces DIR``, repeatable, replaces them) the metrics file is replayed step
 by step (``guardian.incidents.replay``), once with the calibrated ``default`` rules and once with the
-tutorial's naive ``seed`` rules, and fed to two peers: rlwatch 0.5.1 and rldoctor 0.2.0 (in the ``dev`` extra; ``pip install
-rlwatch==0.5.1 rldoctor==0.2.0``; a peer's column is left out, with a note, when it is not installed).
+tutorial's naive ``seed`` rules, and fed to two peers: rlwatch 0.5.1 and rldoctor 0.2.0 (both in the ``dev`` extra;
+a peer's column is left out, with a note, when it is not installed).
 
 Scoring (``score``): an unhealthy run is *caught* when its first CRITICAL finding comes within
 ``EARLY_TOLERANCE_STEPS`` before to ``LATE_TOLERANCE_STEPS`` after the labelled onset (-10 <= delay <= 10);
