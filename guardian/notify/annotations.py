@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping
 from datetime import datetime
 from typing import TYPE_CHECKING, Final
 
-from guardian.dashboards import ANNOTATION_TAG, grafana, run_tag
+from guardian.dashboards import ANNOTATION_TAG, run_tag
 from guardian.notify.compose import compose
 from guardian.notify.events import EventKind, GuardianEvent, opening_keys
 from guardian.states import State
@@ -56,6 +56,8 @@ class GrafanaAnnotations:
         return event.kind is not EventKind.INTERVENTION or event.state in ACTION_TAGS
 
     def deliver(self, event: GuardianEvent, earlier: Mapping[str, DeliveryView]) -> str | None:
+        from guardian.dashboards import grafana  # its HTTP client loads only when Grafana is configured
+
         api = self._api = self._api or self._connect()
         incident = event.incident
         opened = _opening_annotation(incident.id, earlier)
@@ -80,6 +82,8 @@ class GrafanaAnnotations:
 
     def close(self) -> None:
         if self._api is not None:
+            from guardian.dashboards import grafana
+
             grafana.close(self._api)
 
 

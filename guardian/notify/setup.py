@@ -12,7 +12,6 @@ from functools import partial
 from pathlib import Path
 
 from guardian.config import ConfigError, GrafanaConfig, GuardianConfig, WebhookConfig
-from guardian.dashboards import grafana
 from guardian.notify.annotations import GrafanaAnnotations
 from guardian.notify.compose import Alert, compose
 from guardian.notify.dispatcher import Dispatcher, DispatchPolicy, Sink, dispatching
@@ -81,6 +80,8 @@ def annotations_sink(cfg: GrafanaConfig, env: Mapping[str, str]) -> GrafanaAnnot
     start), the connection is made on the first annotation."""
     if cfg.url is None:
         return None
+    from guardian.dashboards import grafana  # its HTTP client (~10 MB) loads only when Grafana is configured
+
     try:
         token = grafana.load_token(cfg.token_file, env)
     except grafana.GrafanaError as exc:

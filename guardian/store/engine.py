@@ -29,13 +29,8 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Final, TypeVar, cast
+from typing import TYPE_CHECKING, Any, Final, TypeVar, cast
 
-from alembic import command
-from alembic.config import Config
-from alembic.runtime.migration import MigrationContext
-from alembic.script import ScriptDirectory
-from alembic.util import CommandError
 from sqlalchemy import Connection, Engine, create_engine, event, text
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.engine.interfaces import DBAPIConnection
@@ -50,7 +45,13 @@ from guardian.config import (
 from guardian.redact import printable, remember_url, render_db_url, scrub_text, url_problem, url_secrets
 from guardian.store.errors import StoreError
 
+if TYPE_CHECKING:
+    from alembic.config import Config
+
 MIGRATIONS_DIR: Final = Path(__file__).resolve().parent / "migrations"
+SCHEMA_HEAD: Final = "0006"
+"""The newest revision in ``migrations/versions`` (a test holds the two together): a store already at it is opened
+without loading Alembic, which would cost every guardian ~15 MB of memory for nothing to do."""
 
 WRITE_OPTION: Final = "guardian_write"
 """Execution option that marks a connection's transactions as writes (``BEGIN IMMEDIATE`` on SQLite)."""
@@ -77,6 +78,8 @@ def mask_url(url: str) -> str:
 
 def head_revision() -> str:
     """The newest schema revision this version of the guardian ships."""
+    from alembic.script import ScriptDirectory
+
     head = ScriptDirectory.from_config(_alembic_config(None)).get_current_head()
     if head is None:
         raise StoreError("the packaged migrations have no head revision")
@@ -85,6 +88,8 @@ def head_revision() -> str:
 
 def current_revision(engine: Engine) -> str | None:
     """The schema revision the database behind ``engine`` is at, or None if it has none."""
+    from alembic.runtime.migration import MigrationContext
+
     with engine.connect() as connection:
         revision: str | None = MigrationContext.configure(connection).get_current_revision()
     return revision
@@ -115,7 +120,7 @@ def open_engine(
         else:
             engine = create_engine(parsed, pool_pre_ping=True, hide_parameters=True)
         _upgrade_when_free(engine, parsed)
-    except (SQLAlchemyError, CommandError, StoreError, OSError, ImportError, ValueError) as exc:
+    except (SQLAlchemyError, StoreError, OSError, ImportError, ValueError) as exc:
         if engine is not None:
             engine.dispose()
         problem = url_problem(url)
@@ -125,6 +130,8 @@ def open_engine(
 
 
 def _alembic_config(url: URL | None) -> Config:
+    from alembic.config import Config
+
     config = Config()
     config.set_main_option("script_location", str(MIGRATIONS_DIR))
     config.set_main_option("path_separator", "os")
@@ -169,7 +176,13 @@ def _upgrade(engine: Engine, url: URL) -> None:
 
     On SQLite the migration runs with foreign keys off (a revision that rebuilds a table drops the old one, which
     the rows referring to it would refuse) and checks them all before it commits: SQLite's own procedure for
-    altering a table. The setting cannot change inside a transaction, so it is made on the driver's connection."""
+    altering a table. The setting cannot change inside a transaction, so it is made on the driver's connection.
+    A store already at ``SCHEMA_HEAD`` is left as it is without loading Alembic."""
+    if _at_head(engine):
+        return
+    from alembic import command
+    from alembic.util import CommandError
+
     config = _alembic_config(url)
     with engine.connect() as connection:
         connection.execution_options(**{WRITE_OPTION: True})
@@ -182,12 +195,26 @@ def _upgrade(engine: Engine, url: URL) -> None:
                     connection.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _PG_MIGRATION_LOCK})
                 config.attributes["connection"] = connection
                 with _unbounded(connection):  # rewriting a large table may take longer than one statement may
-                    command.upgrade(config, "head")
+                    try:
+                        command.upgrade(config, "head")
+                    except CommandError as exc:
+                        raise StoreError(str(exc)) from exc
                 if sqlite:
                     _sqlite_check_foreign_keys(connection)
         finally:
             if sqlite and not connection.invalidated:
                 _sqlite_foreign_keys(connection, on=True)
+
+
+def _at_head(engine: Engine) -> bool:
+    """Whether the database's schema is at ``SCHEMA_HEAD`` (one read of ``alembic_version``; False when it has
+    none yet, or when it cannot be read: the migration then says why)."""
+    try:
+        with engine.connect() as connection:
+            versions = connection.execute(text("SELECT version_num FROM alembic_version")).scalars().all()
+    except SQLAlchemyError:
+        return False
+    return versions == [SCHEMA_HEAD]
 
 
 @contextmanager
