@@ -14,7 +14,10 @@ sees a step after verl writes it, and how much memory a replay takes.
    merely parse the file line by line with orjson, and the RSS of a subprocess that only imports guardian.
 3. Ingest with the store: a ``Guardian`` with a SQLite store in a temp dir tails the file from the
    start, ``tick()`` until every step is in. With ``--db-url`` the same again on that database (PostgreSQL:
-   point it at a scratch database; each bench adds two runs with fresh ids), printed beside SQLite.
+   point it at a scratch database; each bench adds two runs with fresh ids), printed beside SQLite. Beside
+   its time, the replay's (target: within 2x); beside the database's growth, that of the same steps stored
+   with every key of every line, one write per poll (the store's design before it kept only the keys the
+   checks read; target: 20 MB for 10,000 x 300).
 4. Tail latency: a writer thread appends steps at ``--rate`` steps/s for ``--seconds`` while a
    ``Guardian`` with the default config (poll interval ``sources.poll_interval_s``) runs in ``guardian
    watch``'s loop (``WatchLoop``) in another thread. Per step: append -> read (the poll returned it),
@@ -25,7 +28,8 @@ sees a step after verl writes it, and how much memory a replay takes.
 
 ``--profile`` also times one in-process replay phase by phase (parsing, history, each check) and runs it
 under cProfile, printing the top functions.
-No assertion on timings: figures are printed next to their targets.
+No assertion on timings: figures are printed next to their targets (issue 27's: replay within 3x the parse
+floor measured in the same run, ingest within 2x the replay, a store of at most 20 MB).
 """
 
 from __future__ import annotations
@@ -72,6 +76,9 @@ from guardian.store import Store, StoreError, mask_url
 TARGET_REPLAY_S = 5.0
 TARGET_P95_LATENCY_S = 0.5
 TARGET_RSS_MB = 200.0
+TARGET_REPLAY_OVER_PARSE = 3.0  # issue 27: replay within 3x the orjson parse floor of the same run
+TARGET_INGEST_OVER_REPLAY = 2.0  # issue 27: ingest with the store within 2x the replay
+TARGET_DB_MB = 20.0  # issue 27: the store of the 10,000 x 300 run
 
 NULL_RATE = 1e-4  # share of filler values written as null (verl writes NaN as null)
 SEED = 20261130
@@ -441,6 +448,19 @@ def replay_breakdown(path: Path) -> dict[str, float]:
     return dict(sorted(spent.items(), key=lambda kv: -kv[1]))
 
 
+def every_key_db_mb(path: Path, home: Path) -> float:
+    """The baseline of the store's size: the same steps stored with every key of every line (what the store kept
+    before it kept only the keys the checks read), one write per poll as the guard loop writes them."""
+    url = sqlite_url(home)
+    run_id = fresh_run_id("bench-every-key")
+    with _open_store(url, run_id, path) as store:
+        before = database_bytes(url)
+        attempt = store.start_attempt(run_id, metrics_path=str(path), now=time.time())
+        for records, _bad in iter_records(path):
+            store.write_steps(run_id, attempt.id, 0, records, time.time())
+    return (database_bytes(url) - before) / 1e6
+
+
 def _open_store(url: str, run_id: str, metrics: Path) -> Store:
     store = Store.open(url)
     store.ensure_run(
@@ -655,6 +675,7 @@ class Figures:
     generate_s: float
     parse_s: float
     replay: ReplayFigures
+    every_key_db_mb: float
     import_only: Memory
     ingest: IngestFigures
     tail: TailFigures
@@ -676,7 +697,15 @@ class Figures:
         out["ingest"]["values_per_s"] = self.values / self.ingest.seconds
         if self.other is not None:
             out["other"]["ingest"]["values_per_s"] = self.values / self.other.ingest.seconds
-        out["targets"] = {"replay_s": TARGET_REPLAY_S, "p95_latency_s": TARGET_P95_LATENCY_S, "rss_mb": TARGET_RSS_MB}
+        out["targets"] = {
+            "replay_s": TARGET_REPLAY_S,
+            "p95_latency_s": TARGET_P95_LATENCY_S,
+            "rss_mb": TARGET_RSS_MB,
+            "replay_over_parse": TARGET_REPLAY_OVER_PARSE,
+            "ingest_over_replay": TARGET_INGEST_OVER_REPLAY,
+            "db_mb": TARGET_DB_MB,
+        }
+        out["ingest"]["over_replay"] = self.ingest.seconds / self.replay.seconds
         out["met"] = self.met()
         return out
 
@@ -685,6 +714,9 @@ class Figures:
             "replay_s": self.replay.seconds < TARGET_REPLAY_S,
             "p95_latency_s": self.tail.judged.p95 < TARGET_P95_LATENCY_S,
             "rss_mb": self.replay.memory.mb < TARGET_RSS_MB,
+            "ratio": self.replay.seconds <= TARGET_REPLAY_OVER_PARSE * self.parse_s,
+            "ingest": self.ingest.seconds <= TARGET_INGEST_OVER_REPLAY * self.replay.seconds,
+            "db": self.ingest.db_mb <= TARGET_DB_MB,
         }
 
 
@@ -701,10 +733,17 @@ def render(fig: Figures) -> str:
         ("  values/s", f"{fig.values / r.seconds:,.0f}", "", ""),
         ("  verdict on the synthetic run", f"{r.verdict} ({len(r.raised)} finding(s) raised)", "", ""),
         ("orjson parse only, line by line", f"{fig.parse_s:.2f} s", "", ""),
-        ("  replay / parse", f"{r.seconds / fig.parse_s:.1f}x", "", ""),
+        ("  replay / parse", f"{r.seconds / fig.parse_s:.1f}x", f"<= {TARGET_REPLAY_OVER_PARSE:g}x", status("ratio")),
         ("ingest with store (Guardian.tick, SQLite)", f"{i.seconds:.2f} s", "", ""),
         ("  values/s", f"{fig.values / i.seconds:,.0f}", "", ""),
-        ("  ticks / steps stored / db size", f"{i.ticks} / {i.steps_stored} / {i.db_mb:.0f} MB", "", ""),
+        ("  ingest / replay", f"{i.seconds / r.seconds:.1f}x", f"<= {TARGET_INGEST_OVER_REPLAY:g}x", status("ingest")),
+        ("  ticks / steps stored / db size", f"{i.ticks} / {i.steps_stored} / {i.db_mb:.1f} MB", "", ""),
+        (
+            "  db size: kept keys / every key",
+            f"{i.db_mb:.1f} / {fig.every_key_db_mb:.1f} MB",
+            f"<= {TARGET_DB_MB:g} MB",
+            status("db"),
+        ),
         (f"tail: append -> read (poll {t.poll_interval_s:g} s)", str(t.read), "", ""),
         ("tail: append -> judged+stored", str(t.judged), f"p95 < {TARGET_P95_LATENCY_S:g} s", status("p95_latency_s")),
         ("tail: append -> non_finite finding", str(t.finding), "", ""),
@@ -771,6 +810,8 @@ def run_bench(args: argparse.Namespace, progress: Callable[[str], None]) -> tupl
         import_only = import_only_memory()
         progress("ingest with store ...")
         ingest = ingest_with_store(path, tmp / "store-home", sqlite_url(tmp / "store-home"), args.steps)
+        progress("store with every key (the baseline of its size) ...")
+        every_key = every_key_db_mb(path, tmp / "every-key-home")
         progress(f"tail latency ({args.seconds:g} s) ...")
         tail_args = (args.keys, args.rate, args.seconds, args.nan_every)
         tail = tail_latency(tmp / "live-home", sqlite_url(tmp / "live-home"), *tail_args)
@@ -805,6 +846,7 @@ def run_bench(args: argparse.Namespace, progress: Callable[[str], None]) -> tupl
         generate_s=generate_s,
         parse_s=parse_s,
         replay=replay,
+        every_key_db_mb=every_key,
         import_only=import_only,
         ingest=ingest,
         tail=tail,
