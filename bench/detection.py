@@ -52,8 +52,8 @@ from pathlib import Path
 from typing import NamedTuple
 
 from guardian.checks import build_checks
-from guardian.checks.findings import Finding, Severity
 from guardian.config import ChecksConfig, GuardianConfig
+from guardian.core import Finding, Severity
 from guardian.history.timeline import RunHistory
 from guardian.incidents.replay import ReplayResult, replay_file
 from guardian.incidents.tracker import Change, Transition

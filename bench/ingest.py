@@ -64,7 +64,8 @@ from guardian.commands.watch.end import FileState
 from guardian.commands.watch.loop import FollowedFile, WatchLoop
 from guardian.commands.watch.trainer import TrainerLiveness
 from guardian.config import GuardianConfig
-from guardian.history.timeline import RunHistory, StepRecord
+from guardian.core import StepRecord
+from guardian.history.timeline import RunHistory
 from guardian.incidents.guardian import Guardian, TickResult
 from guardian.incidents.replay import replay_file
 from guardian.incidents.tracker import Change, StatusTracker, Transition

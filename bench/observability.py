@@ -33,9 +33,8 @@ from pathlib import Path
 from common import json_safe
 from prometheus_client import generate_latest
 
-from guardian.checks.findings import Finding, Severity
 from guardian.config import GuardianConfig
-from guardian.history.timeline import StepRecord
+from guardian.core import Finding, Severity, StepRecord
 from guardian.incidents.guardian import Guardian
 from guardian.notify.dispatcher import Dispatcher, DispatchPolicy
 from guardian.notify.events import GuardianEvent, Level, load_events

@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, TextIO
 
-from guardian.history.timeline import StepRecord
+from guardian.core import StepRecord
 from guardian.sources.jsonl import MetricsFile
 
 LOGGER_ENV = b"VERL_FILE_LOGGER_PATH="

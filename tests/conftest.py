@@ -20,7 +20,8 @@ import pytest
 
 from guardian.checks import CheckContext
 from guardian.config import BaselineConfig
-from guardian.history.timeline import RunHistory, StepRecord
+from guardian.core import StepRecord
+from guardian.history.timeline import RunHistory
 
 # loopback stand-ins shared by several test modules (fixtures: receiver, fake_grafana), and a real PostgreSQL
 # (fixtures: postgres, db_url)

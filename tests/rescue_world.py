@@ -15,8 +15,8 @@ from guardian.actions.ladder import Rung
 from guardian.actions.launcher import RunFolder
 from guardian.actions.process import ExitStatus
 from guardian.actions.verl_keys import PatchError
-from guardian.checks.findings import Finding, Severity
 from guardian.config import GuardianConfig
+from guardian.core import Finding, Severity
 from guardian.rescue.executor import Executor
 from guardian.rescue.outcome import Comparison, Outcome
 from guardian.rescue.snapshot import RescueSnapshot, StandingFinding, TrainerFacts

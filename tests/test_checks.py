@@ -13,14 +13,14 @@ from guardian.checks import RuleSet, build_checks, evaluate
 from guardian.checks.drift import kl_drift, logprob_decline
 from guardian.checks.egr import egr_collapse
 from guardian.checks.entropy import entropy_collapse, entropy_explosion
-from guardian.checks.findings import Finding, Severity
 from guardian.checks.length import length_collapse, length_explosion, truncation
 from guardian.checks.reward import reward_collapse
 from guardian.checks.seed import seed_entropy, seed_lld
 from guardian.checks.spikes import grad_spike, non_finite
 from guardian.checks.stall import stall
 from guardian.config import ChecksConfig
-from guardian.history.timeline import RunHistory, StepRecord
+from guardian.core import Finding, Severity, StepRecord
+from guardian.history.timeline import RunHistory
 from guardian.keys import ALL_ONE_KEY, ALL_ZERO_KEY, EGR_KEY, Signal
 
 C = ChecksConfig()

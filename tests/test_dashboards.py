@@ -17,8 +17,8 @@ import yaml
 from conftest import required_tool
 
 from guardian import keys
-from guardian.checks.findings import Severity
 from guardian.cli import EXIT_ERROR, EXIT_OK, EXIT_USAGE, main
+from guardian.core import Severity
 from guardian.dashboards import (
     ANNOTATION_TAG,
     SCHEMA_VERSION,

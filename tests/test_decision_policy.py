@@ -10,7 +10,6 @@ import pytest
 from conftest import history_of
 
 from guardian.checks import build_checks
-from guardian.checks.findings import Finding, Severity
 from guardian.checks.policy import (
     ROLES,
     TABLE,
@@ -24,8 +23,9 @@ from guardian.checks.policy import (
 )
 from guardian.cli import main
 from guardian.config import ChecksConfig
+from guardian.core import Finding, Severity, StepRecord
 from guardian.exits import EXIT_OK, EXIT_TOO_LITTLE
-from guardian.history.timeline import RunHistory, StepRecord
+from guardian.history.timeline import RunHistory
 from guardian.rescue.outcome import measure_outcome, outcome_line
 from guardian.rescue.policy import Ending, judge_probation
 

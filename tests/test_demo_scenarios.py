@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from guardian.checks.findings import Severity
 from guardian.config import ChecksConfig
+from guardian.core import Severity
 from guardian.demo import scenarios, trainer
 from guardian.demo.scenarios import RunFiles, Scenario
 from guardian.incidents.replay import ReplayResult, replay_file

@@ -13,8 +13,8 @@ from conftest import FIXTURES
 
 from bench import detection as d
 from guardian.checks import build_checks
-from guardian.checks.findings import Finding, Severity
 from guardian.config import ChecksConfig
+from guardian.core import Finding, Severity
 from guardian.incidents.replay import ReplayResult
 from guardian.incidents.tracker import Change, Transition
 

@@ -8,8 +8,8 @@ from pathlib import Path
 from guardian.actions.dump_pruning import remove_dumps, scan_dumps
 from guardian.actions.dump_retention import Abandoned, DumpFile, Retention, plan_pruning
 from guardian.actions.launcher import RunFolder
-from guardian.checks.findings import Finding, Severity
 from guardian.config import GuardianConfig
+from guardian.core import Finding, Severity
 from guardian.incidents.health import StepHealth
 from guardian.rescue.pruner import DumpPruner, trouble_ranges
 

@@ -25,10 +25,9 @@ import orjson
 import pytest
 from conftest import events
 
-from guardian.checks.findings import Finding, Severity
 from guardian.cli import EXIT_ERROR, EXIT_OK, main
 from guardian.config import ChecksConfig, GuardianConfig, SourcesConfig
-from guardian.history.timeline import StepRecord
+from guardian.core import Finding, Severity, StepRecord
 from guardian.keys import SAMPLES_KEY, Signal
 from guardian.report.series import Plot, Trace
 from guardian.report.svg import nice_ticks, plot_svg

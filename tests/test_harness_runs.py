@@ -24,8 +24,8 @@ from conftest import fixture_path
 from gpu import verdict
 from gpu.scenarios import scenarios
 from guardian.actions.checkpoints import choose_rollback_target
-from guardian.checks.findings import Severity
 from guardian.config import ChecksConfig, RemediationConfig
+from guardian.core import Severity
 from guardian.history.timeline import RunHistory
 from guardian.incidents.replay import ReplayResult, replay_file
 from guardian.rescue.outcome import measure_outcome

@@ -10,10 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from guardian.checks.findings import Finding, Severity
 from guardian.cli import EXIT_ERROR, EXIT_OK, main
 from guardian.config import GuardianConfig
-from guardian.history.timeline import StepRecord
+from guardian.core import Finding, Severity, StepRecord
 from guardian.report.story import timeline
 from guardian.review.checklist import Mark, incidents_item
 from guardian.review.incidents import incident_rows

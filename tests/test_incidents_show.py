@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from guardian.checks.findings import Finding, Severity
 from guardian.cli import EXIT_OK, EXIT_USAGE, main
 from guardian.cli.incidents import stages
+from guardian.core import Finding, Severity
 from guardian.store import InterventionEventView, Store
 
 RESCUE_STATES = ("DETECTED", "STOPPING", "STOPPED", "ROLLED_BACK", "PATCHED", "RESUMING", "PROBATION", "RESOLVED")

@@ -21,10 +21,10 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from guardian.checks.findings import Finding, Severity
 from guardian.commands.run import run_total_steps
 from guardian.commands.screen import LiveScreen
 from guardian.commands.view import Frame, Header, render
+from guardian.core import Finding, Severity
 from guardian.keys import Signal
 from guardian.sinks.snapshot import RunSnapshot
 

@@ -15,7 +15,7 @@ import pytest
 from conftest import free_port
 from webhook_receiver import Receiver
 
-from guardian.checks.findings import EvidenceValue, Severity
+from guardian.core import EvidenceValue, Severity
 from guardian.notify.compose import TITLE_MAX, Alert, compose, format_evidence, format_value
 from guardian.notify.events import EventKind, GuardianEvent, Level, run_events
 from guardian.notify.notifiers import (

@@ -16,8 +16,8 @@ from conftest import ManualClock, free_port
 from sqlalchemy.exc import OperationalError
 from webhook_receiver import Receiver, bodies, receiving
 
-from guardian.checks.findings import Finding, Severity
 from guardian.config import NotifyConfig, WebhookConfig
+from guardian.core import Finding, Severity
 from guardian.notify import compose as compose_module
 from guardian.notify.dispatcher import Decision, Dispatcher, DispatchPolicy, backoff_s, decide
 from guardian.notify.events import EventKind, GuardianEvent, Level, load_events

@@ -13,9 +13,9 @@ import pytest
 from conftest import ManualClock
 from fake_grafana import TOKEN, FakeGrafana
 
-from guardian.checks.findings import Finding, Severity
 from guardian.cli import main
 from guardian.config import ConfigError, GrafanaConfig, GuardianConfig, NotifyConfig, WebhookConfig
+from guardian.core import Finding, Severity
 from guardian.dashboards import ANNOTATION_TAG, dashboards, grafana
 from guardian.notify.annotations import GrafanaAnnotations
 from guardian.notify.dispatcher import Dispatcher, DispatchPolicy

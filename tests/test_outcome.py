@@ -7,9 +7,9 @@ from pathlib import Path
 
 from conftest import history_of
 
-from guardian.checks.findings import Finding, Severity
 from guardian.commands.demo import incident_lines
 from guardian.config import ChecksConfig
+from guardian.core import Finding, Severity
 from guardian.rescue.outcome import BranchComparison, Comparison, Outcome, measure_outcome, outcome_line
 from guardian.rescue.policy import judge_probation
 from guardian.store import Store

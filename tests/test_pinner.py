@@ -17,9 +17,9 @@ from test_actions_pins import retention_deletes, save
 
 from guardian.actions import pins
 from guardian.actions.pins import PIN_DIR, pinned_path, pinned_steps
-from guardian.checks.findings import Finding, Severity
 from guardian.cli import EXIT_OK, main
 from guardian.config import CheckpointsConfig
+from guardian.core import Finding, Severity
 from guardian.incidents.health import StepHealth
 from guardian.rescue.pinner import Pinner
 from guardian.states import PinMode

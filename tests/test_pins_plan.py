@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from guardian.checks.findings import Finding, Severity
+from guardian.core import Finding, Severity
 from guardian.incidents.health import StepHealth
 from guardian.rescue.pins import PinPlan, healthy_around, plan_pins
 from guardian.states import Verdict

@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 from conftest import ManualClock, fixture_path
 
-from guardian.checks.findings import Severity
 from guardian.config import ChecksConfig, GuardianConfig
+from guardian.core import Severity
 from guardian.history.timeline import RunHistory
 from guardian.incidents.guardian import Guardian
 from guardian.incidents.replay import replay_file

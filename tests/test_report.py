@@ -12,10 +12,9 @@ from pathlib import Path
 import orjson
 import pytest
 
-from guardian.checks.findings import Finding, Severity
 from guardian.cli import EXIT_ERROR, EXIT_OK, EXIT_USAGE, main
 from guardian.config import GuardianConfig
-from guardian.history.timeline import StepRecord
+from guardian.core import Finding, Severity, StepRecord
 from guardian.keys import Signal
 from guardian.report import page, story
 from guardian.report.assemble import incident_report, run_report

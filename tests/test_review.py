@@ -12,9 +12,8 @@ from pathlib import Path
 import pytest
 from conftest import fixture_path
 
-from guardian.checks.findings import Finding, Severity
 from guardian.config import CostConfig
-from guardian.history.timeline import StepRecord
+from guardian.core import Finding, Severity, StepRecord
 from guardian.review.cost import run_cost
 from guardian.review.incidents import incident_rows
 from guardian.review.lineage import lineage

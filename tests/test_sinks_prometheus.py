@@ -29,8 +29,8 @@ from prometheus_client.openmetrics.parser import text_string_to_metric_families 
 from prometheus_client.parser import text_string_to_metric_families
 
 from guardian import __version__, keys
-from guardian.checks.findings import Finding, Severity
 from guardian.config import ExporterConfig, GuardianConfig
+from guardian.core import Finding, Severity
 from guardian.incidents.guardian import Guardian
 from guardian.keys import Signal
 from guardian.sinks.export import exporting

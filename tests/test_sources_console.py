@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from conftest import FIXTURES
 
-from guardian.history.timeline import StepRecord
+from guardian.core import StepRecord
 from guardian.sources.console import ConsoleFile, console_value, iter_console_records, parse_console_line
 from guardian.sources.jsonl import read_all
 from guardian.sources.tail import NewSegment

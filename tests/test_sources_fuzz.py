@@ -14,7 +14,7 @@ from pathlib import Path
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from guardian.history.timeline import StepRecord
+from guardian.core import StepRecord
 from guardian.sources.console import parse_console_line
 from guardian.sources.jsonl import BadLine, MetricsFile, parse_metrics_line
 from guardian.sources.rollouts import group_stats

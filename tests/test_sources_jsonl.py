@@ -10,7 +10,7 @@ import orjson
 import pytest
 from conftest import FIXTURES
 
-from guardian.history.timeline import StepRecord
+from guardian.core import StepRecord
 from guardian.sources.jsonl import (
     MAX_LINE_BYTES,
     BadLine,

@@ -11,7 +11,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from guardian.history.timeline import StepRecord
+from guardian.core import StepRecord
 from guardian.keys import CHECKED_KEYS
 from guardian.sources.jsonl import MAX_KEYS_PER_STEP, MetricsFile, iter_records
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 
 from guardian.checks import CheckContext
-from guardian.checks.findings import Severity
 from guardian.checks.stall import stall
 from guardian.config import BaselineConfig, StallConfig
-from guardian.history.timeline import RunHistory, StepRecord
+from guardian.core import Severity, StepRecord
+from guardian.history.timeline import RunHistory
 
 CFG = StallConfig()
 LAST_ARRIVAL = 1000.0 + 30 * 10

@@ -10,11 +10,11 @@ import pytest
 
 from guardian.actions.schedule import read_saves, retention_problem
 from guardian.checks import CheckContext
-from guardian.checks.findings import Finding, Severity
-from guardian.checks.signs import Footprint, LifeSigns, StepSchedule, note_footprint
+from guardian.checks.signs import LifeSigns, StepSchedule, note_footprint
 from guardian.checks.stall import stall
 from guardian.config import BaselineConfig, StallConfig
-from guardian.history.timeline import RunHistory, StepRecord
+from guardian.core import Finding, Footprint, Severity, StepRecord
+from guardian.history.timeline import RunHistory
 from guardian.sources.footprint import look
 
 CFG = StallConfig(min_seconds=60.0, save_seconds=900.0, validation_seconds=3600.0)

@@ -19,8 +19,7 @@ from postgres_server import HeldLock, database_at, rows
 from sqlalchemy import create_engine, inspect
 from sqlalchemy.exc import OperationalError
 
-from guardian.checks.findings import Finding, Severity
-from guardian.history.timeline import StepRecord
+from guardian.core import Finding, Severity, StepRecord
 from guardian.states import PinMode, RunStatus, State
 from guardian.store import (
     NotFoundError,

@@ -18,8 +18,7 @@ from typing import Any
 
 from postgres_server import backend, rows
 
-from guardian.checks.findings import Finding, Severity
-from guardian.history.timeline import StepRecord
+from guardian.core import Finding, Severity, StepRecord
 from guardian.states import State
 from guardian.store import Store
 

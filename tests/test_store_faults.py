@@ -28,11 +28,10 @@ from sqlalchemy.engine import URL
 from sqlalchemy.exc import OperationalError
 
 from guardian.actions.process import LocalProcessControl
-from guardian.checks.findings import Severity
 from guardian.commands.run import guard_loop, register_run
 from guardian.config import GuardianConfig
+from guardian.core import Severity, StepRecord
 from guardian.faults import is_outage, unavailable
-from guardian.history.timeline import StepRecord
 from guardian.incidents.guardian import Guardian
 from guardian.loop.outage import (
     STORE_WAIT_S,

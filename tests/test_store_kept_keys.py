@@ -12,7 +12,8 @@ from pathlib import Path
 import orjson
 
 from guardian.config import GuardianConfig
-from guardian.history.timeline import RunHistory, StepRecord
+from guardian.core import StepRecord
+from guardian.history.timeline import RunHistory
 from guardian.incidents.guardian import Guardian
 from guardian.keys import CHECKED_KEYS, VAL_CORE_PREFIX, checked_values, is_checked_key, signals_present
 from guardian.report.assemble import run_report

@@ -27,8 +27,8 @@ from rescue_world import RUN as RESCUE_RUN
 from rescue_world import World
 from sqlalchemy.exc import IntegrityError, OperationalError
 
-from guardian.checks.findings import Finding, Severity
 from guardian.config import GuardianConfig
+from guardian.core import Finding, Severity
 from guardian.faults import failure_text
 from guardian.incidents.guardian import Guardian
 from guardian.sources.jsonl import MetricsFile

@@ -11,8 +11,7 @@ from pathlib import Path
 import pytest
 from postgres_server import database_at, rows
 
-from guardian.checks.findings import Finding, Severity
-from guardian.history.timeline import MAX_STEP, StepRecord
+from guardian.core import MAX_STEP, Finding, Severity, StepRecord
 from guardian.ids import MAX_RUN_ID
 from guardian.sources.checkpoints import read_tracker, scan_checkpoints
 from guardian.sources.console import ConsoleFile

@@ -7,7 +7,8 @@ import pytest
 
 from guardian.checks.trend import Trend, plateau_start, reward_trend_at
 from guardian.config import BaselineConfig, RewardCollapseConfig
-from guardian.history.timeline import RunHistory, StepRecord
+from guardian.core import StepRecord
+from guardian.history.timeline import RunHistory
 
 R = "critic/score/mean"
 CFG, BASE = RewardCollapseConfig(), BaselineConfig()

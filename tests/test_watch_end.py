@@ -15,7 +15,6 @@ import pytest
 from conftest import ManualClock, events, fixture_path, missing
 
 from guardian.actions.liveness import pid_alive
-from guardian.checks.findings import Severity
 from guardian.cli import main
 from guardian.commands.watch.display import PlainProgress
 from guardian.commands.watch.end import EndReason, FileState, WatchState, end_reason
@@ -23,6 +22,7 @@ from guardian.commands.watch.loop import FollowedFile, WatchLoop
 from guardian.commands.watch.summary import VerdictTracker
 from guardian.commands.watch.trainer import TrainerLiveness
 from guardian.config import ConfigError, GuardianConfig
+from guardian.core import Severity
 from guardian.incidents.guardian import Guardian
 from guardian.sources.hydra_config import MAX_RUN_CONFIG_BYTES, config_beside, total_training_steps
 from guardian.sources.jsonl import MetricsBatch, MetricsFile

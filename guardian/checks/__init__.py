@@ -15,7 +15,6 @@ from guardian.checks.base import Check, CheckContext
 from guardian.checks.drift import kl_drift, logprob_decline
 from guardian.checks.egr import egr_collapse
 from guardian.checks.entropy import entropy_collapse, entropy_explosion
-from guardian.checks.findings import Finding, Severity
 from guardian.checks.length import length_collapse, length_explosion, truncation
 from guardian.checks.policy import apply, read_progress
 from guardian.checks.reward import reward_collapse
@@ -23,6 +22,7 @@ from guardian.checks.seed import seed_egr, seed_entropy, seed_kl, seed_lld
 from guardian.checks.spikes import grad_spike, non_finite
 from guardian.checks.stall import stall
 from guardian.config import CheckBase, ChecksConfig
+from guardian.core import Finding, Severity
 
 CheckFn = Callable[[CheckContext], Finding]
 

@@ -26,8 +26,8 @@ from guardian.checks.base import (
     signal_ratio,
     waiting,
 )
-from guardian.checks.findings import EvidenceValue, Finding, Severity
 from guardian.config import KlDriftConfig, LogprobDeclineConfig
+from guardian.core import EvidenceValue, Finding, Severity
 from guardian.keys import Signal
 
 KL = "kl_drift"

@@ -22,8 +22,8 @@ from guardian.checks.base import (
     need,
     rounded,
 )
-from guardian.checks.findings import EvidenceValue, Finding, Severity
 from guardian.config import EgrCollapseConfig
+from guardian.core import EvidenceValue, Finding, Severity
 from guardian.history.timeline import RunHistory
 from guardian.keys import Signal
 

@@ -29,8 +29,8 @@ from guardian.checks.base import (
     signal_baseline,
 )
 from guardian.checks.egr import EgrState, egr_state_at
-from guardian.checks.findings import EvidenceValue, Finding, Severity
 from guardian.config import BaselineConfig, EgrCollapseConfig, EntropyCollapseConfig, EntropyExplosionConfig
+from guardian.core import EvidenceValue, Finding, Severity
 from guardian.history.timeline import Series
 from guardian.keys import Signal
 

@@ -22,8 +22,8 @@ from guardian.checks.base import (
     signal_ratio,
     waiting,
 )
-from guardian.checks.findings import EvidenceValue, Finding, Severity
 from guardian.config import LengthConfig
+from guardian.core import EvidenceValue, Finding, Severity
 from guardian.history.timeline import Series
 from guardian.keys import Signal
 

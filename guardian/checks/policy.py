@@ -21,9 +21,9 @@ from types import MappingProxyType
 from typing import Final
 
 from guardian.checks.base import ONSET_LOOKBACK
-from guardian.checks.findings import Finding, Severity
 from guardian.checks.trend import Trend, plateau_start, reward_scale, reward_trend_at
 from guardian.config import BaselineConfig, PolicyConfig, RewardCollapseConfig
+from guardian.core import Finding, Severity
 from guardian.history.timeline import RunHistory
 from guardian.keys import Signal
 

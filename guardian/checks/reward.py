@@ -12,9 +12,9 @@ from __future__ import annotations
 import math
 
 from guardian.checks.base import CheckContext, Verdict, conclude, judge, need, rounded
-from guardian.checks.findings import EvidenceValue, Finding, Severity
 from guardian.checks.trend import Trend, reward_trend_at
 from guardian.config import RewardCollapseConfig
+from guardian.core import EvidenceValue, Finding, Severity
 from guardian.keys import Signal
 
 CHECK = "reward_collapse"

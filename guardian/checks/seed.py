@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 
 from guardian.checks.base import CheckContext, need, ok, rounded
-from guardian.checks.findings import Finding, Severity
+from guardian.core import Finding, Severity
 from guardian.keys import Signal
 
 ENTROPY_FRACTION = 0.3

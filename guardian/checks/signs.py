@@ -10,7 +10,9 @@ step is silent far longer than the others. ``StepSchedule`` says which steps tho
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from guardian.core import Footprint
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,18 +31,6 @@ class StepSchedule:
         return self.test_freq > 0 and (step % self.test_freq == 0 or step == self.last_step)
 
 
-Stat = tuple[int, int, int]
-"""Files, bytes, newest modification time (ns) of what lies at a path."""
-
-
-@dataclass(frozen=True, slots=True)
-class Footprint:
-    """One look at step N on disk: its ``global_step_N/`` folder and its validation dump ``N.jsonl`` (None: absent)."""
-
-    checkpoint: Stat | None = None
-    dump: Stat | None = None
-
-
 @dataclass(frozen=True, slots=True)
 class LifeSigns:
     """The step in progress (``step``: the newest logged step + 1) as the looks at disk saw it: the last look, and
@@ -48,7 +38,7 @@ class LifeSigns:
     since the step began)."""
 
     step: int | None = None
-    seen: Footprint = Footprint()
+    seen: Footprint = field(default_factory=Footprint)
     saved_at: float | None = None
     dumped_at: float | None = None
 

@@ -14,8 +14,8 @@ from __future__ import annotations
 import math
 
 from guardian.checks.base import CheckContext, need, ok, rounded
-from guardian.checks.findings import EvidenceValue, Finding, Severity
 from guardian.config import GradSpikeConfig, NonFiniteConfig
+from guardian.core import EvidenceValue, Finding, Severity
 from guardian.history.timeline import median
 from guardian.keys import Signal
 

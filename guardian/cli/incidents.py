@@ -25,7 +25,6 @@ from dataclasses import dataclass
 from rich.console import Console
 from rich.markup import escape
 
-from guardian.checks.findings import EvidenceValue
 from guardian.cli.common import (
     SEVERITY_STYLE,
     AddCommand,
@@ -36,6 +35,7 @@ from guardian.cli.common import (
     resolved_config,
     store_int,
 )
+from guardian.core import EvidenceValue
 from guardian.exits import EXIT_ERROR, EXIT_OK
 from guardian.logs import event
 from guardian.notify.compose import at_step, format_setting, format_value

@@ -23,9 +23,9 @@ import orjson
 from rich.console import Console
 from rich.markup import escape
 
-from guardian.checks.findings import Severity
 from guardian.commands.run import guard_loop, local_supervisor, register_run
 from guardian.config import GuardianConfig
+from guardian.core import Severity
 from guardian.demo.scenarios import SCENARIOS, RunFiles
 from guardian.exits import EXIT_INTERRUPTED
 from guardian.keys import Signal

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from rich.console import Console, ConsoleOptions, Group, RenderableType, RenderResult
 from rich.text import Text
 
-from guardian.checks.findings import Finding, Severity
+from guardian.core import Finding, Severity
 from guardian.incidents.tracker import Transition
 from guardian.keys import Signal
 from guardian.sinks.snapshot import RunSnapshot

@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import Final
 
 from guardian import keys
-from guardian.checks.findings import Severity
+from guardian.core import Severity
 from guardian.dashboards.dashboard import ANNOTATION_TAG, dashboard
 from guardian.dashboards.panels import (
     Json,

@@ -19,34 +19,13 @@ from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, Final
+from typing import Any
 
+from guardian.core import StepRecord
 from guardian.keys import ALIASES, EGR_KEY, NON_FINITE_WATCHED_KEYS, Signal, is_val_score_key, resolve
-
-MAX_STEP: Final = 2**63 - 1
-"""The largest step number a source takes (the store keeps steps as 64-bit integers): a line past it, or below 0, is
-a bad line of its file, never a write the store refuses."""
-
-
-def valid_step(step: int) -> bool:
-    """Whether ``step`` is a step number the guardian keeps: ``0 <= step <= MAX_STEP``."""
-    return 0 <= step <= MAX_STEP
-
 
 # signals whose values the reward's derived judgments read (checks/trend.py: ceiling and scale)
 SCORE_RANGE_SIGNALS = frozenset({Signal.REWARD_MAX, Signal.REWARD_MIN})
-
-
-@dataclass(frozen=True, slots=True)
-class StepRecord:
-    """One metric line (or the merge of several) for one training step.
-
-    ``data`` holds numbers only; a non-finite value (verl writes ``null``; other writers ``NaN``)
-    is ``math.nan``.
-    """
-
-    step: int
-    data: Mapping[str, float]
 
 
 class Arrival(StrEnum):

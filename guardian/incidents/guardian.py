@@ -24,10 +24,10 @@ from pathlib import Path
 from typing import Protocol
 
 from guardian.checks import CheckContext, build_checks, evaluate
-from guardian.checks.findings import Finding, Severity
 from guardian.checks.signs import LifeSigns, StepSchedule, note_footprint, startup_allowance
 from guardian.config import GuardianConfig
-from guardian.history.timeline import Arrival, RunHistory, StepRecord
+from guardian.core import Clock, Finding, Severity, StepRecord
+from guardian.history.timeline import Arrival, RunHistory
 from guardian.incidents.health import StepHealth
 from guardian.incidents.replay import feed_step
 from guardian.incidents.signal_report import SignalReport
@@ -44,7 +44,6 @@ from guardian.store.writebehind import WriteBehind
 NON_FINITE_NOTE = "saved at a step with non-finite values"
 
 log = get_logger("daemon")
-Clock = Callable[[], float]
 Said = tuple[int, str]
 """A log line (level, message) that a write says about the rows it wrote: logged once they are committed."""
 Part = Callable[[Store], Iterable[Said]]

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from guardian.checks.findings import Finding, Severity
+from guardian.core import Finding, Severity
 
 
 @dataclass

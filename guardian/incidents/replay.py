@@ -13,10 +13,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from guardian.checks import CheckContext, build_checks, evaluate
-from guardian.checks.findings import Finding, Severity
 from guardian.checks.policy import too_little_to_judge
 from guardian.config import ChecksConfig, SourcesConfig
-from guardian.history.timeline import Arrival, RunHistory, StepRecord
+from guardian.core import Finding, Severity, StepRecord
+from guardian.history.timeline import Arrival, RunHistory
 from guardian.incidents.tracker import Change, StatusTracker, Transition
 from guardian.keys import CHECKED_KEYS, Signal, signals_present
 from guardian.sources.console import iter_console_records

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from guardian.checks.findings import Finding, Severity
+from guardian.core import Finding, Severity
 
 
 class Change(StrEnum):

@@ -14,7 +14,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 from guardian.config import GuardianConfig
-from guardian.incidents.guardian import Clock, Guardian
+from guardian.core import Clock
+from guardian.incidents.guardian import Guardian
 from guardian.notify.compose import Alert
 from guardian.notify.setup import notifying, sink_names
 from guardian.sinks.export import exporting

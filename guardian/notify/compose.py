@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from datetime import UTC
 from typing import Final
 
-from guardian.checks.findings import Severity
+from guardian.core import Severity
 from guardian.exits import EXIT_GAVE_UP
 from guardian.notify.events import EventKind, GuardianEvent, Level
 from guardian.rescue.policy import CRASH_OUTPUT_EVIDENCE, RESTART_CHECKS, SETUP_FAILURE

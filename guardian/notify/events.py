@@ -21,7 +21,7 @@ from datetime import datetime
 from enum import IntEnum, StrEnum
 from typing import TYPE_CHECKING, Final
 
-from guardian.checks.findings import Severity
+from guardian.core import Severity
 from guardian.states import State
 
 if TYPE_CHECKING:

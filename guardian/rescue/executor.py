@@ -18,8 +18,8 @@ from guardian.actions.checkpoints import CheckpointError
 from guardian.actions.launcher import RunFolder
 from guardian.actions.pins import PIN_DIR
 from guardian.actions.verl_keys import PatchError
-from guardian.checks.findings import Finding, Severity
 from guardian.config import GuardianConfig
+from guardian.core import Clock, Finding, Severity
 from guardian.exits import EXIT_GAVE_UP, EXIT_USAGE
 from guardian.logs import event, get_logger
 from guardian.rescue.decide import CRASH, climbed, decide
@@ -52,7 +52,6 @@ from guardian.store import IncidentView, InterventionView, StateDetail, Store
 log = get_logger("supervisor")
 # effects one pass may carry out before it must have waited or ended: DETECTED .. RESUMING is eight; more is a bug
 MAX_EFFECTS_PER_PASS = 32
-Clock = Callable[[], float]
 
 
 @dataclass

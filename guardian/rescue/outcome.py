@@ -16,9 +16,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from itertools import pairwise
 
-from guardian.checks.findings import Finding, Severity
 from guardian.checks.trend import reward_trend_at
 from guardian.config import ChecksConfig
+from guardian.core import Finding, Severity
 from guardian.history.timeline import RunHistory, Series
 from guardian.keys import Signal
 

@@ -17,12 +17,12 @@ takes, which is why it is a warning and has a free-space floor.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from guardian.actions.pins import GIB, CopyRefused, PinError, pin_checkpoint, release_pin, remove_leftovers
 from guardian.config import CheckpointsConfig
+from guardian.core import Clock
 from guardian.incidents.health import StepHealth
 from guardian.logs import event, get_logger
 from guardian.rescue.pins import plan_pins
@@ -31,7 +31,6 @@ from guardian.states import Verdict
 from guardian.store import PinView, Store
 
 log = get_logger("pins")
-Clock = Callable[[], float]
 
 
 @dataclass

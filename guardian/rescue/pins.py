@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
-from guardian.checks.findings import Severity
+from guardian.core import Severity
 from guardian.incidents.health import StepHealth
 from guardian.states import Verdict
 

@@ -17,8 +17,8 @@ from guardian.actions.dump_pruning import remove_dumps, scan_dumps
 from guardian.actions.dump_retention import Abandoned, Retention, StepRange, plan_pruning
 from guardian.actions.launcher import RunFolder
 from guardian.checks.base import baseline_end
-from guardian.checks.findings import Finding, Severity
 from guardian.config import GuardianConfig
+from guardian.core import Finding, Severity
 from guardian.incidents.health import StepHealth
 from guardian.logs import event, get_logger
 from guardian.rescue.snapshot import RescueSnapshot

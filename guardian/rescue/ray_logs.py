@@ -17,7 +17,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Protocol
 
-from guardian.history.timeline import StepRecord
+from guardian.core import StepRecord
 from guardian.logs import event, get_logger
 from guardian.sources.console import ConsoleFile
 from guardian.sources.jsonl import MetricsBatch, MetricsFile

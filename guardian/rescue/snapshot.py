@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass
 
 from guardian.actions.process import ExitStatus
-from guardian.checks.findings import Severity
+from guardian.core import Severity
 from guardian.rescue.outcome import Outcome
 from guardian.states import Mode, State
 from guardian.store import CheckpointView, IncidentView, InterventionView

@@ -32,12 +32,12 @@ from guardian.actions.patch import RunFiles
 from guardian.actions.pins import pinned_steps
 from guardian.actions.process import ExitStatus, TrainerControl
 from guardian.actions.schedule import read_saves, retention_problem
-from guardian.checks.findings import Severity
 from guardian.checks.stall import typical_step_seconds
 from guardian.config import GuardianConfig
+from guardian.core import Clock, Severity
 from guardian.exits import EXIT_ERROR
 from guardian.faults import failure_text, fault_fields, is_outage, unavailable
-from guardian.incidents.guardian import Clock, Guardian, MetricsSource
+from guardian.incidents.guardian import Guardian, MetricsSource
 from guardian.logs import event, get_logger
 from guardian.loop.outage import StoreWait, stop_while_store_down, trainer_fate
 from guardian.loop.ticks import aside

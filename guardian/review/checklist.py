@@ -18,9 +18,9 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from guardian.checks.base import baseline
-from guardian.checks.findings import Severity
 from guardian.checks.trend import reward_trend_at
 from guardian.config import ChecklistConfig, ChecksConfig
+from guardian.core import Severity
 from guardian.history.timeline import RunHistory, Series
 from guardian.keys import Signal
 from guardian.review.incidents import IncidentRow

@@ -9,7 +9,8 @@ from contextlib import contextmanager
 from typing import Protocol
 
 from guardian.config import ExporterConfig
-from guardian.incidents.guardian import Clock, Guardian
+from guardian.core import Clock
+from guardian.incidents.guardian import Guardian
 from guardian.logs import event, get_logger
 from guardian.sinks.prometheus import serve, shutdown
 from guardian.sinks.snapshot import ExportSource, GuardianSource, RunSnapshot

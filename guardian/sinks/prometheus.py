@@ -71,8 +71,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoM
 from prometheus_client.registry import Collector
 
 from guardian import __version__, keys
-from guardian.checks.findings import Severity
 from guardian.config import ConfigError
+from guardian.core import Severity
 from guardian.keys import Signal
 from guardian.logs import event, get_logger
 from guardian.redact import printable

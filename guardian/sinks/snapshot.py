@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING, Final, Protocol, TypeVar
 from sqlalchemy.exc import DBAPIError
 
 from guardian import keys
-from guardian.checks.findings import Finding, Severity
 from guardian.config import STORE_REFRESH_S
+from guardian.core import Finding, Severity
 from guardian.faults import unavailable
 from guardian.keys import Signal
 from guardian.store.deliveries import DROPPED, SENT, SUPPRESSED

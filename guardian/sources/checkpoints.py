@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final, Literal
 
-from guardian.history.timeline import valid_step
+from guardian.core import valid_step
 from guardian.logs import event, get_logger
 
 TRACKER_FILE: Final = "latest_checkpointed_iteration.txt"

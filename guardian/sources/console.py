@@ -13,7 +13,7 @@ import math
 import re
 from pathlib import Path
 
-from guardian.history.timeline import MAX_STEP, StepRecord, valid_step
+from guardian.core import MAX_STEP, StepRecord, valid_step
 from guardian.sources.jsonl import BadLine, MetricsFile, Pieces, read_in_pieces
 from guardian.sources.tail import MAX_LINE_BYTES, MAX_POLL_BYTES, OversizedLine
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from guardian.checks.signs import Footprint, Stat
+from guardian.core import Footprint, Stat
 
 MAX_FILES = 10_000
 

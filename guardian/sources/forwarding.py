@@ -13,7 +13,7 @@ from pathlib import Path
 
 from guardian.actions.overrides import parse_command
 from guardian.actions.verl_keys import PatchError
-from guardian.history.timeline import StepRecord
+from guardian.core import StepRecord
 from guardian.sources.console import ConsoleFile
 
 

@@ -34,7 +34,7 @@ from typing import Any, Final
 
 import orjson
 
-from guardian.history.timeline import MAX_STEP, StepRecord, valid_step
+from guardian.core import MAX_STEP, StepRecord, valid_step
 from guardian.keys import CHECKED_KEYS, CHECKED_PREFIXES
 from guardian.logs import event, get_logger
 from guardian.sources.tail import CHUNK_BYTES, MAX_LINE_BYTES, MAX_POLL_BYTES, LineTail, NewSegment, OversizedLine

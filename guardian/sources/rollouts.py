@@ -25,7 +25,7 @@ from typing import BinaryIO
 
 import orjson
 
-from guardian.history.timeline import valid_step
+from guardian.core import valid_step
 from guardian.keys import (
     ALL_ONE_KEY,
     ALL_ZERO_KEY,

@@ -27,9 +27,8 @@ from sqlalchemy import Connection, Engine, func, insert, select, text, update
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
-from guardian.checks.findings import Finding
 from guardian.config import BUSY_TIMEOUT_S, MIGRATION_WAIT_S, STATEMENT_TIMEOUT_S
-from guardian.history.timeline import StepRecord
+from guardian.core import Finding, StepRecord
 from guardian.ids import MAX_RUN_ID
 from guardian.states import CLOSED_INCIDENT_STATUSES, IncidentStatus, RunStatus
 from guardian.store.deliveries import DeliveryRecords

@@ -15,7 +15,7 @@ from typing import Final, NamedTuple
 
 import orjson
 
-from guardian.checks.findings import EvidenceValue, Severity
+from guardian.core import EvidenceValue, Severity
 from guardian.states import CLOSED_INCIDENT_STATUSES, IncidentStatus, Mode, RunStatus, Verdict
 from guardian.store.models import Attempt, Checkpoint, FindingRow, Incident, Run
 

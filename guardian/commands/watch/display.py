@@ -17,7 +17,8 @@ from rich.console import Console
 from guardian.commands.screen import LiveScreen
 from guardian.commands.view import WATCH_HEADER, Frame, Header, finding_line, progress_line, render
 from guardian.commands.watch.end import FileState
-from guardian.incidents.guardian import Clock, Guardian, TickResult
+from guardian.core import Clock
+from guardian.incidents.guardian import Guardian, TickResult
 from guardian.sinks.snapshot import RunSnapshot
 
 # plain progress: a line once this many steps arrived since the last one, or this long after it

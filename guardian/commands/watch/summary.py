@@ -12,8 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
-from guardian.checks.findings import Finding, Severity
 from guardian.commands.watch.end import EndReason
+from guardian.core import Finding, Severity
 from guardian.incidents.tracker import Change, StatusTracker, Transition
 
 

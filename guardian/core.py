@@ -1,10 +1,41 @@
-"""What a health check says about a run at a step."""
+"""The value types every layer shares: a step's metric record and the step bounds, a check's finding and severity,
+the clock, and a step's footprint on disk.
+
+The bottom of the import layers (docs/ARCHITECTURE.md §2): it imports nothing from guardian, so sources, checks,
+the store and the outlets can all speak these types without importing each other.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import IntEnum
+from typing import Final
+
+Clock = Callable[[], float]
+"""Seconds since the epoch (``time.time`` in production); injected everywhere, so a tick is testable in one call."""
+
+MAX_STEP: Final = 2**63 - 1
+"""The largest step number a source takes (the store keeps steps as 64-bit integers): a line past it, or below 0, is
+a bad line of its file, never a write the store refuses."""
+
+
+def valid_step(step: int) -> bool:
+    """Whether ``step`` is a step number the guardian keeps: ``0 <= step <= MAX_STEP``."""
+    return 0 <= step <= MAX_STEP
+
+
+@dataclass(frozen=True, slots=True)
+class StepRecord:
+    """One metric line (or the merge of several) for one training step.
+
+    ``data`` holds numbers only; a non-finite value (verl writes ``null``; other writers ``NaN``)
+    is ``math.nan``.
+    """
+
+    step: int
+    data: Mapping[str, float]
+
 
 # a flag is a bool (JSON true/false), never the string "true"
 EvidenceValue = bool | float | int | str | None
@@ -63,3 +94,16 @@ class Finding:
 def _shown(value: EvidenceValue) -> EvidenceValue:
     """Four significant digits: evidence is read by people; the checks keep full precision."""
     return float(f"{value:.4g}") if isinstance(value, float) else value
+
+
+Stat = tuple[int, int, int]
+"""Files, bytes, newest modification time (ns) of what lies at a path."""
+
+
+@dataclass(frozen=True, slots=True)
+class Footprint:
+    """One look at step N on disk: its ``global_step_N/`` folder and its validation dump ``N.jsonl`` (None: absent);
+    read by ``sources.footprint``, judged by the stall check (``checks.signs``)."""
+
+    checkpoint: Stat | None = None
+    dump: Stat | None = None
