@@ -9,8 +9,7 @@ are read, what the script sets itself is unknown (``UnknownKey``), and every key
 its config (``sources.printed_config``), a relaunch reads the script's values from it. The guardian never
 rewrites what it does not need to: ``with_overrides`` replaces or appends only the keys it changes, and
 writes ``++key`` for keys outside verl's YAML, because Hydra's struct mode refuses a plain override of
-a missing key (facts §4). Values use a subset of Hydra's override grammar; tests check it against
-Hydra's own parser.
+a missing key (facts §4). Overrides are read with hydra-core's own parser (``guardian.hydra_overrides``).
 """
 
 from __future__ import annotations
@@ -21,17 +20,16 @@ import re
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import yaml
 
 from guardian.actions.verl_keys import PatchError
+from guardian.hydra_overrides import Op, OverrideSyntaxError, parse
+from guardian.hydra_overrides import parse_value as _hydra_value
 from guardian.yamlio import YamlError, load_yaml
 
-Op = Literal["", "+", "++", "~"]
-_KEY = re.compile(r"^(\+\+|\+|~)?([A-Za-z_][\w\-.@/]*)(?:=(.*))?$", re.S)
-_INT = re.compile(r"^[-+]?\d+(?:_\d+)*$")
-_FLOAT = re.compile(r"^[-+]?(?:(?:\d+(?:_\d+)*)?\.\d*(?:[eE][-+]?\d+)?|\d+(?:_\d+)*[eE][-+]?\d+|inf|nan)$", re.I)
+_SHAPE = re.compile(r"^(?:\+\+|\+|~)?[A-Za-z_][\w\-.@/]*(?:=|$)")  # what reads as an override, not a positional
 _BARE = re.compile(r"^[\w/\-+.%*@?|:]+$")  # text Hydra reads as a string without quotes
 _CONFIG_FLAGS = {
     **dict.fromkeys(("--config-path", "-cp"), "path"),
@@ -85,12 +83,15 @@ class LaunchCommand:
 
 
 def parse_override(token: str) -> Override | None:
-    """The override in ``token``, or None when it is not one (a flag, a positional)."""
-    match = _KEY.match(token)
-    if match is None or (match.group(1) != "~" and match.group(3) is None):
+    """The override in ``token``, or None when it is not one (a flag, a positional); PatchError when it is one
+    that Hydra's grammar refuses (verl would refuse it too)."""
+    if _SHAPE.match(token) is None or ("=" not in token and not token.startswith("~")):
         return None
-    op: Op = match.group(1) or ""  # type: ignore[assignment]
-    return Override(op, match.group(2), match.group(3))
+    try:
+        parsed = parse(token)
+    except OverrideSyntaxError as exc:
+        raise PatchError(str(exc)) from None
+    return Override(parsed.op, parsed.key, parsed.value_text)
 
 
 def _script_start(argv: tuple[str, ...]) -> int | None:
@@ -155,47 +156,12 @@ def parse_command(argv: Sequence[str]) -> LaunchCommand:
     )
 
 
-def _split_top(text: str, sep: str) -> list[str]:
-    """Split at ``sep`` outside quotes and brackets."""
-    parts, depth, quote, start = [], 0, "", 0
-    for i, ch in enumerate(text):
-        if quote:
-            quote = "" if ch == quote and text[i - 1] != "\\" else quote
-        elif ch in "'\"":
-            quote = ch
-        elif ch in "[{(":
-            depth += 1
-        elif ch in "]})":
-            depth -= 1
-        elif ch == sep and depth == 0:
-            parts.append(text[start:i])
-            start = i + 1
-    parts.append(text[start:])
-    return parts
-
-
 def parse_value(text: str) -> object:
-    """Hydra-like value: int, float (1e-6, inf, nan), true/false, null, [lists], {dicts}, quoted or bare strings."""
-    s = text.strip()
-    if len(s) >= 2 and s[0] == s[-1] and s[0] in "'\"":
-        return re.sub(r"\\(['\"\\])", r"\1", s[1:-1])
-    if s[:1] == "[" and s[-1:] == "]":
-        inner = s[1:-1].strip()
-        return [parse_value(p) for p in _split_top(inner, ",")] if inner else []
-    if s[:1] == "{" and s[-1:] == "}" and not s.startswith("${"):
-        inner = s[1:-1].strip()
-        items = [_split_top(p, ":") for p in _split_top(inner, ",")] if inner else []
-        return {str(parse_value(k[0])): parse_value(":".join(k[1:])) for k in items}
-    low = s.lower()
-    if low == "null":
-        return None
-    if low in ("true", "false"):
-        return low == "true"
-    if _INT.match(s):
-        return int(s.replace("_", ""))
-    if _FLOAT.match(s):
-        return float(s.replace("_", ""))
-    return s
+    """``text`` typed as Hydra types an override's value (int, float, bool, null, list, dict, string)."""
+    try:
+        return _hydra_value(text)
+    except OverrideSyntaxError as exc:
+        raise PatchError(str(exc)) from None
 
 
 def render_value(value: object) -> str:
@@ -213,12 +179,20 @@ def render_value(value: object) -> str:
     if isinstance(value, list | tuple):
         return "[" + ",".join(render_value(v) for v in value) + "]"
     if isinstance(value, str):
-        if value and _BARE.match(value) and isinstance(parse_value(value), str) and value[0] not in "+-":
+        if value and _BARE.match(value) and value[0] not in "+-" and _reads_back(value):
             return value
         if "'" not in value:
             return f"'{value}'"
         return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
     raise PatchError(f"cannot write a {type(value).__name__} ({value!r}) as a Hydra override")
+
+
+def _reads_back(text: str) -> bool:
+    """True when Hydra reads the unquoted ``text`` back as that same string."""
+    try:
+        return parse_value(text) == text
+    except PatchError:
+        return False
 
 
 def _omegaconf_loader() -> type[yaml.SafeLoader]:

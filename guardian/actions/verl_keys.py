@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from guardian.hydra_overrides import OverrideSyntaxError, parse
+
 __all__ = [
     "VERL_KEYS",
     "KeySpec",
@@ -327,13 +329,14 @@ def compose_check(overrides: Sequence[str], *, config_name: str = "ppo_trainer")
 
 
 def _check_known(overrides: Sequence[str]) -> None:
-    from guardian.actions.overrides import parse_override  # late: overrides imports this module
-
     for text in overrides:
-        override = parse_override(text)
-        if override is None or override.op == "~" or spec_for(override.key) is None:
+        try:
+            override = parse(text)
+        except OverrideSyntaxError as exc:
+            raise PatchError(str(exc)) from None
+        if override.op == "~" or spec_for(override.key) is None:
             continue
-        validate(override.key, override.value())
+        validate(override.key, override.value)
         plus = needs_plus(override.key)
         if plus and override.op == "":
             raise PatchError(f"{text}: {override.key} is not in verl's YAML; write ++{override.key}=…")

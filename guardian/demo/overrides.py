@@ -1,29 +1,21 @@
-"""Hydra-style command-line overrides, in struct mode, without Hydra.
+"""Hydra command-line overrides applied in struct mode, as verl's Hydra applies them, without composing.
 
-verl is launched as ``python -m verl.trainer.main_ppo key=value +key=value ++key=value`` and Hydra
-composes those against verl's YAML in *struct mode*: a plain ``key=value`` must name a key that
-exists, ``+key=value`` must name one that does not, ``++key=value`` adds or overrides. The demo
-trainer takes the same command line, so this module parses values with Hydra's basic grammar
-(``1`` int, ``1e-6`` float, ``true``/``false``, ``null``, ``[a,b]`` lists, ``{k: v}`` dicts, quoted
-strings stay strings) and reproduces Hydra's error messages, so a launcher that works against one
-works against the other. Interpolations (``${...}``) are kept as plain strings.
+The demo trainer takes verl's command line: values are read with hydra-core's parser, and struct mode
+(a plain ``key=value`` must name an existing key, ``+key`` a missing one, ``++key`` either) reproduces
+Hydra's error messages, so a launcher that works against one works against the other.
 """
 
 from __future__ import annotations
 
 import copy
-import re
 from dataclasses import dataclass
 from typing import Any
 
-Tree = dict[str, Any]
+from guardian.hydra_overrides import OverrideSyntaxError, parse, parse_value
 
-_INT = re.compile(r"[+-]?(?:0|[1-9][0-9_]*)")
-_FLOAT = re.compile(
-    r"[+-]?(?:(?:[0-9][0-9_]*)?\.[0-9][0-9_]*(?:[eE][+-]?[0-9]+)?|[0-9][0-9_]*\.?(?:[eE][+-]?[0-9]+)|[0-9][0-9_]*\.)"
-)
-_SPECIAL_FLOAT = re.compile(r"[+-]?(?:inf|nan)", re.IGNORECASE)
-_KEY = re.compile(r"[A-Za-z0-9_\-/@]+(?:\.[A-Za-z0-9_\-/@]+)*")
+__all__ = ["Override", "OverrideError", "Tree", "apply_overrides", "flatten", "lookup", "parse_override", "parse_value"]
+
+Tree = dict[str, Any]
 
 
 class OverrideError(ValueError):
@@ -40,130 +32,19 @@ class Override:
     text: str
 
 
-def _primitive(text: str) -> Any:
-    token = text.strip()
-    lowered = token.lower()
-    if lowered == "null":
-        return None
-    if lowered in ("true", "false"):
-        return lowered == "true"
-    if _INT.fullmatch(token):
-        return int(token.replace("_", ""))
-    if _FLOAT.fullmatch(token) or _SPECIAL_FLOAT.fullmatch(token):
-        return float(token.replace("_", ""))
-    return token
-
-
-class _Parser:
-    """Recursive descent over one value: lists, dicts, quoted strings, primitives."""
-
-    def __init__(self, text: str) -> None:
-        self.text = text
-        self.pos = 0
-
-    def fail(self, why: str) -> OverrideError:
-        return OverrideError(f"Error parsing override value '{self.text}': {why} at position {self.pos}")
-
-    def skip_space(self) -> None:
-        while self.pos < len(self.text) and self.text[self.pos] in " \t":
-            self.pos += 1
-
-    def value(self, nested: bool) -> Any:
-        self.skip_space()
-        if self.pos < len(self.text):
-            head = self.text[self.pos]
-            if head == "[":
-                return self.sequence("[", "]", self.value)
-            if head == "{":
-                return dict(self.sequence("{", "}", self.pair))
-            if head in "'\"":
-                return self.quoted(head)
-        return self.bare(nested)
-
-    def sequence(self, open_: str, close: str, item: Any) -> list[Any]:
-        self.pos += 1
-        items: list[Any] = []
-        self.skip_space()
-        if self.pos < len(self.text) and self.text[self.pos] == close:
-            self.pos += 1
-            return items
-        while True:
-            items.append(item(True))
-            self.skip_space()
-            if self.pos >= len(self.text):
-                raise self.fail(f"missing '{close}'")
-            if self.text[self.pos] == ",":
-                self.pos += 1
-                continue
-            if self.text[self.pos] == close:
-                self.pos += 1
-                return items
-            raise self.fail(f"unexpected '{self.text[self.pos]}'")
-
-    def pair(self, nested: bool) -> tuple[str, Any]:
-        self.skip_space()
-        start = self.pos
-        while self.pos < len(self.text) and self.text[self.pos] not in ":,}":
-            self.pos += 1
-        key = self.text[start : self.pos].strip()
-        if not key or self.pos >= len(self.text) or self.text[self.pos] != ":":
-            raise self.fail("expected 'key: value'")
-        self.pos += 1
-        return key, self.value(nested)
-
-    def quoted(self, quote: str) -> str:
-        self.pos += 1
-        out: list[str] = []
-        while self.pos < len(self.text):
-            char = self.text[self.pos]
-            if char == "\\" and self.pos + 1 < len(self.text):
-                out.append(self.text[self.pos + 1])
-                self.pos += 2
-                continue
-            if char == quote:
-                self.pos += 1
-                return "".join(out)
-            out.append(char)
-            self.pos += 1
-        raise self.fail("unterminated quoted string")
-
-    def bare(self, nested: bool) -> Any:
-        start = self.pos
-        depth = 0
-        while self.pos < len(self.text):
-            char = self.text[self.pos]
-            if char == "{" and self.text[self.pos - 1 : self.pos] == "$":
-                depth += 1
-            elif char == "}" and depth:
-                depth -= 1
-            elif nested and depth == 0 and char in ",]}":
-                break
-            self.pos += 1
-        return _primitive(self.text[start : self.pos])
-
-
-def parse_value(text: str) -> Any:
-    """A value typed like Hydra's grammar: ``1e-6`` is a float, ``[a,b]`` a list of strings."""
-    parser = _Parser(text)
-    value = parser.value(nested=False)
-    parser.skip_space()
-    if parser.pos != len(text):
-        raise parser.fail("trailing characters")
-    return value
-
-
 def parse_override(text: str) -> Override:
     """``[+|++]dotted.key=value``; deletions (``~key``) are not supported by the demo."""
     if text.startswith("~"):
         raise OverrideError(f"Error parsing override '{text}': deleting keys is not supported by the demo trainer")
-    prefix = "++" if text.startswith("++") else "+" if text.startswith("+") else ""
-    body = text[len(prefix) :]
-    key, eq, raw = body.partition("=")
-    if not eq or not _KEY.fullmatch(key):
+    if "=" not in text:
         raise OverrideError(
             f"Error parsing override '{text}'\nmismatched input: expected key=value (e.g. trainer.save_freq=10)"
         )
-    return Override(prefix=prefix, key=key, value=parse_value(raw), text=text)
+    try:
+        parsed = parse(text)
+    except OverrideSyntaxError as exc:
+        raise OverrideError(f"Error parsing override '{text}'\n{exc}") from None
+    return Override(prefix=parsed.op, key=parsed.key, value=parsed.value, text=text)
 
 
 def lookup(tree: Tree, key: str) -> tuple[bool, Any]:
