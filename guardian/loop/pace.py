@@ -7,8 +7,10 @@ file it may be far behind: ``DrainPace`` reads on at once while bytes are left, 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
+
+from guardian.backoff import Backoff
 
 
 class Pace(Protocol):
@@ -24,14 +26,15 @@ class PollPace:
 
     base_s: float
     idle_max_s: float
-    _wait_s: float = 0.0
+    _quiet: Backoff = field(init=False)
+
+    def __post_init__(self) -> None:
+        self._quiet = Backoff(self.base_s, max(self.idle_max_s, self.base_s))
 
     def next_wait(self, *, ok: bool, busy: bool) -> float:
-        if busy or not ok or self._wait_s == 0.0:
-            self._wait_s = self.base_s
-        else:
-            self._wait_s = min(self._wait_s * 2, max(self.idle_max_s, self.base_s))
-        return self._wait_s
+        if busy or not ok:
+            self._quiet.reset()
+        return self._quiet.next_delay()
 
 
 @dataclass(frozen=True, slots=True)

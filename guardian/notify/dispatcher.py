@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Protocol
 
+from guardian.backoff import doubling
 from guardian.faults import fault_fields, is_outage
 from guardian.logs import event, get_logger
 from guardian.notify.compose import Alert
@@ -39,6 +40,7 @@ from guardian.store.deliveries import DROPPED, FAILING, SENT, SUPPRESSED, Delive
 
 log = get_logger("notify")
 
+FIRST_BACKOFF_S = 1.0
 MAX_BACKOFF_S = 60.0
 
 
@@ -78,7 +80,7 @@ class Decision(StrEnum):
 
 def backoff_s(attempts: int) -> float:
     """Seconds before retry number ``attempts`` (1, 2, 4 ... capped at ``MAX_BACKOFF_S``)."""
-    return min(MAX_BACKOFF_S, 2.0 ** max(attempts - 1, 0))
+    return doubling(attempts, FIRST_BACKOFF_S, MAX_BACKOFF_S)
 
 
 def decide(

@@ -28,6 +28,7 @@ from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import Final
 
+from guardian.backoff import Backoff
 from guardian.config import MAX_PENDING_WRITES
 from guardian.faults import failure_text, unavailable
 from guardian.logs import event, get_logger
@@ -87,7 +88,7 @@ class WriteBehind:
     error: str | None = None  # the database's last refusal
     _queue: deque[_Pending] = field(default_factory=deque)
     _next_try: float = 0.0
-    _delay: float = RETRY_FIRST_S
+    _backoff: Backoff = field(default_factory=lambda: Backoff(RETRY_FIRST_S, RETRY_MAX_S))
     _dropped_in_outage: int = 0
 
     @property
@@ -149,8 +150,7 @@ class WriteBehind:
                     },
                 )
             )
-        self._next_try = now + self._delay
-        self._delay = min(self._delay * 2, RETRY_MAX_S)
+        self._next_try = now + self._backoff.next_delay()
 
     def retry(self) -> None:
         """Replay the queue (or, with nothing queued, probe with a real write) once its backoff is over;
@@ -192,7 +192,8 @@ class WriteBehind:
                 },
             )
         )
-        self.down_since, self.error, self._delay, self._dropped_in_outage = None, None, RETRY_FIRST_S, 0
+        self.down_since, self.error, self._dropped_in_outage = None, None, 0
+        self._backoff.reset()
 
     def _committed(self, pending: _Pending) -> None:
         if pending.committed is not None:
