@@ -23,8 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from guardian.actions.ladder import RemediationConfig
 from guardian.redact import printable
-from guardian.sources.jsonl import MAX_KEYS_PER_STEP, MAX_LINE_BYTES
-from guardian.sources.tail import open_regular
+from guardian.regular_files import open_regular
 from guardian.yamlio import Loaded, YamlError, load_yaml
 
 # defaults the store and the guard loops start from when no configuration is given (store/engine.py,
@@ -38,6 +37,11 @@ MIGRATION_WAIT_S = 120.0
 TICK_FAILURE_LIMIT = 5
 OUTAGE_LIMIT_S = 900.0
 STORE_REFRESH_S = 5.0
+# keys kept per metrics line besides the exact keys the checks read (verl logs ~150-300; sources/jsonl.py)
+MAX_KEYS_PER_STEP = 5_000
+# the longest line a source keeps: a metrics line of 5,000 keys of ~100 bytes each with room to spare (verl's are
+# ~15 kB). Parsing a JSON line takes ~10x its length in memory, so this bounds a parse at a few tens of MB.
+MAX_LINE_BYTES = 4 << 20
 RAY_REQUEST_TIMEOUT_S = 10.0  # one call to a Ray cluster's Jobs API or State API (rescue/ray_jobs.py imports it)
 MAX_CONFIG_BYTES = 1 << 20  # a guardian.yaml is a few KiB; a larger file is the wrong file
 
@@ -470,7 +474,7 @@ class RayConfig(_Section):
 
 class CheckpointsConfig(_Section):
     """Healthy checkpoints the guardian pins (hard links under ``<ckpt>/.guardian-pinned/``) so that verl's
-    retention (``trainer.max_actor_ckpt_to_keep``) cannot delete every rollback target (actions/pins.py)."""
+    retention (``trainer.max_actor_ckpt_to_keep``) cannot delete every rollback target (checkpoints/pinning.py)."""
 
     pin_keep: int = Field(
         3,

@@ -1,5 +1,5 @@
 """The value types every layer shares: a step's metric record and the step bounds, a check's finding and severity,
-the clock, and a step's footprint on disk.
+the clock, and the steps verl saves or validates at and a step's footprint on disk.
 
 The bottom of the import layers (docs/ARCHITECTURE.md §2): it imports nothing from guardian, so sources, checks,
 the store and the outlets can all speak these types without importing each other.
@@ -107,3 +107,19 @@ class Footprint:
 
     checkpoint: Stat | None = None
     dump: Stat | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class StepSchedule:
+    """The steps verl saves and validates at: every ``save_freq``/``test_freq`` steps (0 or less: never), and at
+    ``last_step`` (``trainer.total_training_steps``; None: not known) when that one is on."""
+
+    save_freq: int = 0
+    test_freq: int = 0
+    last_step: int | None = None
+
+    def saves(self, step: int) -> bool:
+        return self.save_freq > 0 and (step % self.save_freq == 0 or step == self.last_step)
+
+    def validates(self, step: int) -> bool:
+        return self.test_freq > 0 and (step % self.test_freq == 0 or step == self.last_step)

@@ -34,7 +34,7 @@ from typing import Final
 
 from sqlalchemy.exc import DataError, DBAPIError, IntegrityError, NotSupportedError, ProgrammingError
 
-from guardian.store.engine import reason
+from guardian.redact import printable, scrub_text
 
 # errnos of a resource that is exhausted or unreachable for now (the ConnectionError and TimeoutError
 # errnos - refused, reset, aborted, broken pipe, timed out - come as those subclasses already)
@@ -155,4 +155,6 @@ def _http_status(exc: BaseException) -> int | None:
 def failure_text(exc: BaseException) -> str:
     """``TypeName: first line of the message`` (just the type when there is no message): a failed tick in one
     log line, scrubbed as the store's errors are (no SQL text or parameters, no password of a URL)."""
-    return reason(exc.orig if isinstance(exc, DBAPIError) and exc.orig is not None else exc)
+    shown = exc.orig if isinstance(exc, DBAPIError) and exc.orig is not None else exc
+    lines = str(shown).strip().splitlines()  # the first line only: SQLAlchemy puts the SQL text on the lines after it
+    return printable(scrub_text(f"{type(shown).__name__}: {lines[0] if lines else ''}".rstrip(": ")))

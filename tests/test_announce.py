@@ -11,7 +11,8 @@ from webhook_receiver import Receiver
 
 from guardian.commands.run import local_supervisor
 from guardian.config import GuardianConfig
-from guardian.notify.compose import Alert
+from guardian.loop.outage import CannotContinue
+from guardian.notify.compose import Alert, cannot_continue_alert
 from guardian.notify.dispatcher import Dispatcher, DispatchPolicy
 from guardian.notify.events import Level
 from guardian.notify.notifiers import WebhookNotifier
@@ -56,12 +57,13 @@ def test_a_warning_is_not_announced_to_a_notifier_routed_for_criticals(receiver:
 def test_the_supervisor_announces_that_it_cannot_continue(tmp_path: Path) -> None:
     command = [sys.executable, "-m", "verl.trainer.main_ppo", f"trainer.default_local_dir={tmp_path / 'ckpt'}"]
     config = GuardianConfig(home=tmp_path / "home")
-    sent: list[Alert] = []
+    sent: list[CannotContinue] = []
     with Store.open(config.database_url()) as store:
         supervisor = local_supervisor(config, store, run_id="r1", command=command, cwd=tmp_path)
         supervisor.announce = sent.append
         code = supervisor.cannot_continue(cause="the store refused writes for 600 s", fix="free space on /data")
-    (alert,) = sent
+    (ending,) = sent
+    alert = cannot_continue_alert(ending)
     assert code == 1 and alert.level is Level.CRITICAL and alert.run_id == "r1"
     assert "the store refused writes for 600 s" in alert.text and "free space on /data" in alert.text
     assert "not running" in alert.text

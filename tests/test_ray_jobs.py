@@ -28,7 +28,6 @@ from guardian.rescue.local import StopFailedError
 from guardian.rescue.ray_jobs import (
     RAY_INSTALL,
     JobInfo,
-    JobsApiTimeout,
     JobsClient,
     RayJobsError,
     RayJobsTrainer,
@@ -39,6 +38,7 @@ from guardian.rescue.ray_jobs import (
 )
 from guardian.rescue.ray_logs import JOB_LOG, JobLogMirror, JobLogsSource, Reading, choose
 from guardian.rescue.ray_survivors import StateApi, Survivor, kill_command, per_node, verdict
+from guardian.rescue.ray_timeouts import JobsApiTimeout
 from guardian.rescue.supervisor import Supervisor
 from guardian.sources.console import ConsoleFile
 from guardian.sources.jsonl import MetricsFile

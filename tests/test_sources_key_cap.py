@@ -11,9 +11,10 @@ from pathlib import Path
 import orjson
 import pytest
 
+from guardian.config import MAX_KEYS_PER_STEP
 from guardian.core import StepRecord
 from guardian.keys import CHECKED_KEYS
-from guardian.sources.jsonl import MAX_KEYS_PER_STEP, MetricsFile, iter_records
+from guardian.sources.jsonl import MetricsFile, iter_records
 
 PER_SAMPLE = 20_000
 EXACT = {"actor/entropy": 0.5, "critic/score/mean": 0.25}

@@ -10,10 +10,10 @@ import pytest
 
 from guardian.actions.schedule import read_saves, retention_problem
 from guardian.checks import CheckContext
-from guardian.checks.signs import LifeSigns, StepSchedule, note_footprint
+from guardian.checks.signs import LifeSigns, note_footprint
 from guardian.checks.stall import stall
 from guardian.config import BaselineConfig, StallConfig
-from guardian.core import Finding, Footprint, Severity, StepRecord
+from guardian.core import Finding, Footprint, Severity, StepRecord, StepSchedule
 from guardian.history.timeline import RunHistory
 from guardian.sources.footprint import look
 

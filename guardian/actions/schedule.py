@@ -17,7 +17,7 @@ from pathlib import Path
 from guardian.actions import verl_keys
 from guardian.actions.overrides import EffectiveConfig
 from guardian.actions.verl_keys import PatchError
-from guardian.checks.signs import StepSchedule
+from guardian.core import StepSchedule
 
 
 @dataclass(frozen=True, slots=True)

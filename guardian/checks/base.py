@@ -12,9 +12,9 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from guardian.checks.signs import LifeSigns, StepSchedule
+from guardian.checks.signs import LifeSigns
 from guardian.config import BaselineConfig
-from guardian.core import EvidenceValue, Finding, Severity
+from guardian.core import EvidenceValue, Finding, Severity, StepSchedule
 from guardian.history.timeline import RunHistory, Series
 from guardian.keys import Signal
 

@@ -16,22 +16,6 @@ from guardian.core import Footprint
 
 
 @dataclass(frozen=True, slots=True)
-class StepSchedule:
-    """The steps verl saves and validates at: every ``save_freq``/``test_freq`` steps (0 or less: never), and at
-    ``last_step`` (``trainer.total_training_steps``; None: not known) when that one is on."""
-
-    save_freq: int = 0
-    test_freq: int = 0
-    last_step: int | None = None
-
-    def saves(self, step: int) -> bool:
-        return self.save_freq > 0 and (step % self.save_freq == 0 or step == self.last_step)
-
-    def validates(self, step: int) -> bool:
-        return self.test_freq > 0 and (step % self.test_freq == 0 or step == self.last_step)
-
-
-@dataclass(frozen=True, slots=True)
 class LifeSigns:
     """The step in progress (``step``: the newest logged step + 1) as the looks at disk saw it: the last look, and
     when its checkpoint folder (``saved_at``) or validation dump (``dumped_at``) was last seen to change (None: not

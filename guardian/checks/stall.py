@@ -24,9 +24,9 @@ from dataclasses import dataclass
 from itertools import pairwise
 
 from guardian.checks.base import CheckContext, ok, rounded
-from guardian.checks.signs import LifeSigns, StepSchedule, startup_allowance
+from guardian.checks.signs import LifeSigns, startup_allowance
 from guardian.config import StallConfig
-from guardian.core import EvidenceValue, Finding, Severity
+from guardian.core import EvidenceValue, Finding, Severity, StepSchedule
 from guardian.history.timeline import RunHistory, median
 from guardian.keys import Signal
 

@@ -12,7 +12,7 @@ from guardian.atomic import write_atomically
 from guardian.cli.common import AddCommand, dir_problem, log, open_store, resolved_config, store_int
 from guardian.exits import EXIT_ERROR, EXIT_OK, EXIT_USAGE
 from guardian.logs import event
-from guardian.sources.tail import kind_of
+from guardian.regular_files import kind_of
 
 REPORT_MODE = 0o644  # a page to pass around, readable like any file a browser saves
 

@@ -27,8 +27,8 @@ from guardian.exits import EXIT_ERROR, EXIT_OK, EXIT_TOO_LITTLE, EXIT_UNHEALTHY
 from guardian.ids import MAX_RUN_ID, checked_run_id
 from guardian.keys import Signal, signals_present
 from guardian.logs import event
+from guardian.regular_files import regular_file_problem
 from guardian.sources.hydra_config import config_beside, total_training_steps
-from guardian.sources.tail import regular_file_problem
 from guardian.store import Store
 from guardian.store.engine import reason as store_error_text
 
@@ -178,11 +178,11 @@ def _watch(
     total_steps: int | None,
     stop: threading.Event,
 ) -> WatchSummary:
+    from guardian.commands.outlets import outlets
     from guardian.commands.view import Header
     from guardian.commands.watch.display import Display, LiveView, PlainProgress
     from guardian.commands.watch.loop import FollowedFile, WatchLoop
     from guardian.incidents.guardian import Guardian
-    from guardian.loop.outlets import outlets
     from guardian.sources.console import ConsoleFile
     from guardian.sources.jsonl import MetricsFile
     from guardian.sources.rollouts import RolloutDir

@@ -23,6 +23,7 @@ import orjson
 from rich.console import Console
 from rich.markup import escape
 
+from guardian.commands.outlets import outlets
 from guardian.commands.run import guard_loop, local_supervisor, register_run
 from guardian.config import GuardianConfig
 from guardian.core import Severity
@@ -30,7 +31,6 @@ from guardian.demo.scenarios import SCENARIOS, RunFiles
 from guardian.exits import EXIT_INTERRUPTED
 from guardian.keys import Signal
 from guardian.logs import logging_to_file
-from guardian.loop.outlets import outlets
 from guardian.notify.compose import at_step, format_setting, format_value
 from guardian.rescue.policy import CRASH_OUTPUT_EVIDENCE
 from guardian.rescue.supervisor import Supervisor

@@ -27,6 +27,7 @@ from guardian.actions.patch import AttemptFiles
 from guardian.actions.preview import launch_preview
 from guardian.actions.process import LocalProcessControl, read_runner_start
 from guardian.actions.verl_keys import PatchError
+from guardian.commands.outlets import Outlets, outlets
 from guardian.commands.screen import LiveScreen
 from guardian.commands.view import Frame, Header, render, run_footer
 from guardian.config import GuardianConfig
@@ -35,7 +36,6 @@ from guardian.fleet.outcome import meaning
 from guardian.ids import MAX_RUN_ID, checked_run_id
 from guardian.logs import event, get_logger, logging_to_file
 from guardian.loop.guard import guard
-from guardian.loop.outlets import Outlets, outlets
 from guardian.loop.pace import PollPace
 from guardian.notify.setup import check_sinks
 from guardian.rescue.local import LocalTrainer

@@ -23,10 +23,11 @@ from functools import partial
 from pathlib import Path
 from typing import Protocol
 
+from guardian.checkpoints.scan import scan_checkpoints
 from guardian.checks import CheckContext, build_checks, evaluate
-from guardian.checks.signs import LifeSigns, StepSchedule, note_footprint, startup_allowance
+from guardian.checks.signs import LifeSigns, note_footprint, startup_allowance
 from guardian.config import GuardianConfig
-from guardian.core import Clock, Finding, Severity, StepRecord
+from guardian.core import Clock, Finding, Severity, StepRecord, StepSchedule
 from guardian.history.timeline import Arrival, RunHistory
 from guardian.incidents.health import StepHealth
 from guardian.incidents.replay import feed_step
@@ -34,7 +35,6 @@ from guardian.incidents.signal_report import SignalReport
 from guardian.incidents.tracker import Change, StatusTracker, Transition
 from guardian.keys import Signal, checked_values
 from guardian.logs import event, get_logger
-from guardian.sources.checkpoints import scan_checkpoints
 from guardian.sources.footprint import look
 from guardian.sources.jsonl import MetricsBatch, NewSegment
 from guardian.sources.rollouts import RolloutDir, read_finished

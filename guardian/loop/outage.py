@@ -23,6 +23,17 @@ from dataclasses import dataclass
 from guardian.config import OUTAGE_LIMIT_S, STORE_WAIT_S, TICK_FAILURE_LIMIT
 
 
+@dataclass(frozen=True, slots=True)
+class CannotContinue:
+    """The guardian stops guarding ``run_id``: why (``cause``), what became of its trainer and what to do (``fix``).
+    Told straight to the notifiers (``commands.outlets``), past the store: the store may be the trouble."""
+
+    run_id: str
+    cause: str
+    trainer: str
+    fix: str
+
+
 def stop_while_store_down(*, mode: str, running: bool, collapsing: bool) -> bool:
     """Whether to stop the trainer now, the store being unavailable."""
     return mode == "enforce" and running and collapsing

@@ -19,6 +19,7 @@ from typing import Final
 
 from guardian.core import Severity
 from guardian.exits import EXIT_GAVE_UP
+from guardian.loop.outage import CannotContinue
 from guardian.notify.events import EventKind, GuardianEvent, Level
 from guardian.rescue.policy import CRASH_OUTPUT_EVIDENCE, RESTART_CHECKS, SETUP_FAILURE
 from guardian.states import State
@@ -108,8 +109,9 @@ def truncate(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[: max(limit - 1, 0)] + ELLIPSIS
 
 
-def cannot_continue_alert(run_id: str, *, cause: str, trainer: str, fix: str) -> Alert:
+def cannot_continue_alert(ending: CannotContinue) -> Alert:
     """The alert that the guardian stopped guarding a run (sent past the store: it may be the trouble)."""
+    run_id, cause, trainer, fix = ending.run_id, ending.cause, ending.trainer, ending.fix
     return Alert(
         key=f"run:{run_id}:cannot_continue",
         run_id=run_id,

@@ -23,11 +23,12 @@ from pathlib import Path
 
 import orjson
 
-from guardian.actions.checkpoints import QUARANTINE_DIR
 from guardian.actions.launcher import RunFolder
+from guardian.checkpoints.quarantine import QUARANTINE_DIR
+from guardian.config import MAX_LINE_BYTES
+from guardian.regular_files import NotRegularFile, open_regular
 from guardian.report.series import StepRange
 from guardian.sources.rollouts import DUMP_FIELDS, dump_rows, sample_score
-from guardian.sources.tail import MAX_LINE_BYTES, NotRegularFile, open_regular
 from guardian.store import AttemptView, RunView
 
 Row = Mapping[str, object]

@@ -22,7 +22,7 @@ from typing import Any
 import requests
 from ray.job_submission import JobSubmissionClient
 
-from guardian.rescue.ray_jobs import Unanswered
+from guardian.rescue.ray_timeouts import Unanswered
 
 
 class BoundedJobsClient(JobSubmissionClient):  # type: ignore[misc, unused-ignore]  # typed only with ray installed

@@ -33,7 +33,7 @@ not read (a rollback needs the checkpoints: a local head, or a shared file syste
 Every call to the dashboard is bounded by ``ray.request_timeout_s`` (``rescue.ray_client``): a dashboard that
 does not answer - packets dropped, a hung process - fails the call as ``JobsApiTimeout``, a ``TimeoutError`` and so
 an outage (``guardian.faults``): the tick still judges the metrics and the rescue waits (``outage_limit_s``). After
-a timeout the dashboard is not asked again for that long (``Unanswered``): the other calls of the tick fail at
+a timeout the dashboard is not asked again for that long (``ray_timeouts.Unanswered``): the other calls of the tick fail at
 once, so a tick costs one timeout, not one per call.
 """
 
@@ -79,45 +79,6 @@ FOLDER_MUST_EXIST = ("VERL_FILE_LOGGER_PATH",)
 
 class RayJobsError(RuntimeError):
     """The Ray cluster or its Jobs API cannot do what the guardian needs; the message says what to do."""
-
-
-class JobsApiTimeout(TimeoutError):
-    """A call to the Jobs API got no answer within ``ray.request_timeout_s``: an outage (``faults.is_outage``)."""
-
-
-@dataclass
-class Unanswered:
-    """When the dashboard at ``address`` last left a call unanswered: for ``timeout_s`` after that, calls fail at once
-    (``JobsApiTimeout``) instead of waiting out the timeout again."""
-
-    address: str
-    timeout_s: float
-    monotonic: Callable[[], float] = time.monotonic
-    since: float | None = None  # the last timeout; None once a call was answered
-
-    def before(self, call: str) -> None:
-        """Raise ``JobsApiTimeout`` when the dashboard timed out less than ``timeout_s`` ago: ``call`` is not sent."""
-        if self.since is None:
-            return
-        ago = self.monotonic() - self.since
-        if ago < self.timeout_s:
-            raise JobsApiTimeout(
-                f"the Ray Jobs API at {self.address} left a call unanswered {ago:.1f}s ago (ray.request_timeout_s "
-                f"{self.timeout_s:g}s): {call} not sent, the dashboard is asked again in {self.timeout_s - ago:.1f}s"
-            )
-
-    def timed_out(self, call: str) -> JobsApiTimeout:
-        """The error for ``call``, unanswered within ``timeout_s``; the calls of the next ``timeout_s`` fail fast."""
-        self.since = self.monotonic()
-        return JobsApiTimeout(
-            f"the Ray Jobs API at {self.address} did not answer {call} within {self.timeout_s:g}s "
-            "(ray.request_timeout_s): its dashboard is down, overloaded or unreachable from here. Check the head "
-            f"(ray status there; curl {self.address}/api/version from here), or raise ray.request_timeout_s if the "
-            "dashboard is only slow"
-        )
-
-    def answered(self) -> None:
-        self.since = None
 
 
 class JobInfo(Protocol):

@@ -29,9 +29,11 @@ from pathlib import Path
 from guardian.actions.launcher import RunFolder
 from guardian.actions.overrides import parse_command
 from guardian.actions.patch import RunFiles
-from guardian.actions.pins import pinned_steps
 from guardian.actions.process import ExitStatus, TrainerControl
 from guardian.actions.schedule import read_saves, retention_problem
+from guardian.checkpoints.pinner import Pinner
+from guardian.checkpoints.pinning import pinned_steps
+from guardian.checkpoints.scan import resumable, scan_checkpoints
 from guardian.checks.stall import typical_step_seconds
 from guardian.config import GuardianConfig
 from guardian.core import Clock, Severity
@@ -39,19 +41,16 @@ from guardian.exits import EXIT_ERROR
 from guardian.faults import failure_text, fault_fields, is_outage, unavailable
 from guardian.incidents.guardian import Guardian, MetricsSource
 from guardian.logs import event, get_logger
-from guardian.loop.outage import StoreWait, stop_while_store_down, trainer_fate
+from guardian.loop.outage import CannotContinue, StoreWait, stop_while_store_down, trainer_fate
 from guardian.loop.ticks import aside
-from guardian.notify.compose import Alert, cannot_continue_alert
 from guardian.rescue.executor import Executor
 from guardian.rescue.local import LocalCheckpoints, LocalPlanner, LocalTrainer
 from guardian.rescue.outcome import Outcome, measure_outcome
-from guardian.rescue.pinner import Pinner
 from guardian.rescue.pruner import DumpPruner
 from guardian.rescue.ray_jobs import JobsClient, RayJobsTrainer
 from guardian.rescue.ray_logs import JOB_LOG, JobLogsSource
 from guardian.rescue.ray_survivors import ClusterState
 from guardian.rescue.snapshot import RescueSnapshot, StandingFinding, TrainerFacts
-from guardian.sources.checkpoints import resumable, scan_checkpoints
 from guardian.sources.console import ConsoleFile
 from guardian.sources.forwarding import ForwardingWatch, dropped_fields
 from guardian.sources.jsonl import MetricsFile
@@ -76,8 +75,8 @@ class Supervisor:
     clock: Clock
     # called right after each state is committed (tests kill the guardian here: chaos tests)
     after_commit: Callable[[str], None] = lambda state: None
-    # sends an alert straight to the notifiers, bypassing the store (Dispatcher.announce)
-    announce: Callable[[Alert], None] = lambda alert: None
+    # tells the notifiers straight, bypassing the store, that the guardian gives up (commands.outlets)
+    announce: Callable[[CannotContinue], None] = lambda ending: None
     # the Jobs API of a Ray cluster: each attempt is submitted there as a Ray job instead of a local process group
     jobs: JobsClient | None = None
     # the cluster's State API beside the Jobs API: what a stopped job left alive
@@ -286,7 +285,7 @@ class Supervisor:
             return None
 
     def _pin(self) -> None:
-        """The pin pass after the rescue's (``rescue.pinner``): a side show, whose failure never fails the tick."""
+        """The pin pass after the rescue's (``checkpoints.pinner``): a side show, whose failure never fails the tick."""
         if self.pinner is not None:
             history, pinner = self.guardian.history, self.pinner
             # the pass's last snapshot read the incidents already: an effect after it can only have closed one (a
@@ -422,7 +421,7 @@ class Supervisor:
         log.critical(
             event("guardian_cannot_continue", {"run": self.run_id, "cause": cause, "trainer": trainer, "fix": fix})
         )
-        self.announce(cannot_continue_alert(self.run_id, cause=cause, trainer=trainer, fix=fix))
+        self.announce(CannotContinue(self.run_id, cause=cause, trainer=trainer, fix=fix))
         return EXIT_ERROR
 
     def _collapsing(self) -> bool:

@@ -18,8 +18,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from guardian.config import MAX_LINE_BYTES
+from guardian.regular_files import open_regular
 from guardian.sources.rollouts import dump_rows, sample_score
-from guardian.sources.tail import MAX_LINE_BYTES, open_regular
 
 ELLIPSIS = "…"
 

@@ -13,9 +13,10 @@ import math
 import re
 from pathlib import Path
 
+from guardian.config import MAX_LINE_BYTES
 from guardian.core import MAX_STEP, StepRecord, valid_step
 from guardian.sources.jsonl import BadLine, MetricsFile, Pieces, read_in_pieces
-from guardian.sources.tail import MAX_LINE_BYTES, MAX_POLL_BYTES, OversizedLine
+from guardian.sources.tail import MAX_POLL_BYTES, OversizedLine
 
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 # Ray's per-actor prefix: "(TaskRunnerV1 pid=1543)", "(pid=2122)", "(TaskRunner pid=1, ip=10.0.0.1)"

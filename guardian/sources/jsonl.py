@@ -30,23 +30,19 @@ import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final
+from typing import Any
 
 import orjson
 
+from guardian.config import MAX_KEYS_PER_STEP, MAX_LINE_BYTES
 from guardian.core import MAX_STEP, StepRecord, valid_step
 from guardian.keys import CHECKED_KEYS, CHECKED_PREFIXES
 from guardian.logs import event, get_logger
-from guardian.sources.tail import CHUNK_BYTES, MAX_LINE_BYTES, MAX_POLL_BYTES, LineTail, NewSegment, OversizedLine
+from guardian.sources.tail import CHUNK_BYTES, MAX_POLL_BYTES, LineTail, NewSegment, OversizedLine
 
 log = get_logger("jsonl")
 
-# Keys kept per step besides the exact keys the checks read (verl logs ~150-300); see the module docstring.
-MAX_KEYS_PER_STEP: Final = 5_000
-
 __all__ = [
-    "MAX_KEYS_PER_STEP",
-    "MAX_LINE_BYTES",  # re-exported: the limit on a metrics line is LineTail's
     "BadLine",
     "BadLineReport",
     "MetricsBatch",

@@ -25,6 +25,7 @@ from typing import BinaryIO
 
 import orjson
 
+from guardian.config import MAX_LINE_BYTES
 from guardian.core import valid_step
 from guardian.keys import (
     ALL_ONE_KEY,
@@ -35,7 +36,8 @@ from guardian.keys import (
     REWARD_COMPONENT_PREFIX,
     SAMPLES_KEY,
 )
-from guardian.sources.tail import MAX_LINE_BYTES, NotRegularFile, OversizedLine, capped_lines, open_regular
+from guardian.regular_files import NotRegularFile, open_regular
+from guardian.sources.tail import OversizedLine, capped_lines
 
 # Dump fields that are not reward components (verl writes these itself; ``acc`` repeats a float score).
 DUMP_FIELDS = frozenset({"input", "output", "gts", "score", "step", "uid", "request_id", "acc"})

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import orjson
 
+from guardian.regular_files import open_regular
 from guardian.sources.console import parse_console_line
 from guardian.sources.jsonl import BadLine
-from guardian.sources.tail import open_regular
 
 SAMPLE_BYTES = 1 << 20  # the head of the file that is looked at
 # text with more undecodable characters than this share is not a log: binary

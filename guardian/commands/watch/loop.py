@@ -25,9 +25,9 @@ from guardian.commands.watch.trainer import TrainerLiveness
 from guardian.incidents.guardian import Guardian, MetricsSource, TickResult
 from guardian.logs import event, get_logger
 from guardian.loop.guard import guard
+from guardian.loop.outage import CannotContinue
 from guardian.loop.pace import DrainPace
 from guardian.loop.ticks import aside
-from guardian.notify.compose import Alert, cannot_continue_alert
 from guardian.sinks.snapshot import GuardianSource
 from guardian.sources.jsonl import MetricsBatch
 
@@ -77,9 +77,9 @@ class WatchLoop:
     total_steps: int | None
     wait: Callable[[float], bool]  # sleep up to the given seconds; True when asked to stop
     max_ticks: int | None = None
-    # the run's published snapshots (``guardian.loop.outlets``); without them the watch publishes its own, from memory
+    # the run's published snapshots (``commands.outlets``); without them the watch publishes its own, from memory
     snapshots: GuardianSource | None = None
-    announce: Callable[[Alert], None] = lambda alert: None  # straight to the notifiers (Dispatcher.announce)
+    announce: Callable[[CannotContinue], None] = lambda ending: None  # straight to the notifiers (commands.outlets)
     _ticks: int = field(default=0, init=False)
     _result: TickResult = field(default_factory=TickResult, init=False)
 
@@ -133,7 +133,7 @@ class WatchLoop:
         trainer = "left running, UNGUARDED from now on (a watch never stops it)"
         fields = {"run": self.run_id, "cause": cause, "trainer": trainer, "fix": fix}
         log.critical(event("guardian_cannot_continue", fields))
-        self.announce(cannot_continue_alert(self.run_id, cause=cause, trainer=trainer, fix=fix))
+        self.announce(CannotContinue(self.run_id, cause=cause, trainer=trainer, fix=fix))
         return EndReason.TICK_FAILURES
 
     def _show(self, snapshots: GuardianSource, ok: bool) -> None:

@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from guardian.config import GuardianConfig
 from guardian.core import Clock
 from guardian.incidents.guardian import Guardian
-from guardian.notify.compose import Alert
+from guardian.loop.outage import CannotContinue
+from guardian.notify.compose import cannot_continue_alert
 from guardian.notify.setup import notifying, sink_names
 from guardian.sinks.export import exporting
 from guardian.sinks.snapshot import GuardianSource
@@ -25,10 +26,10 @@ from guardian.store import Store
 
 @dataclass(frozen=True, slots=True)
 class Outlets:
-    """What a guard loop needs of them: ``announce`` sends an alert with no stored event straight to the
-    notifiers (``Dispatcher.announce``); ``snapshots`` is called after every tick and holds its snapshot."""
+    """What a guard loop needs of them: ``announce`` tells the notifiers straight, with no stored event, that the
+    guardian gives up (``Dispatcher.announce``); ``snapshots`` is called after every tick and holds its snapshot."""
 
-    announce: Callable[[Alert], None]
+    announce: Callable[[CannotContinue], None]
     snapshots: GuardianSource
 
 
@@ -59,4 +60,4 @@ def outlets(
             on_linger=on_linger,
         ) as snapshots,
     ):
-        yield Outlets(dispatcher.announce, snapshots)
+        yield Outlets(lambda ending: dispatcher.announce(cannot_continue_alert(ending)), snapshots)
