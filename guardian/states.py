@@ -65,7 +65,7 @@ class Verdict(StrEnum):
 
 
 class PinMode(StrEnum):
-    """How a checkpoint's pinned copy was made (``guardian.actions.pins``)."""
+    """How a checkpoint's pinned copy was made (``guardian.checkpoints.pinning``)."""
 
     LINK = "link"  # every file hard-linked: no bytes added while the original exists
     COPY = "copy"  # hard links were refused (another filesystem, EPERM): the files were copied

@@ -10,11 +10,11 @@ from pathlib import Path
 
 from conftest import ManualClock
 
-from guardian.actions.checkpoints import CheckpointError
 from guardian.actions.ladder import Rung
 from guardian.actions.launcher import RunFolder
 from guardian.actions.process import ExitStatus
 from guardian.actions.verl_keys import PatchError
+from guardian.checkpoints.scan import CheckpointError
 from guardian.config import GuardianConfig
 from guardian.core import Finding, Severity
 from guardian.rescue.executor import Executor

@@ -9,17 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from guardian.actions.checkpoints import (
-    QUARANTINE_DIR,
-    CheckpointError,
-    choose_rollback_target,
-    list_quarantine,
-    quarantine_after,
-    quarantine_dumps_after,
-    restore_quarantine,
-    resume_path_for,
-)
-from guardian.sources.checkpoints import TRACKER_FILE, read_tracker, scan_checkpoints
+from guardian.checkpoints.quarantine import QUARANTINE_DIR, list_quarantine, quarantine_after, quarantine_dumps_after
+from guardian.checkpoints.restore import restore_quarantine
+from guardian.checkpoints.scan import TRACKER_FILE, CheckpointError, read_tracker, scan_checkpoints
+from guardian.checkpoints.target import choose_rollback_target, resume_path_for
 from guardian.store.views import CheckpointView
 
 

@@ -13,11 +13,11 @@ import pytest
 from test_run_e2e import collapse_command, config_for
 
 from guardian.actions import strays
-from guardian.actions.checkpoints import quarantine_after
 from guardian.actions.dirlock import LOCK_NAME, DirLockedError, holding
+from guardian.checkpoints.quarantine import quarantine_after
+from guardian.checkpoints.scan import TRACKER_FILE
 from guardian.cli import main
 from guardian.commands.run import RunRequest, run_guarded
-from guardian.sources.checkpoints import TRACKER_FILE
 from guardian.store import Store
 
 

@@ -14,9 +14,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from guardian.actions import pins
-from guardian.actions.checkpoints import QUARANTINE_DIR, CheckpointError
-from guardian.actions.pins import (
+from guardian.checkpoints import pinning as pins
+from guardian.checkpoints.pinning import (
     PIN_DIR,
     CopyRefused,
     PinError,
@@ -28,7 +27,8 @@ from guardian.actions.pins import (
     restore_pin,
     set_aside_pins,
 )
-from guardian.sources.checkpoints import resumable
+from guardian.checkpoints.quarantine import QUARANTINE_DIR
+from guardian.checkpoints.scan import CheckpointError, resumable
 from guardian.states import PinMode
 
 WEIGHTS = b"w" * 4096

@@ -18,18 +18,9 @@ from conftest import ManualClock
 from test_actions_pins import retention_deletes, save
 from test_run_e2e import collapse_command, config_for
 
-from guardian.actions.checkpoints import (
-    QUARANTINE_DIR,
-    CheckpointError,
-    quarantine_after,
-    quarantine_all,
-    quarantine_dumps_after,
-    restore_quarantine,
-    resume_path_for,
-    write_tracker,
-)
 from guardian.actions.dirlock import LOCK_NAME, DirLockedError, holding
-from guardian.actions.pins import (
+from guardian.checkpoints.pinner import Pinner
+from guardian.checkpoints.pinning import (
     PIN_DIR,
     PinError,
     pin_checkpoint,
@@ -39,12 +30,15 @@ from guardian.actions.pins import (
     restore_pin,
     set_aside_pins,
 )
+from guardian.checkpoints.quarantine import QUARANTINE_DIR, quarantine_after, quarantine_all, quarantine_dumps_after
+from guardian.checkpoints.restore import restore_quarantine
+from guardian.checkpoints.scan import TRACKER_FILE, CheckpointError, read_tracker, scan_checkpoints
+from guardian.checkpoints.target import resume_path_for
+from guardian.checkpoints.writes import write_tracker
 from guardian.cli import main
 from guardian.commands.run import RunRequest, run_guarded
 from guardian.config import CheckpointsConfig
 from guardian.incidents.health import StepHealth
-from guardian.rescue.pinner import Pinner
-from guardian.sources.checkpoints import TRACKER_FILE, read_tracker, scan_checkpoints
 from guardian.states import State
 from guardian.store import Store
 

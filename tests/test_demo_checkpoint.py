@@ -9,9 +9,9 @@ from typing import Any
 import numpy as np
 import pytest
 
+from guardian.checkpoints.scan import read_tracker, scan_checkpoints
 from guardian.demo import trainer
 from guardian.demo.checkpoint import load_arrays
-from guardian.sources.checkpoints import read_tracker, scan_checkpoints
 
 ACTOR = "actor_rollout_ref.actor"
 

@@ -23,7 +23,7 @@ from conftest import fixture_path
 
 from gpu import verdict
 from gpu.scenarios import scenarios
-from guardian.actions.checkpoints import choose_rollback_target
+from guardian.checkpoints.target import choose_rollback_target
 from guardian.config import ChecksConfig, RemediationConfig
 from guardian.core import Severity
 from guardian.history.timeline import RunHistory

@@ -1,4 +1,4 @@
-"""The pin pass of ``guardian run`` (guardian/rescue/pinner.py) on a real store and real folders: it pins what the
+"""The pin pass of ``guardian run`` (guardian/checkpoints/pinner.py) on a real store and real folders: it pins what the
 plan says, records what it made (hard links add no bytes), releases the pins K newer healthy ones replace, adopts
 a pinned folder the store missed, releases a row whose folder is gone, and says a refused copy once."""
 
@@ -15,13 +15,13 @@ import pytest
 from conftest import ManualClock
 from test_actions_pins import retention_deletes, save
 
-from guardian.actions import pins
-from guardian.actions.pins import PIN_DIR, pinned_path, pinned_steps
+from guardian.checkpoints import pinning as pins
+from guardian.checkpoints.pinner import Pinner
+from guardian.checkpoints.pinning import PIN_DIR, pinned_path, pinned_steps
 from guardian.cli import EXIT_OK, main
 from guardian.config import CheckpointsConfig
 from guardian.core import Finding, Severity
 from guardian.incidents.health import StepHealth
-from guardian.rescue.pinner import Pinner
 from guardian.states import PinMode
 from guardian.store import Store
 

@@ -1,13 +1,13 @@
-"""Which checkpoints to pin and release (guardian/rescue/pins.py, pure), and the per-step health it reads
+"""Which checkpoints to pin and release (guardian/checkpoints/pin_plan.py, pure), and the per-step health it reads
 (guardian/incidents/health.py): healthy around the step, never while an incident is open, the newest K kept."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 
+from guardian.checkpoints.pin_plan import PinPlan, healthy_around, plan_pins
 from guardian.core import Finding, Severity
 from guardian.incidents.health import StepHealth
-from guardian.rescue.pins import PinPlan, healthy_around, plan_pins
 from guardian.states import Verdict
 
 H, U = Verdict.HEALTHY, Verdict.UNHEALTHY

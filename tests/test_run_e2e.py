@@ -18,12 +18,12 @@ from pathlib import Path
 import orjson
 import pytest
 
-from guardian.actions.checkpoints import QUARANTINE_DIR
-from guardian.actions.pins import PIN_DIR, pinned_steps
+from guardian.checkpoints.pinning import PIN_DIR, pinned_steps
+from guardian.checkpoints.quarantine import QUARANTINE_DIR
+from guardian.checkpoints.scan import resumable, scan_checkpoints
 from guardian.commands.run import RunRequest, run_guarded
 from guardian.config import GuardianConfig
 from guardian.rescue.policy import State
-from guardian.sources.checkpoints import resumable, scan_checkpoints
 from guardian.store import Store
 
 pytestmark = pytest.mark.slow

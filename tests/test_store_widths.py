@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 from postgres_server import database_at, rows
 
+from guardian.checkpoints.scan import read_tracker, scan_checkpoints
 from guardian.core import MAX_STEP, Finding, Severity, StepRecord
 from guardian.ids import MAX_RUN_ID
-from guardian.sources.checkpoints import read_tracker, scan_checkpoints
 from guardian.sources.console import ConsoleFile
 from guardian.sources.jsonl import MetricsFile
 from guardian.store import Store, head_revision

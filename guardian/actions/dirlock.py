@@ -26,9 +26,8 @@ from pathlib import Path
 from typing import Final
 
 from guardian.actions import strays
-from guardian.actions.checkpoints import QUARANTINE_DIR, CheckpointError, check_own_folders, os_reason
-from guardian.actions.pins import PIN_DIR
-from guardian.sources.checkpoints import entry_kind, kind_of, wrong_kind
+from guardian.checkpoints.scan import CheckpointError, entry_kind, kind_of, wrong_kind
+from guardian.checkpoints.writes import PIN_DIR, QUARANTINE_DIR, check_own_folders, os_reason
 
 LOCK_NAME: Final = ".guardian.lock"
 _LOCK_FLAGS: Final = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC

@@ -15,8 +15,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from guardian.actions.checkpoints import QUARANTINE_DIR
 from guardian.actions.dump_retention import DumpFile
+from guardian.checkpoints.quarantine import QUARANTINE_DIR
 
 _DUMP = re.compile(r"(\d{1,18})\.jsonl")
 

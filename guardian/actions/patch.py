@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any
 
 from guardian.actions import verl_keys
-from guardian.actions.checkpoints import CheckpointError, resume_path_for
 from guardian.actions.ladder import (
     LOAD_CONTENTS,
     LR,
@@ -36,6 +35,8 @@ from guardian.actions.overrides import (
     with_overrides,
 )
 from guardian.actions.verl_keys import ENV_VARS, PatchError, compose_check, validate
+from guardian.checkpoints.scan import CheckpointError
+from guardian.checkpoints.target import resume_path_for
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,10 +8,10 @@ from pathlib import Path
 from rich.console import Console
 from rich.markup import escape
 
+from guardian.checkpoints.scan import resumable
 from guardian.cli.common import AddCommand, log, open_store, print_json, resolved_config, store_int
 from guardian.exits import EXIT_ERROR, EXIT_OK, EXIT_USAGE
 from guardian.logs import event
-from guardian.sources.checkpoints import resumable
 from guardian.store import PinView
 
 
@@ -29,9 +29,11 @@ def register(add: AddCommand) -> None:
 
 
 def cmd_checkpoints(args: argparse.Namespace) -> int:
-    from guardian.actions.checkpoints import CheckpointError, list_quarantine, restore_quarantine
     from guardian.actions.dirlock import DirLockedError, holding
-    from guardian.actions.pins import held_bytes
+    from guardian.checkpoints.pinning import held_bytes
+    from guardian.checkpoints.quarantine import list_quarantine
+    from guardian.checkpoints.restore import restore_quarantine
+    from guardian.checkpoints.scan import CheckpointError
 
     restoring = args.target == "restore"
     run_id = args.run if restoring else args.target

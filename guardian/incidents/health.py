@@ -1,7 +1,7 @@
 """The worst finding that stood at each step of the run's active timeline: what "healthy around a step" reads.
 
 A checkpoint is worth pinning only if the run was healthy for a while on both sides of its step
-(``guardian.rescue.pins``), not just at it: a warning in the steps before is trouble brewing, one in the steps
+(``guardian.checkpoints.pin_plan``), not just at it: a warning in the steps before is trouble brewing, one in the steps
 after may be trouble the weights already carry. The guard loop notes the worst severity of every judgement at the
 timeline's newest step; a note at an earlier step than the newest is a resume (verl re-runs steps after a
 rollback), so what was noted after it belonged to the abandoned branch and is forgotten.

@@ -14,10 +14,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from guardian.actions.checkpoints import CheckpointError
 from guardian.actions.launcher import RunFolder
-from guardian.actions.pins import PIN_DIR
 from guardian.actions.verl_keys import PatchError
+from guardian.checkpoints.pinning import PIN_DIR
+from guardian.checkpoints.scan import CheckpointError
 from guardian.config import GuardianConfig
 from guardian.core import Clock, Finding, Severity
 from guardian.exits import EXIT_GAVE_UP, EXIT_USAGE

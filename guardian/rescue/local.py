@@ -8,18 +8,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from guardian.actions import strays
-from guardian.actions.checkpoints import (
-    CheckpointError,
-    quarantine_after,
-    quarantine_all,
-    quarantine_dumps_after,
-    resume_path_for,
-)
 from guardian.actions.ladder import Rung
 from guardian.actions.launcher import RunFolder, attach_attempt, launch_attempt
 from guardian.actions.patch import PatchPlan, RunFiles, crash_restart_plan, first_effective_rung, plan_patch
-from guardian.actions.pins import restore_pin, set_aside_pins
 from guardian.actions.process import ExitStatus, StopPolicy, TrainerControl, TrainerHandle
+from guardian.checkpoints.pinning import restore_pin, set_aside_pins
+from guardian.checkpoints.quarantine import quarantine_after, quarantine_all, quarantine_dumps_after
+from guardian.checkpoints.scan import CheckpointError
+from guardian.checkpoints.target import resume_path_for
 from guardian.config import GuardianConfig
 from guardian.faults import fault_fields
 from guardian.logs import event, get_logger

@@ -50,7 +50,7 @@ class RescueSnapshot:
     interventions: tuple[InterventionView, ...] = ()  # the run's, oldest first
     checkpoints: tuple[CheckpointView, ...] = ()
     resumable: frozenset[int] = frozenset()  # checkpoint steps verl can resume from as they are on disk
-    pinned: frozenset[int] = frozenset()  # checkpoint steps with a pinned copy in place (guardian.actions.pins)
+    pinned: frozenset[int] = frozenset()  # checkpoint steps with a pinned copy in place (guardian.checkpoints.pinning)
     outcome: Outcome | None = None  # the active intervention's probation figures (None outside PROBATION)
     advised: frozenset[int] = frozenset()  # incidents advise mode has spoken of
 

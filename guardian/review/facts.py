@@ -6,12 +6,12 @@ from __future__ import annotations
 from pathlib import Path
 
 from guardian.actions.launcher import RunFolder
+from guardian.checkpoints.scan import resumable
 from guardian.config import GuardianConfig
 from guardian.history.timeline import RunHistory
 from guardian.review.checklist import RunFacts
 from guardian.review.incidents import incident_rows
 from guardian.review.samples import dump_files, top_samples
-from guardian.sources.checkpoints import resumable
 from guardian.store import CheckpointView, EvaluationView, RunView, Store
 
 

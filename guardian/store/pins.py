@@ -2,7 +2,7 @@
 
 ``Store`` inherits these methods. A row is written once the pinned folder is in place (``record_pin``) and
 marked released once it is gone (``release_pin``), so the store may lag the disk by one crash, never lead it:
-the pin pass (``guardian.rescue.pinner``) adopts a pinned folder the store does not know and releases a row
+the pin pass (``guardian.checkpoints.pinner``) adopts a pinned folder the store does not know and releases a row
 whose folder is gone.
 """
 

@@ -29,9 +29,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final, Literal
 
-from guardian.actions.checkpoints import (
+from guardian.atomic import fsync_dir
+from guardian.checkpoints.scan import CheckpointError, entry_kind, step_of
+from guardian.checkpoints.writes import PIN_DIR as PIN_DIR
+from guardian.checkpoints.writes import (
     QUARANTINE_DIR,
-    CheckpointError,
     free_name,
     move_no_overwrite,
     open_own_folder,
@@ -39,11 +41,8 @@ from guardian.actions.checkpoints import (
     own_folder,
     remove_own_tree,
 )
-from guardian.atomic import fsync_dir
-from guardian.sources.checkpoints import entry_kind, step_of
 from guardian.states import PinMode
 
-PIN_DIR: Final = ".guardian-pinned"
 TEMP_PREFIX: Final = ".tmp-"  # the guardian's unfinished work inside .guardian-pinned/
 RESTORED_OVER: Final = "before-restore"  # .guardian-quarantine/ subfolder for what stood in a restore's way
 # a hard link the filesystem refuses (rather than a checkpoint that is gone or a folder we may not write): copy

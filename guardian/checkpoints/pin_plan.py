@@ -16,10 +16,16 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
+from typing import Protocol
 
 from guardian.core import Severity
-from guardian.incidents.health import StepHealth
 from guardian.states import Verdict
+
+
+class StepHealth(Protocol):
+    """The per-step health the plan reads (``guardian.incidents.health.StepHealth`` fits)."""
+
+    def worst_between(self, first: int, last: int) -> Severity: ...
 
 
 @dataclass(frozen=True, slots=True)

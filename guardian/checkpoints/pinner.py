@@ -1,7 +1,7 @@
 """``guardian run``'s pin pass: after a tick that read new steps, keep the newest healthy checkpoints pinned.
 
-``guardian.rescue.pins`` decides (pure) from the stored verdicts, the guard loop's per-step health and the pins in
-place; this pass does the filesystem work (``guardian.actions.pins``) and the bookkeeping, in that order - the
+``pin_plan`` decides (pure) from the stored verdicts, the guard loop's per-step health and the pins in
+place; this pass does the filesystem work (``pinning``) and the bookkeeping, in that order - the
 pinned folder first, then its row; a pin's folder removed first, then its row marked released - so the store lags
 the disk by at most one crash: a pinned folder the store does not know is adopted by the next pin of its step,
 and a live row whose folder is gone (moved to quarantine with an abandoned branch, removed by hand) is released
@@ -20,13 +20,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from guardian.actions.pins import GIB, CopyRefused, PinError, pin_checkpoint, release_pin, remove_leftovers
+from guardian.checkpoints.pin_plan import StepHealth, plan_pins
+from guardian.checkpoints.pinning import GIB, CopyRefused, PinError, pin_checkpoint, release_pin, remove_leftovers
+from guardian.checkpoints.scan import resumable, scan_checkpoints
 from guardian.config import CheckpointsConfig
 from guardian.core import Clock
-from guardian.incidents.health import StepHealth
 from guardian.logs import event, get_logger
-from guardian.rescue.pins import plan_pins
-from guardian.sources.checkpoints import resumable, scan_checkpoints
 from guardian.states import Verdict
 from guardian.store import PinView, Store
 
