@@ -1,4 +1,4 @@
-"""Every exit status the guardian's commands end with, in one place (README "Exit codes" documents them)."""
+"""Every exit status the guardian's commands end with, in one place (documented in docs/commands.md)."""
 
 from __future__ import annotations
 
