@@ -39,13 +39,15 @@ guardian_check_status{check}           gauge    -1 unknown, 0 ok, 1 warn, 2 crit
 guardian_open_incident_severity{check}  gauge   worst severity of the check's open incidents (0: none open)
 guardian_incidents_total{check}        counter  incidents opened, per check (0 for checks without any)
 guardian_interventions_total{state}    counter  interventions finished, per final state: ``resolved``,
-                                                ``relapsed``, ``gave_up`` (0 until one does)
+                                                ``unresolved``, ``relapsed``, ``gave_up`` (0 until one does)
 guardian_intervention_in_progress      gauge    1 while an intervention is under way, else 0
 guardian_notifications_total{sink,result}  counter  events per notifier / Grafana sink and final result:
                                                 ``sent``, ``suppressed``, ``dropped`` (0 from the start)
 guardian_store_degraded                gauge    1 while the store refuses writes (the guardian guards from memory)
 guardian_store_pending_writes          gauge    units of the guard loop's work waiting for the store
 guardian_store_dropped_writes_total    counter  units dropped because the write-behind queue was full
+guardian_pinned_checkpoints            gauge    healthy checkpoints the guardian keeps pinned (.guardian-pinned/)
+guardian_pinned_bytes                  gauge    bytes the pins added on disk when pinned (0 for hard links)
 =====================================  =======  ========================================================
 
 Signal gauges carry the latest value the run logged for that signal. A value that is unknown or not
