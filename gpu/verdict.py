@@ -19,7 +19,7 @@ from typing import Any
 
 from gpu import twins
 from gpu.scenarios import LR_KEY, Scenario
-from guardian.actions.overrides import parse_command
+from guardian.overrides import parse_command
 from guardian.sources.jsonl import read_all
 from recipe.agent.protocol import INVALID_SEARCH_NOTE, OBSERVATION_CLOSE, OBSERVATION_OPEN
 from recipe.prompt import SEARCH_CLOSE

@@ -21,7 +21,7 @@ from typing import Any, Literal, get_args
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from guardian.actions.ladder import RemediationConfig
+from guardian.ladder import RemediationConfig
 from guardian.redact import printable
 from guardian.regular_files import open_regular
 from guardian.yamlio import Loaded, YamlError, load_yaml

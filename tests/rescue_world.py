@@ -10,18 +10,18 @@ from pathlib import Path
 
 from conftest import ManualClock
 
-from guardian.actions.ladder import Rung
 from guardian.actions.launcher import RunFolder
 from guardian.actions.process import ExitStatus
-from guardian.actions.verl_keys import PatchError
 from guardian.checkpoints.scan import CheckpointError
 from guardian.config import GuardianConfig
 from guardian.core import Finding, Severity
+from guardian.ladder import Rung
 from guardian.rescue.executor import Executor
 from guardian.rescue.outcome import Comparison, Outcome
 from guardian.rescue.snapshot import RescueSnapshot, StandingFinding, TrainerFacts
 from guardian.states import Kind, Mode, State
 from guardian.store import AttemptView, ConfigChange, IncidentView, InterventionView, StateDetail, Store, StoredPlan
+from guardian.verl_keys import PatchError
 
 RUN = "rescue"
 

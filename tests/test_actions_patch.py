@@ -12,16 +12,8 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
-from guardian.actions import patch, verl_keys
-from guardian.actions.ladder import DEFAULT_LADDERS, INCIDENT_KINDS, LOAD_CONTENTS, LR, Change, RemediationConfig, Rung
-from guardian.actions.overrides import (
-    EffectiveConfig,
-    effective_value,
-    parse_command,
-    parse_value,
-    render_value,
-    with_overrides,
-)
+from guardian import verl_keys
+from guardian.actions import patch
 from guardian.actions.patch import (
     RESUME_KEYS,
     RunFiles,
@@ -30,7 +22,16 @@ from guardian.actions.patch import (
     plan_patch,
     prepare_attempt,
 )
-from guardian.actions.verl_keys import PatchError, compose_check, validate
+from guardian.ladder import DEFAULT_LADDERS, INCIDENT_KINDS, LOAD_CONTENTS, LR, Change, RemediationConfig, Rung
+from guardian.overrides import (
+    EffectiveConfig,
+    effective_value,
+    parse_command,
+    parse_value,
+    render_value,
+    with_overrides,
+)
+from guardian.verl_keys import PatchError, compose_check, validate
 
 A = "actor_rollout_ref.actor."
 ENV_METRICS = "++ray_kwargs.ray_init.runtime_env.env_vars.VERL_FILE_LOGGER_PATH"

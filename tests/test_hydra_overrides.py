@@ -7,9 +7,9 @@ import sys
 
 import pytest
 
-from guardian.actions.overrides import parse_command, parse_override
-from guardian.actions.verl_keys import PatchError
 from guardian.hydra_overrides import OverrideSyntaxError, parse, parse_value
+from guardian.overrides import parse_command, parse_override
+from guardian.verl_keys import PatchError
 
 
 @pytest.mark.parametrize(
@@ -53,5 +53,5 @@ def test_launch_command_names_a_bad_override() -> None:
 
 
 def test_the_cli_starts_without_hydra() -> None:
-    code = "import sys, guardian.cli, guardian.actions.overrides; assert 'hydra' not in sys.modules, 'hydra imported'"
+    code = "import sys, guardian.cli, guardian.overrides; assert 'hydra' not in sys.modules, 'hydra imported'"
     subprocess.run([sys.executable, "-c", code], check=True)

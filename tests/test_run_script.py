@@ -12,16 +12,16 @@ from pathlib import Path
 import pytest
 from conftest import fixture_path
 
-from guardian.actions.ladder import LR, Rung
-from guardian.actions.overrides import parse_command
 from guardian.actions.patch import UNKNOWN, RunFiles, plan_patch
-from guardian.actions.verl_keys import PatchError
 from guardian.commands.run import RunRequest, run_guarded
 from guardian.config import GuardianConfig
+from guardian.ladder import LR, Rung
+from guardian.overrides import parse_command
 from guardian.sources.forwarding import Dropped, dropped_arguments, dropped_fields
 from guardian.sources.printed_config import printed_config, read_printed_config
 from guardian.states import State
 from guardian.store import Store
+from guardian.verl_keys import PatchError
 
 ENT = "actor_rollout_ref.actor.entropy_coeff"
 TEMP = "actor_rollout_ref.rollout.temperature"

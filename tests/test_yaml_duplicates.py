@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from guardian.actions import verl_keys
-from guardian.actions.overrides import EffectiveConfig
-from guardian.actions.verl_keys import PatchError
+from guardian import verl_keys
 from guardian.cli import EXIT_USAGE, main
 from guardian.config import ConfigError, GuardianConfig, load_config
 from guardian.fleet.spec import load_fleet
+from guardian.overrides import EffectiveConfig
 from guardian.sources.hydra_config import total_training_steps
+from guardian.verl_keys import PatchError
 from guardian.yamlio import YamlError, load_yaml
 
 

@@ -19,14 +19,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from guardian.actions import verl_keys
-from guardian.actions.ladder import (
+from guardian import verl_keys
+from guardian.checkpoints.scan import CheckpointError
+from guardian.checkpoints.target import resume_path_for
+from guardian.ladder import (
     LOAD_CONTENTS,
     LR,
     Change,
     Rung,
 )
-from guardian.actions.overrides import (
+from guardian.overrides import (
     EffectiveConfig,
     LaunchCommand,
     UnknownKey,
@@ -34,9 +36,7 @@ from guardian.actions.overrides import (
     parse_value,
     with_overrides,
 )
-from guardian.actions.verl_keys import ENV_VARS, PatchError, compose_check, validate
-from guardian.checkpoints.scan import CheckpointError
-from guardian.checkpoints.target import resume_path_for
+from guardian.verl_keys import ENV_VARS, PatchError, compose_check, validate
 
 
 @dataclass(frozen=True, slots=True)

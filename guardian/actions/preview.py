@@ -9,8 +9,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from guardian.actions.overrides import parse_command
 from guardian.actions.patch import AttemptFiles
+from guardian.overrides import parse_command
 
 
 def launch_preview(command: Sequence[str], files: AttemptFiles, cwd: Path) -> dict[str, object]:

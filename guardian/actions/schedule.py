@@ -14,10 +14,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from guardian.actions import verl_keys
-from guardian.actions.overrides import EffectiveConfig
-from guardian.actions.verl_keys import PatchError
+from guardian import verl_keys
 from guardian.core import StepSchedule
+from guardian.overrides import EffectiveConfig
+from guardian.verl_keys import PatchError
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,7 +12,6 @@ import time
 from collections.abc import Sequence
 
 from guardian import __version__
-from guardian.actions.verl_keys import PatchError
 from guardian.cli import (
     checklist,
     checkpoints,
@@ -32,6 +31,7 @@ from guardian.exits import EXIT_ERROR, EXIT_OK, EXIT_UNHEALTHY, EXIT_USAGE
 from guardian.home import StoreNotFoundError
 from guardian.logs import event, init_logging
 from guardian.store import StoreError
+from guardian.verl_keys import PatchError
 
 __all__ = ["EXIT_ERROR", "EXIT_OK", "EXIT_UNHEALTHY", "EXIT_USAGE", "build_parser", "main"]
 COMMANDS = (replay, watch, incidents, checklist, report, checkpoints, setup, run, stop, fleet, dashboards)

@@ -19,7 +19,6 @@ from contextlib import nullcontext
 from pathlib import Path
 
 from guardian.actions.patch import prepare_attempt
-from guardian.actions.verl_keys import PatchError
 from guardian.commands.run import RunEnd, RunRequest, guard_request, users_dump_dir
 from guardian.config import ConfigError, GuardianConfig
 from guardian.exits import EXIT_ERROR, EXIT_USAGE
@@ -30,6 +29,7 @@ from guardian.logs import event, get_logger
 from guardian.sinks.export import FleetSource, serving
 from guardian.store import Store, StoreError, mask_url
 from guardian.store.engine import is_locked, reason
+from guardian.verl_keys import PatchError
 
 log = get_logger("fleet")
 JOIN_POLL_S = 0.5  # the main thread wakes this often while runs are guarded (signals are handled there)

@@ -22,11 +22,9 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from guardian.actions.dirlock import DirLockedError, holding
 from guardian.actions.launcher import holding_dumps
-from guardian.actions.overrides import effective_value
 from guardian.actions.patch import AttemptFiles
 from guardian.actions.preview import launch_preview
 from guardian.actions.process import LocalProcessControl, read_runner_start
-from guardian.actions.verl_keys import PatchError
 from guardian.commands.outlets import Outlets, outlets
 from guardian.commands.screen import LiveScreen
 from guardian.commands.view import Frame, Header, render, run_footer
@@ -38,6 +36,7 @@ from guardian.logs import event, get_logger, logging_to_file
 from guardian.loop.guard import guard
 from guardian.loop.pace import PollPace
 from guardian.notify.setup import check_sinks
+from guardian.overrides import effective_value
 from guardian.rescue.local import LocalTrainer
 from guardian.rescue.ray_jobs import JobsClient, RayJobsError, connect
 from guardian.rescue.ray_survivors import ClusterState, StateApi
@@ -45,6 +44,7 @@ from guardian.rescue.supervisor import Supervisor
 from guardian.sinks.snapshot import GuardianSource, RunSnapshot
 from guardian.states import IncidentStatus, RunStatus, State
 from guardian.store import RunView, Store, StoreError
+from guardian.verl_keys import PatchError
 
 log = get_logger("run")
 TOTAL_STEPS = "trainer.total_training_steps"

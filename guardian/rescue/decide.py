@@ -9,11 +9,11 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
-from guardian.actions.ladder import Rung
 from guardian.checkpoints.target import choose_rollback_target
 from guardian.checks.signs import startup_allowance
 from guardian.config import GuardianConfig
 from guardian.exits import EXIT_UNHEALTHY
+from guardian.ladder import Rung
 from guardian.rescue.effects import (
     Advance,
     Advise,

@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from guardian.actions.launcher import RunFolder
-from guardian.actions.verl_keys import PatchError
 from guardian.checkpoints.pinning import PIN_DIR
 from guardian.checkpoints.scan import CheckpointError
 from guardian.config import GuardianConfig
@@ -48,6 +47,7 @@ from guardian.rescue.ports import CheckpointPort, PlannerPort, TrainerPort
 from guardian.rescue.snapshot import RescueSnapshot
 from guardian.states import IncidentStatus, Kind, RunStatus, State
 from guardian.store import IncidentView, InterventionView, StateDetail, Store
+from guardian.verl_keys import PatchError
 
 log = get_logger("supervisor")
 # effects one pass may carry out before it must have waited or ended: DETECTED .. RESUMING is eight; more is a bug

@@ -8,7 +8,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from guardian.actions import strays
-from guardian.actions.ladder import Rung
 from guardian.actions.launcher import RunFolder, attach_attempt, launch_attempt
 from guardian.actions.patch import PatchPlan, RunFiles, crash_restart_plan, first_effective_rung, plan_patch
 from guardian.actions.process import ExitStatus, StopPolicy, TrainerControl, TrainerHandle
@@ -18,6 +17,7 @@ from guardian.checkpoints.scan import CheckpointError
 from guardian.checkpoints.target import resume_path_for
 from guardian.config import GuardianConfig
 from guardian.faults import fault_fields
+from guardian.ladder import Rung
 from guardian.logs import event, get_logger
 from guardian.states import Kind, Mode
 from guardian.store import AttemptView, ConfigChange, StateDetail, Store, StoredPlan

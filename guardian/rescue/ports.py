@@ -9,8 +9,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
-from guardian.actions.ladder import Rung
 from guardian.actions.process import ExitStatus
+from guardian.ladder import Rung
 from guardian.states import Kind
 from guardian.store import AttemptView, StateDetail, StoredPlan
 

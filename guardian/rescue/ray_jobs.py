@@ -33,8 +33,8 @@ not read (a rollback needs the checkpoints: a local head, or a shared file syste
 Every call to the dashboard is bounded by ``ray.request_timeout_s`` (``rescue.ray_client``): a dashboard that
 does not answer - packets dropped, a hung process - fails the call as ``JobsApiTimeout``, a ``TimeoutError`` and so
 an outage (``guardian.faults``): the tick still judges the metrics and the rescue waits (``outage_limit_s``). After
-a timeout the dashboard is not asked again for that long (``ray_timeouts.Unanswered``): the other calls of the tick fail at
-once, so a tick costs one timeout, not one per call.
+a timeout the dashboard is not asked again for that long (``ray_timeouts.Unanswered``): the other calls of the
+tick fail at once, so a tick costs one timeout, not one per call.
 """
 
 from __future__ import annotations

@@ -27,7 +27,6 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from guardian.actions.launcher import RunFolder
-from guardian.actions.overrides import parse_command
 from guardian.actions.patch import RunFiles
 from guardian.actions.process import ExitStatus, TrainerControl
 from guardian.actions.schedule import read_saves, retention_problem
@@ -43,6 +42,7 @@ from guardian.incidents.guardian import Guardian, MetricsSource
 from guardian.logs import event, get_logger
 from guardian.loop.outage import CannotContinue, StoreWait, stop_while_store_down, trainer_fate
 from guardian.loop.ticks import aside
+from guardian.overrides import parse_command
 from guardian.rescue.executor import Executor
 from guardian.rescue.local import LocalCheckpoints, LocalPlanner, LocalTrainer
 from guardian.rescue.outcome import Outcome, measure_outcome

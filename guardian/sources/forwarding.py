@@ -11,10 +11,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from guardian.actions.overrides import parse_command
-from guardian.actions.verl_keys import PatchError
 from guardian.core import StepRecord
+from guardian.overrides import parse_command
 from guardian.sources.console import ConsoleFile
+from guardian.verl_keys import PatchError
 
 
 def dropped_arguments(*, console_step_at: float | None, metrics_bytes: int, now: float, grace_s: float) -> bool:

@@ -24,9 +24,9 @@ from typing import Any
 
 import yaml
 
-from guardian.actions.verl_keys import PatchError
 from guardian.hydra_overrides import Op, OverrideSyntaxError, parse
 from guardian.hydra_overrides import parse_value as _hydra_value
+from guardian.verl_keys import PatchError
 from guardian.yamlio import YamlError, load_yaml
 
 _SHAPE = re.compile(r"^(?:\+\+|\+|~)?[A-Za-z_][\w\-.@/]*(?:=|$)")  # what reads as an override, not a positional

@@ -12,8 +12,8 @@ from collections.abc import Mapping, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from guardian.actions import verl_keys
-from guardian.actions.verl_keys import ACTOR, ROLLOUT, validate
+from guardian import verl_keys
+from guardian.verl_keys import ACTOR, ROLLOUT, validate
 
 LR = ACTOR + "optim.lr"
 LOAD_CONTENTS = ACTOR + "checkpoint.load_contents"
@@ -41,9 +41,7 @@ class _Model(BaseModel):
 class Change(_Model):
     """One key change; exactly one of set / multiply / at_least / at_most."""
 
-    key: str = Field(
-        description="verl key, dotted, without '+' (a key of guardian.actions.verl_keys that rungs may set)."
-    )
+    key: str = Field(description="verl key, dotted, without '+' (a key of guardian.verl_keys that rungs may set).")
     set: Value = Field(None, description="Set the key to this value.")
     multiply: float | None = Field(None, gt=0, description="Multiply the run's current effective value.")
     at_least: float | None = Field(None, description="Raise the current value to at least this.")
