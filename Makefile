@@ -31,6 +31,8 @@ lint: install
 	$(BIN)/ruff check guardian tests bench gpu recipe
 	$(BIN)/ruff format --check guardian tests bench gpu recipe
 	$(BIN)/mypy
+	# the import layers of pyproject.toml's [tool.importlinter] (docs/ARCHITECTURE.md §2)
+	$(BIN)/lint-imports
 
 test: lint
 	$(BIN)/pytest -q
