@@ -8,7 +8,7 @@ groups that still carry signal. verl does not log it, so it is computed here.
 
 Dumps are read through the guardian's one capped line reader (``tail.capped_lines``): a line longer than
 ``max_line_bytes`` (``sources.max_line_bytes``) is skipped as a bad line naming its file and line, never held in
-memory whole (issue 24, H11). Only regular files are read, opened without blocking (``tail.open_regular``).
+memory whole (issue 24, H11). Only regular files are read, opened without blocking (``regular_files.open_regular``).
 """
 
 from __future__ import annotations
