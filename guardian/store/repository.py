@@ -510,7 +510,7 @@ class Store(InterventionRecords, DeliveryRecords, EvaluationRecords, PinRecords)
         return [StepLine(*line, cutoffs[line], tuple(steps)) for line, steps in lines.items()]
 
     def active_records(self, run_id: str) -> list[StepRecord]:
-        """The active timeline's steps with all their values, ascending (a stored null as NaN): what a
+        """The active timeline's steps with all their stored values, ascending (a stored null as NaN): what a
         ``RunHistory`` rebuilt from the store (the launch checklist) reads."""
         with self._read() as session:
             active = self._active_steps(session, run_id)
