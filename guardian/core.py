@@ -1,8 +1,7 @@
-"""The value types every layer shares: a step's metric record and the step bounds, a check's finding and severity,
-the clock, and the steps verl saves or validates at and a step's footprint on disk.
+"""The value types every layer shares: step record and bounds, finding and severity, clock, save schedule, footprint.
 
-The bottom of the import layers (docs/ARCHITECTURE.md §2): it imports nothing from guardian, so sources, checks,
-the store and the outlets can all speak these types without importing each other.
+The bottom import layer (docs/ARCHITECTURE.md §2): it imports nothing from guardian, so sources, checks, the store
+and the outlets speak these types without importing each other. Reading and judging steps live elsewhere.
 """
 
 from __future__ import annotations

@@ -1,17 +1,8 @@
-"""One guardian per checkpoint dir: an advisory lock held while ``guardian run`` guards a run.
+"""One guardian per checkpoint dir: an exclusive ``flock`` on ``<dir>/.guardian.lock`` held while a run is guarded.
 
-Two guardians pointed at one ``trainer.default_local_dir`` would each roll back, quarantine and rewrite
-the tracker under the other's trainer. ``holding`` takes an exclusive ``flock`` on
-``<dir>/.guardian.lock`` (the file names the holder) and refuses at start when another guardian
-holds it. The lock belongs to the open file, which is not inherited by the trainer, so it goes away
-with the guardian's process (a ``kill -9`` included) and ``guardian run --attach`` can take it again.
-flock is reliable on local disks; on NFS it depends on the server, so it is a safety net there, not a
-guarantee.
-
-The lock file is opened relative to the checkpoint dir's descriptor with ``O_NOFOLLOW``: a symlink planted in
-its place (dangling or not) is refused, never written through, and so is a folder, a FIFO or a device. Once the
-lock is held, the guardian's own folders (``.guardian-pinned/``, ``.guardian-quarantine/``) are checked the same
-way: a symlink or a file in their place is refused at start, in one line naming the path, before the run starts.
+The lock goes with the guardian's process (the trainer does not inherit it), so ``--attach`` can take it again.
+The lock file and the guardian's own folders are opened with ``O_NOFOLLOW``: a symlink or non-folder there is refused.
+On NFS flock is a safety net, not a guarantee. Why: docs/decisions/0003-one-guardian-per-checkpoint-dir.md.
 """
 
 from __future__ import annotations

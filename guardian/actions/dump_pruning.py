@@ -1,9 +1,8 @@
-"""The rollout dump files on disk: list a run's own dump folders, and remove the dumps a plan names
-(``dump_retention.plan_pruning`` decides which).
+"""The rollout dump files on disk: list a run's own dump folders and remove the dumps a plan names.
 
-Only ``{step}.jsonl`` regular files directly inside one of the folders given are ever removed: never a symlink, a
-folder, anything in a quarantine folder (``.guardian-quarantine/``), nor a file elsewhere. The caller gives only
-the folders the guardian created for its attempts, never a ``trainer.rollout_data_dir`` the command names.
+Only ``{step}.jsonl`` regular files directly inside the folders given are removed: never a symlink, a folder,
+a quarantine folder's content or a file elsewhere. The caller passes only folders the guardian created.
+Which dumps go is ``dump_retention.plan_pruning``'s call, not this module's.
 """
 
 from __future__ import annotations

@@ -1,12 +1,8 @@
-"""Which rollout dumps to remove so that a run's own dumps stay under a byte cap. Pure: no files are read here.
+"""Which rollout dumps to remove so a run's own dumps stay under ``keep_bytes``. Pure: no files are read.
 
-``guardian run`` points ``trainer.rollout_data_dir`` at each attempt's own folder, and a 7B GRPO run dumps tens of
-MB a step. What the judgment needs is never removed: the newest ``keep_recent_steps`` (the checks' windows, what a
-re-attached guardian re-reads), each attempt's first steps (the baseline), the steps around every incident's marked
-steps and every stretch of warnings (what a report shows), a branch a rollback abandoned and anything in a quarantine
-folder (the evidence behind a rescue), and any file the guardian did not create. The rest goes oldest step first
-until the run's dumps fit ``keep_bytes``; when the kept evidence alone is larger, nothing more goes and the plan says
-so.
+Never removed: the newest ``keep_recent_steps``, each attempt's first steps, the steps around incidents and warnings,
+an abandoned branch, quarantined files and any file the guardian did not create. The rest goes oldest first; when
+the kept evidence alone is larger, the plan says so. Why: docs/decisions/0005-rollout-dump-retention.md.
 """
 
 from __future__ import annotations

@@ -1,14 +1,9 @@
-"""Trainer launches as the run folder records them.
+"""Trainer launches as the run folder records them: one ``<home>/runs/<run_id>/attempt-<k>/`` per launch.
 
-Every launch is an *attempt* with its own folder under ``<home>/runs/<run_id>/attempt-<k>/``:
-``metrics.jsonl`` (its own ``VERL_FILE_LOGGER_PATH``: verl truncates the file on every start),
-``stdout.log``, ``command.json`` (argv, env additions, cwd), ``overrides.txt``, ``exit.json`` (written
-by the runner wrapper when the trainer ends) and ``rollouts/`` (its ``trainer.rollout_data_dir``, unless
-the command sets its own: verl overwrites a replayed step's dump, and the abandoned branch's dumps are
-the evidence behind the decision to abandon it).
-
-A rollout dump folder the run's command names itself is one run's at a time (``holding_dumps``): a rollback moves
-the dumps of the steps it abandons into the folder's quarantine, which would take another run's dumps with them.
+An attempt folder holds ``metrics.jsonl`` (its own ``VERL_FILE_LOGGER_PATH``), ``stdout.log``, ``command.json``,
+``overrides.txt``, ``exit.json`` (from the runner) and ``rollouts/`` unless the command names its own dump folder.
+A dump folder the command names is held by one run at a time (``holding_dumps``).
+Why: docs/decisions/0004-one-folder-per-attempt.md.
 """
 
 from __future__ import annotations

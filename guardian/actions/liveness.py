@@ -1,8 +1,7 @@
 """Whether a process still runs, by its pid: the trainer ``guardian watch --pid`` follows, a stray being stopped.
 
-``os.kill(pid, 0)`` sends nothing: ESRCH means the process is gone, EPERM that it exists (another
-user's). A zombie has exited too: where PID 1 reaps nothing (a container), an orphan's zombie can
-outlive it, so ``/proc/PID/stat`` is read where there is one.
+``os.kill(pid, 0)``: ESRCH means gone, EPERM that it exists. A zombie counts as exited (``/proc/PID/stat`` where
+there is one), since where PID 1 reaps nothing an orphan's zombie can outlive it.
 """
 
 from __future__ import annotations

@@ -1,15 +1,10 @@
-"""The patched relaunch command a rung of the remediation ladder (``ladder.py``) produces.
+"""The patched relaunch command a rung of the remediation ladder (``ladder.py``) produces. Pure: no processes.
 
-A rung is a list of changes to verl keys, each computed against the run's *effective* config (command
-line > its ``--config-name`` YAML > verl's defaults). Pass the latest attempt's command, so a relapse's
-next rung compounds on the previous one.
-Every resulting value is validated (``verl_keys.validate``) and the final argv is composed with verl's
-Hydra config when verl is installed. verl restores LR and scheduler from the checkpoint's optimizer/extra
-state (verified on verl 0.9.1: shared/verl-0.9.1-run), so whenever the LR changes the resume loads the
-model only (``load_contents=[model]``) and the plan says that optimizer state was reset. A launch script's own
-arguments are unknown (``overrides.UnknownKey``): a ``set`` applies regardless (its diff says the value before
-was unknown), a change that needs the current value is refused, naming the key to pass after the script.
-Pure: no processes.
+Each change is computed against the latest attempt's effective config (command line > ``--config-name`` YAML >
+verl's defaults), so a relapse's next rung compounds; every value is validated (``verl_keys.validate``).
+When the LR changes, the resume loads the model only (``load_contents=[model]``) and says optimizer state was reset.
+A launch script's own arguments are unknown: a ``set`` applies, a change needing the current value is refused.
+Why: docs/decisions/0006-lr-patch-resumes-model-only.md.
 """
 
 from __future__ import annotations

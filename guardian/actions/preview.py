@@ -1,7 +1,7 @@
 """What ``guardian run --dry-run`` prints: the first attempt's command, what the guardian added to it, and why.
 
-For a launch script (``bash train.sh …``) it also says what the script must do with the arguments (forward them
-with ``"$@"``) and that what the script sets itself stays unknown to the guardian. Pure: no processes, no files.
+For a launch script it also says the script must forward its arguments (``"$@"``) and that what the script sets
+itself stays unknown. Pure: no processes, no files.
 """
 
 from __future__ import annotations

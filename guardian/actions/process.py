@@ -1,40 +1,10 @@
-"""Launch, watch, stop and re-attach to a trainer process: the :class:`TrainerControl` protocol and its local
-implementation, :class:`LocalProcessControl`.
+"""Launch, watch, stop and re-attach to a trainer: the ``TrainerControl`` protocol and ``LocalProcessControl``.
 
-How a local trainer runs. ``launch`` starts ``python -m guardian.actions.runner --exit-file PATH -- CMD...`` in a
-new session, so the wrapper is the leader of a fresh process group and the trainer (its child) and everything the
-trainer spawns without leaving the group share that group. Ctrl-C on the guardian, or its death, therefore never
-reaches the trainer. The trainer's stdout and stderr go straight to a file opened in append mode, never to a pipe
-to the guardian, so a dead guardian cannot kill it with SIGPIPE. The wrapper shields itself from SIGINT, SIGTERM
-and SIGHUP and writes the trainer's exit status to ``PATH`` (atomically), which is what lets a restarted guardian
-learn how a trainer it did not start ended (``attach`` + ``exit_status``).
-
-Stopping (verl installs no signal handlers, so Ray's defaults apply; see verl-0.9.1-facts.md §6): SIGINT to the
-process group, wait, SIGTERM, wait, SIGKILL, wait — each wait polling until no live process of the group is left.
-"Gone" means ``killpg(pgid, 0)`` finds nobody (on Linux, zombies that nobody reaps are not counted as live). Stopping
-a trainer that is already gone returns at once, so a stop can be repeated safely after a crash of the guardian.
-
-What is covered:
-  - the wrapper, the trainer and every descendant that stayed in the process group (a local Ray instance started
-    by the trainer's ``ray.init``, its workers, vLLM subprocesses — as long as they did not call ``setsid``);
-  - the exit status across a guardian crash or restart (exit file), and for our own child also when the wrapper
-    itself was SIGKILLed (``Popen.returncode``, which is then the wrapper's status);
-  - refusal to signal pid/pgid <= 1 or the guardian's own process group, and refusal to attach to a pid that now
-    belongs to an unrelated process (Linux: the command line must be our wrapper's, with the same exit file).
-
-  - processes that left the group (``setsid``, daemonised) on this machine: every trainer gets
-    ``GUARDIAN_TRAINER=<exit file>`` in its environment, and once the group is gone ``stop`` finds the processes
-    still carrying it and stops them too (strays.py; Linux ``/proc``); and, for a child that left the environment
-    as well (``env={...}``), its descendants by pid tree, which ``is_running`` and ``exit_status`` (every tick, at
-    most every ``TREE_SCAN_S``, more often in its first seconds: ``TREE_SCAN_FIRST_S``) and ``stop`` (before its first
-    signal) record while the trainer runs.
-
-What is not covered (the caller must check or clean up):
-  - GPU memory being released: a stopped group does not prove that the driver freed it (check ``nvidia-smi``);
-  - Ray actors on other nodes, a pre-existing Ray cluster (``ray start``) the trainer connected to (its workers
-    do not inherit the trainer's environment): use ``ray stop`` / ``ray stop --force`` or ``ray job stop``;
-  - processes in uninterruptible sleep (D state) that survive SIGKILL: ``stop`` then reports ``gone=False``;
-  - the exit status when the wrapper was SIGKILLed and is not our child: it is reported as lost.
+The trainer runs under ``guardian.actions.runner`` in a new session and process group, output to a file, so the
+guardian's Ctrl-C or death never reaches it and a later guardian reads its exit status from the exit file.
+``stop``: SIGINT, SIGTERM, SIGKILL to the group (then strays), each wait until none is live; repeatable; never
+pid/pgid <= 1 or our own group, never a pid that is not our wrapper. Not covered: GPU memory release, Ray on other
+nodes or a pre-existing cluster, D-state processes. Why: docs/decisions/0001-trainer-wrapper-and-process-group.md.
 """
 
 from __future__ import annotations

@@ -1,26 +1,9 @@
 """The trainer's wrapper: ``python -m guardian.actions.runner --exit-file PATH -- CMD ARGS...``.
 
-Why it exists: the guardian may crash, be SIGKILLed or be restarted while a training run goes on. The trainer
-must outlive it, and the trainer's exit status must survive it, but a restarted guardian cannot ``waitpid`` a
-process that is not its child. So the guardian starts this wrapper in a new session (it is the session and
-process-group leader), and the wrapper starts the trainer as its own child in the same process group, waits for
-it and records how it ended in ``PATH`` — a file any later guardian can read.
-
-What it does, in order:
-
-1. Replaces the dispositions of SIGINT, SIGTERM and SIGHUP with a no-op handler, so a stop signal sent to the
-   whole process group reaches the trainer while the wrapper survives to record the outcome. A *caught* signal
-   (unlike an ignored one) is reset to its default action by ``exec``, so the trainer starts with the default
-   dispositions (Python's KeyboardInterrupt for SIGINT) and nothing is forwarded or altered.
-2. Starts ``CMD ARGS...`` (same stdin/stdout/stderr, environment and working directory as the wrapper) and writes
-   ``{"pid", "runner_pid", "started_at"}`` atomically to ``PATH.pid``.
-3. Waits for it, writes ``{"exit_code", "signal", "pid", "ended_at"}`` atomically (temporary file, fsync,
-   ``os.replace``, fsync of the folder) to ``PATH`` and exits with the trainer's code (128 + N for a death by
-   signal N).
-
-Not covered: SIGKILL of the wrapper itself (then no exit file is written; the launcher reports the status as lost
-unless it is the wrapper's parent), and a signal arriving in the few milliseconds before step 1 (the trainer has
-not been started yet then, so nothing is lost but the record).
+It catches SIGINT, SIGTERM and SIGHUP (a caught disposition resets on ``exec``, so the trainer keeps the defaults),
+starts CMD, writes ``PATH.pid``, waits, writes the exit status atomically to ``PATH`` and exits with the trainer's
+code (128 + N for signal N). Not covered: SIGKILL of the wrapper itself (no exit file).
+Why: docs/decisions/0001-trainer-wrapper-and-process-group.md.
 """
 
 from __future__ import annotations

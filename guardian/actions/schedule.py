@@ -1,11 +1,8 @@
-"""What a verl launch's effective config says about its saves and validation (facts §3.2, §3.3, §5), and whether the
-guardian's checkpoint pins can keep up with verl's retention.
+"""What a verl launch's effective config says about its saves and validation, and whether pins can keep up.
 
-``read_saves`` reads ``trainer.save_freq``, ``trainer.test_freq``, ``trainer.total_training_steps``,
-``trainer.max_actor_ckpt_to_keep`` and ``trainer.validation_data_dir`` from the launch's command line, config file
-and verl's defaults. ``retention_problem`` is pure: verl keeps the newest ``max_actor_ckpt_to_keep`` checkpoints, so
-step N's is deleted by the save at N + save_freq × keep; the guardian pins N only once the steps up to
-N + ``checkpoints.healthy_window_steps`` are judged, which must happen before that.
+``read_saves`` reads ``save_freq``, ``test_freq``, ``total_training_steps``, ``max_actor_ckpt_to_keep`` and
+``validation_data_dir`` (command line, config file, verl's defaults). ``retention_problem`` is pure: step N's save is
+deleted by the save at N + save_freq × keep, and must be judged (N + ``healthy_window_steps``) before then.
 """
 
 from __future__ import annotations

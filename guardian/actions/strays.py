@@ -1,21 +1,9 @@
 """Trainer processes that left the trainer's process group, found by an environment marker and by the pid tree.
 
-Stopping a process group misses whatever escaped it: a daemonised helper, a process that called
-``setsid``, the workers of a Ray instance the trainer started. Every process the trainer spawns
-inherits its environment, so ``LocalProcessControl`` gives each trainer ``GUARDIAN_TRAINER=<its exit
-file>`` (and ``SPT_NOENV=1``, so that ``setproctitle``, which Ray and vLLM use, leaves the environment
-block alone) and, after stopping the group, looks for live processes still carrying that exact value
-(``/proc/<pid>/environ``: Linux; the environment a process started with) and stops them too.
-
-A child started with an environment of its own (``env={...}``) carries no marker. So while the trainer runs, the
-control also records its descendants by parentage (``track``: ``/proc/<pid>/stat``, each pid with its start time,
-so a pid reused later is never taken for one of them); ``find`` adds those still alive, and every live descendant
-of what it found (a stray's own children). A child that left the group and the environment is then found even after
-the trainer ended and it was re-parented to init.
-
-Missed: workers of a Ray cluster that existed before the trainer (they do not inherit it: use
-``ray stop`` or the Jobs API); a process that rewrites its own environment block *and* left the tree before a
-look at it (a double fork between two ticks: its parent exits at once, so no tick saw it as the trainer's).
+Each trainer gets ``GUARDIAN_TRAINER=<exit file>`` (and ``SPT_NOENV=1``); live descendants are tracked by pid and
+start time while it runs, so a reused pid is never taken for one. Linux ``/proc`` only.
+Missed: a pre-existing Ray cluster's workers, and a double fork that also rewrote its environment between two ticks.
+Why: docs/decisions/0002-strays-by-marker-and-pid-tree.md.
 """
 
 from __future__ import annotations
