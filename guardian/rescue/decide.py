@@ -1,8 +1,7 @@
 """The rescue's decisions: the next effect for a run, from its snapshot and the configuration alone. Pure.
 
-``decide`` is called again after every effect that does not end the guard loop's pass, so one pass can carry an
-intervention from DETECTED to RESUMING; it returns ``Wait`` while the trainer has to show something first.
-"""
+Called again after every effect that does not end the pass, so one pass can go from DETECTED to RESUMING;
+returns ``Wait`` while the trainer has to show something first."""
 
 from __future__ import annotations
 

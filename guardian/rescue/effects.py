@@ -1,9 +1,7 @@
 """What the rescue can do next: one frozen record per effect, chosen by ``decide`` and carried out by ``Executor``.
 
-Each effect is one side effect (or none) followed by the commit that records it. ``ends_pass`` tells the executor
-whether the guard loop's pass goes on deciding after it (a state committed, a trainer stopped: the next step may
-follow at once) or stops there (waiting for the trainer, an intervention that just ended, the run's end).
-"""
+Each effect is one side effect (or none) and the commit that records it; ``ends_pass`` says whether the pass
+goes on deciding after it."""
 
 from __future__ import annotations
 

@@ -1,10 +1,8 @@
-"""The rescue's side effects: carry out what ``decide`` chose, committing each state *before* the side effect it
-announces, through the ports (trainer, checkpoints, planner) - so a guardian killed in between and started again
-repeats only idempotent work.
+"""Carries out what ``decide`` chose through the ports (trainer, checkpoints, planner).
 
-``Executor.run_pass`` asks ``decide`` for the next effect on a fresh snapshot, carries it out, and goes on until an
-effect ends the pass; it returns the guardian's exit code once the run is over (93 after giving up), else None.
-"""
+Invariant: each state is committed *before* the side effect it announces, and every side effect is idempotent,
+so a guardian killed in between repeats only idempotent work. ``run_pass`` returns the exit code once the run
+is over (93 after giving up), else None."""
 
 from __future__ import annotations
 

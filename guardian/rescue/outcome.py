@@ -1,12 +1,8 @@
 """What a rescue achieved: the new branch against the branch it replaced. Pure: history in, figures out.
 
-A rescue is proven when the failure shape is gone - the incident's own check healthy as the decision policy
-judges it, or its signal better than on the abandoned branch at the same steps (KL grows in every run that
-learns: "back in its band" is the wrong test for it) - *and* the outcome held: the reward at the steps both
-branches logged at least the abandoned branch's, within noise (before they overlap: at least its level at the
-rollback point), and the validation score back to its rollback-point level. "Nothing critical for N steps" is
-not enough (a fix that cuts the LR tenfold is quiet and learns nothing). ``policy.judge_probation`` reads these.
-"""
+Proven = the failure shape gone (the incident's check healthy, or its signal better than on the abandoned branch
+at the same steps) *and* the outcome held (reward and validation at least the abandoned branch's, within noise).
+``policy.judge_probation`` reads these. Why: docs/decisions/0051-rescue-proof.md."""
 
 from __future__ import annotations
 

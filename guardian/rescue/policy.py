@@ -1,19 +1,9 @@
 """The intervention state machine and the decisions around it. Pure: no processes, files or clock.
 
-An intervention runs
-
     DETECTED -> STOPPING -> STOPPED -> ROLLED_BACK -> PATCHED -> RESUMING -> PROBATION -> RESOLVED
 
-and ends early in RELAPSED (the same trouble came back during probation, or the relaunch failed:
-the next intervention climbs one rung of the ladder and rolls back one checkpoint further) or GAVE_UP
-(budget spent, or no healthy checkpoint to go back to: the trainer is left stopped, the guardian
-alerts loudly and exits 93, "do not requeue", the NVRx convention). RESOLVED needs proof that the fix
-helped (``outcome.Outcome``): the failure shape gone (the incident's check healthy, or its signal better
-than on the abandoned branch at the same steps) and the reward at least the abandoned branch's at those steps;
-a probation that cannot show it ends in UNRESOLVED - the trainer keeps running with the patch and a person must
-look - or, when the trouble itself persists, in RELAPSED. A crash or a stall gets a *restart* intervention:
-the same path with no patch (same config, latest healthy checkpoint).
-"""
+Ends early in RELAPSED (next rung, one checkpoint further back), GAVE_UP (exit 93, "do not requeue") or
+UNRESOLVED (no proof the fix helped; the trainer keeps running). A crash or stall gets a *restart*: no patch."""
 
 from __future__ import annotations
 

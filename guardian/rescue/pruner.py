@@ -1,12 +1,8 @@
-"""``guardian run``'s dump pass: once every ``rollouts.prune_every_steps`` new steps, keep the run's own rollout dumps
-under ``rollouts.keep_gib``.
+"""``guardian run``'s dump pass: every ``rollouts.prune_every_steps`` steps, keep the run's own rollout dumps
+under ``rollouts.keep_gib`` (``actions.dump_retention`` decides, one ``event=rollouts_pruned`` line).
 
-It reads the rescue pass's last snapshot (incidents, interventions), the run's attempts and the guard loop's findings
-(the steps where a warning or worse stood, and where standing ones began: an incident's onset is found only when it
-opens), lists the attempts' own dump folders (``actions.dump_pruning``), lets ``actions.dump_retention`` decide and
-removes what it names, in one ``event=rollouts_pruned`` line. It never runs while an intervention is under way (its
-rollback is still setting the evidence aside), nor for a run whose command names its own ``trainer.rollout_data_dir``.
-"""
+Never runs while an intervention is under way, nor for a run whose command names its own
+``trainer.rollout_data_dir``."""
 
 from __future__ import annotations
 

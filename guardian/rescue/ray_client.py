@@ -1,17 +1,8 @@
 """Ray's ``JobSubmissionClient`` with every request bounded by ``ray.request_timeout_s``.
 
-Ray 2.60's client sends every call (``submit_job``, ``stop_job``, ``get_job_info``, ``get_job_logs``, and the
-version checks of its constructor) through ``SubmissionClient._do_request``, which calls ``requests.request()``
-without a timeout and forwards any other keyword argument to it; the public methods pass none. So a dashboard whose
-packets are dropped, or one that accepted the connection and hangs, holds the call until the kernel gives up on
-the TCP connection (minutes). ``BoundedJobsClient`` adds ``timeout`` there, the one place every call goes through,
-and turns requests' ``Timeout`` into ``JobsApiTimeout`` naming the address, the call and the setting.
-
-requests bounds the connect and each wait for the next bytes of the answer, not the whole transfer: a long job
-log that keeps arriving is read to its end, and a host name is resolved within the resolver's own limits.
-
-This module imports ray: only ``ray_jobs.connect`` imports it, so guardian runs without ray.
-"""
+``BoundedJobsClient`` adds ``timeout`` in ``SubmissionClient._do_request`` (Ray 2.60 passes none) and raises
+``JobsApiTimeout`` naming the address, call and setting. Bounds the connect and each read, not a whole transfer.
+Imports ray; only ``ray_jobs.connect`` imports this module. Why: docs/decisions/0053-bounded-ray-client.md."""
 
 from __future__ import annotations
 

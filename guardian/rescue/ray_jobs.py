@@ -1,41 +1,10 @@
-"""The rescue's ``TrainerPort`` for a trainer submitted to a Ray cluster as a Ray Job (the Jobs API of the cluster's
-dashboard, ``ray.job_submission.JobSubmissionClient``), in place of a local process group (``rescue.local``).
+"""The rescue's ``TrainerPort`` for a trainer run as a Ray Job (the dashboard's Jobs API), in place of ``rescue.local``.
 
-Each attempt is one job whose submission id is derived from the run id and the attempt's number, so a guardian
-started again finds the job an earlier one submitted instead of submitting a second trainer: ``launch`` and
-``attach`` read the job first and submit only when the cluster has none of that id. The job's metadata names the
-attempt's store row; a job of the same id from another store (a reused run id) is refused, never adopted. The
-job's shell creates the metrics file's folder before the trainer starts (verl's file logger opens the path without
-creating it, and the guardian created it only on its own machine): on the driver's node, where verl's TaskRunner
-actor usually runs too (Ray places it on the local node while that has room); elsewhere the folder must be there
-already (a shared file system).
-
-Stopping is the Jobs API's own: ``stop_job`` makes the job's supervisor send ``RAY_JOB_STOP_SIGNAL`` (set to SIGINT
-through the job's env_vars) to the driver's process tree, then SIGKILL after ``RAY_JOB_STOP_WAIT_TIME_S`` (the
-config's SIGINT + SIGTERM waits); the guardian polls until the job is terminal, allowing the SIGKILL wait on top.
-There is nothing stronger to escalate to through the API (``delete_job`` only deletes terminal jobs): a job still
-live then is reported with its driver's node, and the guardian refuses to relaunch (never two trainers at once).
-A terminal job is kept (its logs are evidence), never deleted.
-
-Once the job is terminal its survivors are read through Ray's State API (``rescue.ray_survivors``): actors of
-that Ray job still alive (detached actors outlive their driver). Survivors holding GPUs or other non-CPU resources
-refuse the relaunch (``StopFailedError``, naming each actor and how to kill it; the stop is retried for the tick
-failure streak, then the guardian gives up; ``--attach`` after killing them goes on); CPU-only ones are reported
-and the relaunch goes ahead. Either way a line ``event=job_survivors`` says what is left; a State API that does
-not answer is reported (``event=job_survivors_unknown``) and does not hold the relaunch. A job that ended by
-itself has its survivors reported the same way at the run's end, never stopped.
-
-Each job's logs are mirrored into ``<run>/attempt-N/job.log`` and may be the metrics source (``rescue.ray_logs``);
-what is not covered: workers of other drivers, rollout dumps and checkpoints on a file system the guardian does
-not read (a rollback needs the checkpoints: a local head, or a shared file system). Ray is imported only by
-``connect`` (``rescue.ray_client``) and ``ray_survivors.StateApi``: guardian imports and runs without it.
-
-Every call to the dashboard is bounded by ``ray.request_timeout_s`` (``rescue.ray_client``): a dashboard that
-does not answer - packets dropped, a hung process - fails the call as ``JobsApiTimeout``, a ``TimeoutError`` and so
-an outage (``guardian.faults``): the tick still judges the metrics and the rescue waits (``outage_limit_s``). After
-a timeout the dashboard is not asked again for that long (``ray_timeouts.Unanswered``): the other calls of the
-tick fail at once, so a tick costs one timeout, not one per call.
-"""
+Invariants: one job per attempt, its submission id derived from run id and attempt, so a restarted guardian
+finds it instead of submitting twice; a job of that id from another store is refused; terminal jobs are kept as
+evidence; never two trainers at once (a live job or GPU-holding survivors refuse the relaunch).
+Not covered: workers of other drivers; checkpoints on a file system the guardian cannot read.
+Stop, survivors and timeouts: docs/decisions/0052-ray-jobs-stop.md."""
 
 from __future__ import annotations
 

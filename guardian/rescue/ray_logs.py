@@ -1,12 +1,8 @@
-"""A Ray job's logs as evidence and, when the metrics file is out of sight, as the guardian's metrics source.
+"""A Ray job's logs as evidence and, when the metrics file is out of sight, as the metrics source.
 
-``JobLogMirror`` appends what the Jobs API adds to a job's logs to ``<run>/attempt-N/job.log`` (never truncated:
-a guardian started again goes on from the file's size). Ray 2.60's ``get_job_logs`` returns the whole log, so each
-read costs its size; reads of a running job are spaced ``sources.ray_job_logs_poll_s`` apart, and one last read
-follows the job's end (its last lines). ``JobLogsSource`` is the attempt's ``MetricsSource``: the ``file``
-logger's JSONL while it exists here, else verl's console lines read from the mirror (``sources.console``), as
-``sources.ray_job_logs`` says; the choice, once made, holds for the attempt.
-"""
+``JobLogMirror`` appends new log text to ``<run>/attempt-N/job.log`` (never truncated; reads spaced
+``sources.ray_job_logs_poll_s`` apart, one more after the job ends). ``JobLogsSource`` reads the JSONL while it
+exists here, else console lines from the mirror; the choice holds for the attempt."""
 
 from __future__ import annotations
 

@@ -1,14 +1,7 @@
-"""What a stopped Ray job left alive: its actors the driver's end did not take down (detached actors outlive the
-driver), the resources they still hold, and whether the relaunch may go ahead.
+"""What a stopped Ray job left alive (actors not DEAD, found by the Ray job id) and whether the relaunch may go ahead.
 
-The facts come from Ray's State API on the cluster's dashboard (``ray.util.state``): the job's actors not DEAD,
-found by the job's Ray job id (``JobDetails.job_id``, not its submission id), and the nodes' totals. The decision is
-pure (``verdict``): a survivor holding anything besides CPU and memory (GPUs, TPUs, custom resources) blocks the
-relaunch - the resubmitted trainer would wait for those resources forever - while CPU-only survivors are reported
-and the relaunch goes ahead. Ray is imported only by ``StateApi``'s methods, whose every read is bounded by
-``ray.request_timeout_s`` (Ray's State API passes its ``timeout`` to requests: the connect and each wait for the
-answer's next bytes; it rounds it down to whole seconds, at least 1, and keeps 0.8 of it for the server's side).
-"""
+``verdict`` is pure: a survivor holding anything besides CPU and memory blocks the relaunch; CPU-only ones are
+reported. Ray is imported only by ``StateApi``, whose reads are bounded by ``ray.request_timeout_s``."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""A Jobs API call that gets no answer: ``JobsApiTimeout`` (an outage, ``faults.is_outage``) and ``Unanswered``, which
-after a timeout fails the next calls at once for ``ray.request_timeout_s`` instead of waiting the timeout out again.
-
-Apart from ``ray_client`` (which imports ray) so that ``ray_jobs`` and the tests name these without ray installed.
-"""
+"""A Jobs API call that gets no answer: ``JobsApiTimeout`` (an outage) and ``Unanswered``, which fails the next
+calls at once for ``ray.request_timeout_s``. Kept apart from ``ray_client`` so it imports without ray."""
 
 from __future__ import annotations
 

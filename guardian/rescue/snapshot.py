@@ -1,10 +1,7 @@
 """The run as the rescue sees it at one moment: a frozen record, so every decision is a function of it alone.
 
-``RescueSnapshot`` holds what the guard loop knows (the current attempt's steps, the newest step, the standing
-critical findings, the typical step time, the probation's figures) and what the store holds (incidents,
-interventions, checkpoint verdicts) and the disk (which checkpoints verl can resume from, which are pinned), read
-once per decision. ``guardian.rescue.decide`` reads nothing else.
-"""
+Holds the guard loop's view (steps, critical findings, step time, probation figures), the store's incidents
+and interventions, and the checkpoints view, read once per decision. ``decide`` reads nothing else."""
 
 from __future__ import annotations
 

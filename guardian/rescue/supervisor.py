@@ -1,24 +1,9 @@
 """``guardian run``: launch the trainer, guard it, and carry out the rescue when it collapses.
 
-One ``tick()`` polls the run (``daemon.Guardian``), then hands a frozen snapshot of it
-(``rescue.snapshot.RescueSnapshot``) to the rescue: ``rescue.decide`` chooses the next effect - open an
-intervention, stop, roll back, patch, launch, wait, give up, end the run - and ``rescue.executor`` carries it out
-through the local ports (``rescue.local``: the trainer's process group, the checkpoint directory, the planner).
-Every state is committed to the store *before* its side effect and every side effect is idempotent (stop an
-already-stopped trainer, quarantine already-moved folders, attach to an attempt that was already launched), so a
-guardian killed at any point and started again (``guardian run --attach RUN_ID``) finishes the intervention
-exactly once.
-
-While the store refuses writes (``Guardian.store_degraded``) the supervisor *holds* (``_hold``): it goes on
-judging from memory and, in enforce mode, stops a collapsing trainer, but it neither starts nor advances an
-intervention until the store takes writes again; then the normal tick carries on from what is stored (the
-replayed findings open the incident, whose intervention stops the already-stopped trainer idempotently).
-Holding rather than rolling back from memory keeps the one rule the rescue rests on - a state is stored
-before its side effect - so a guardian killed during the outage can never relaunch twice or lose which
-folders it quarantined, and the rollback target is chosen from stored checkpoint verdicts. The cost is a
-stopped trainer waiting for the store; past ``outage.STORE_WAIT_S`` of that the guardian gives up
-(``cannot_continue``).
-"""
+Each ``tick()`` polls the run, snapshots it, and lets ``decide``/``executor`` act. Invariant: every state is
+stored before its side effect and every side effect is idempotent, so ``run --attach`` after a kill finishes an
+intervention exactly once. While the store refuses writes the supervisor holds (stops, never advances):
+docs/decisions/0050-hold-during-store-outage.md."""
 
 from __future__ import annotations
 
