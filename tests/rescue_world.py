@@ -13,6 +13,7 @@ from conftest import ManualClock
 from guardian.actions.launcher import RunFolder
 from guardian.actions.process import ExitStatus
 from guardian.checkpoints.scan import CheckpointError
+from guardian.checkpoints.view import CheckpointsView
 from guardian.config import GuardianConfig
 from guardian.core import Finding, Severity
 from guardian.ladder import Rung
@@ -218,9 +219,11 @@ class World:
             critical=tuple(self.critical),
             incidents=tuple(self.store.list_incidents(RUN)),
             interventions=tuple(self.store.interventions(RUN)),
-            checkpoints=tuple(self.store.checkpoints(RUN)),
-            resumable=frozenset(self.saved),
-            pinned=frozenset(self.pinned),
+            checkpoints=CheckpointsView(
+                resumable=frozenset(self.saved),
+                pinned=frozenset(self.pinned),
+                verdicts=tuple(self.store.checkpoints(RUN)),
+            ),
             outcome=self.outcome,
             advised=frozenset(self.executor.advised),
         )

@@ -34,6 +34,7 @@ from guardian.checkpoints.quarantine import QUARANTINE_DIR, quarantine_after, qu
 from guardian.checkpoints.restore import restore_quarantine
 from guardian.checkpoints.scan import TRACKER_FILE, CheckpointError, read_tracker, scan_checkpoints
 from guardian.checkpoints.target import resume_path_for
+from guardian.checkpoints.view import read_checkpoints
 from guardian.checkpoints.writes import write_tracker
 from guardian.cli import main
 from guardian.commands.run import RunRequest, run_guarded
@@ -197,7 +198,8 @@ def test_c2_the_pin_pass_says_so_in_one_line_and_touches_nothing_outside(
     health = StepHealth()
     config = CheckpointsConfig(pin_keep=2, healthy_window_steps=5, copy_min_free_gib=0.0)
     with caplog.at_level("INFO", logger="guardian"):
-        Pinner(config, store, "p", ckpt, ManualClock(100.0)).run(health, 40, 1, incident_open=False)
+        pinner = Pinner(config, store, "p", ckpt, ManualClock(100.0))
+        pinner.run(health, 40, 1, on_disk=read_checkpoints(ckpt), incident_open=False)
     assert "event=pin_failed" in caplog.text and f"{PIN_DIR} is a symlink" in caplog.text
     assert "pin_leftovers_removed" not in caplog.text
     assert sorted(p.name for p in victim.iterdir()) == [".tmp-user-backup"]

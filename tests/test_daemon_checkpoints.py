@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from guardian.checkpoints.verdicts import NON_FINITE_NOTE
 from guardian.config import GuardianConfig
-from guardian.incidents.guardian import NON_FINITE_NOTE, Guardian
+from guardian.incidents.guardian import Guardian
 from guardian.sources.jsonl import MetricsFile
 from guardian.store import Store
 

@@ -18,6 +18,7 @@ from test_actions_pins import retention_deletes, save
 from guardian.checkpoints import pinning as pins
 from guardian.checkpoints.pinner import Pinner
 from guardian.checkpoints.pinning import PIN_DIR, pinned_path, pinned_steps
+from guardian.checkpoints.view import read_checkpoints
 from guardian.cli import EXIT_OK, main
 from guardian.config import CheckpointsConfig
 from guardian.core import Finding, Severity
@@ -60,7 +61,7 @@ def test_the_pass_pins_records_and_releases_what_newer_pins_replace(
     saved(store, ckpt, 10, 20)
     guard = pinner(store, ckpt)
     with caplog.at_level("INFO", logger="guardian"):
-        guard.run(healthy_through(25), 25, branch=0)
+        guard.run(healthy_through(25), 25, branch=0, on_disk=read_checkpoints(ckpt))
     assert [(p.step, p.mode, p.bytes_added, p.live) for p in store.pins(RUN)] == [
         (10, PinMode.LINK, 0, True),
         (20, PinMode.LINK, 0, True),
@@ -68,7 +69,7 @@ def test_the_pass_pins_records_and_releases_what_newer_pins_replace(
     assert "event=checkpoint_pinned run=pins step=20 mode=link files=4 bytes_added=0" in caplog.text
     saved(store, ckpt, 30, 40)
     retention_deletes(ckpt / "global_step_10")  # verl's max_actor_ckpt_to_keep at work meanwhile
-    guard.run(healthy_through(45), 45, branch=0)
+    guard.run(healthy_through(45), 45, branch=0, on_disk=read_checkpoints(ckpt))
     assert [p.step for p in store.pins(RUN, live=True)] == [30, 40]
     released = [p for p in store.pins(RUN) if not p.live]
     assert [(p.step, p.note) for p in released] == [
@@ -84,7 +85,7 @@ def test_the_first_pass_removes_what_a_guardian_killed_while_pinning_left(tmp_pa
     saved(store, ckpt, 10)
     for name in (".tmp-release-global_step_5-41", ".tmp-restore-global_step_7-41"):
         (ckpt / PIN_DIR / name / "actor").mkdir(parents=True)
-    pinner(store, ckpt).run(healthy_through(20), 20, branch=0)
+    pinner(store, ckpt).run(healthy_through(20), 20, branch=0, on_disk=read_checkpoints(ckpt))
     assert sorted(p.name for p in (ckpt / PIN_DIR).iterdir()) == ["global_step_10"]
 
 
@@ -92,7 +93,7 @@ def test_nothing_is_pinned_while_an_incident_is_open(tmp_path: Path, store: Stor
     ckpt = tmp_path / "ckpt"
     saved(store, ckpt, 10)
     store.open_incident(RUN, Finding("entropy_collapse", Severity.CRITICAL, 12, "collapse", 11), now=5.0)
-    pinner(store, ckpt).run(healthy_through(20), 20, branch=0)
+    pinner(store, ckpt).run(healthy_through(20), 20, branch=0, on_disk=read_checkpoints(ckpt))
     assert store.pins(RUN) == [] and not (ckpt / PIN_DIR).exists()
 
 
@@ -105,7 +106,7 @@ def test_a_pinned_folder_the_store_missed_is_adopted_and_a_row_whose_folder_went
     store.record_pin(
         RUN, step=5, source_path="x", pinned_path=str(pinned_path(ckpt, 5)), mode=PinMode.LINK, bytes_added=0, now=1
     )
-    pinner(store, ckpt).run(healthy_through(30), 30, branch=0)
+    pinner(store, ckpt).run(healthy_through(30), 30, branch=0, on_disk=read_checkpoints(ckpt))
     gone = next(p for p in store.pins(RUN) if p.step == 5)
     assert not gone.live and "its folder is gone" in (gone.note or "")
     assert sorted(p.step for p in store.pins(RUN, live=True)) == [10, 20]
@@ -124,13 +125,14 @@ def test_a_refused_copy_is_said_once_in_one_line_and_not_retried_on_this_branch(
     monkeypatch.setattr(pins.shutil, "disk_usage", lambda path: SimpleNamespace(total=1 << 30, used=0, free=1 << 29))
     guard = pinner(store, ckpt)
     with caplog.at_level("INFO", logger="guardian"):
-        guard.run(healthy_through(20), 20, branch=0)
-        guard.run(healthy_through(21), 21, branch=0)
+        guard.run(healthy_through(20), 20, branch=0, on_disk=read_checkpoints(ckpt))
+        guard.run(healthy_through(21), 21, branch=0, on_disk=read_checkpoints(ckpt))
     refusals = [r for r in caplog.records if "event=pin_copy_refused" in r.getMessage()]
     assert len(refusals) == 1 and "\n" not in refusals[0].getMessage()
     assert str(ckpt / "global_step_10") in refusals[0].getMessage() and refusals[0].levelname == "ERROR"
     assert store.pins(RUN) == []
-    guard.run(healthy_through(22), 22, branch=1)  # a new branch (after a rollback): tried again
+    # a new branch (after a rollback): tried again
+    guard.run(healthy_through(22), 22, branch=1, on_disk=read_checkpoints(ckpt))
     assert len([r for r in caplog.records if "event=pin_copy_refused" in r.getMessage()]) == 2
 
 
@@ -146,7 +148,7 @@ def test_a_copy_when_links_are_refused_is_recorded_with_the_bytes_it_adds_and_wa
     monkeypatch.setattr(pins.os, "link", not_permitted)
     monkeypatch.setattr(pins.shutil, "disk_usage", lambda path: SimpleNamespace(total=1 << 40, used=0, free=1 << 40))
     with caplog.at_level("INFO", logger="guardian"):
-        pinner(store, ckpt).run(healthy_through(20), 20, branch=0)
+        pinner(store, ckpt).run(healthy_through(20), 20, branch=0, on_disk=read_checkpoints(ckpt))
     (pin,) = store.pins(RUN)
     size = sum(p.stat().st_size for p in (ckpt / "global_step_10").rglob("*") if p.is_file() and not p.is_symlink())
     assert (pin.mode, pin.bytes_added) == (PinMode.COPY, size)
@@ -166,9 +168,9 @@ def test_guardian_checkpoints_lists_the_pins_with_what_they_add_and_hold(
         )
         saved(store, ckpt, 10, 20)
         guard = pinner(store, ckpt, keep=2)
-        guard.run(healthy_through(25), 25, branch=0)
+        guard.run(healthy_through(25), 25, branch=0, on_disk=read_checkpoints(ckpt))
         saved(store, ckpt, 30)
-        guard.run(healthy_through(35), 35, branch=0)
+        guard.run(healthy_through(35), 35, branch=0, on_disk=read_checkpoints(ckpt))
     retention_deletes(ckpt / "global_step_20")
     held = sum(
         p.stat().st_size for p in (pinned_path(ckpt, 20) / "actor").rglob("*") if p.is_file() and not p.is_symlink()

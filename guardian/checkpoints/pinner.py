@@ -22,7 +22,7 @@ from pathlib import Path
 
 from guardian.checkpoints.pin_plan import StepHealth, plan_pins
 from guardian.checkpoints.pinning import GIB, CopyRefused, PinError, pin_checkpoint, release_pin, remove_leftovers
-from guardian.checkpoints.scan import resumable, scan_checkpoints
+from guardian.checkpoints.view import CheckpointsView
 from guardian.config import CheckpointsConfig
 from guardian.core import Clock
 from guardian.logs import event, get_logger
@@ -43,9 +43,18 @@ class Pinner:
     _branch: int | None = None
     _swept: bool = False
 
-    def run(self, health: StepHealth, last_step: int | None, branch: int, *, incident_open: bool | None = None) -> None:
+    def run(
+        self,
+        health: StepHealth,
+        last_step: int | None,
+        branch: int,
+        *,
+        on_disk: CheckpointsView,
+        incident_open: bool | None = None,
+    ) -> None:
         """One pass (see the module docstring); ``branch`` is the timeline's (a new one retries refused steps);
-        ``incident_open`` as the caller just read it (None: read it from the store here)."""
+        ``on_disk``: the checkpoint dir as the tick read it; ``incident_open`` as the caller just read it (None: read
+        it from the store here)."""
         if not self._swept:  # what a guardian killed while pinning left behind
             self._swept = True
             try:
@@ -62,7 +71,7 @@ class Pinner:
         verdicts = {c.step: c.verdict for c in self.store.checkpoints(self.run_id)}
         plan = plan_pins(
             verdicts=verdicts,
-            resumable={c.step for c in scan_checkpoints(self.checkpoint_dir) if resumable(c.path)},
+            resumable=on_disk.resumable,
             pinned=set(live),
             health=health,
             last_step=last_step,

@@ -8,7 +8,6 @@ from pathlib import Path
 from rich.console import Console
 from rich.markup import escape
 
-from guardian.checkpoints.scan import resumable
 from guardian.cli.common import AddCommand, log, open_store, print_json, resolved_config, store_int
 from guardian.exits import EXIT_ERROR, EXIT_OK, EXIT_USAGE
 from guardian.logs import event
@@ -34,6 +33,7 @@ def cmd_checkpoints(args: argparse.Namespace) -> int:
     from guardian.checkpoints.quarantine import list_quarantine
     from guardian.checkpoints.restore import restore_quarantine
     from guardian.checkpoints.scan import CheckpointError
+    from guardian.checkpoints.view import read_checkpoints
 
     restoring = args.target == "restore"
     run_id = args.run if restoring else args.target
@@ -87,8 +87,9 @@ def cmd_checkpoints(args: argparse.Namespace) -> int:
             return EXIT_OK
         console = Console(soft_wrap=True)  # one line per checkpoint and pin, whatever the width: greppable
         pinned = {p.step for p in pins if p.live}
+        on_disk = read_checkpoints(ckpt_dir)
         for c in sorted(listed, key=lambda c: c.step):
-            where = _where(Path(c.path)) + (" (pinned)" if c.step in pinned else "")
+            where = on_disk.where(c.step) + (" (pinned)" if c.step in pinned else "")
             style = {"healthy": "green", "unhealthy": "red"}.get(c.verdict, "dim")
             note = escape(c.note or "")
             console.print(f"step {c.step:>6}  [{style}]{c.verdict:9}[/] {where:17} {escape(c.path)}  {note}")
@@ -97,13 +98,6 @@ def cmd_checkpoints(args: argparse.Namespace) -> int:
         for path, incident in quarantined.items():
             console.print(f"quarantined by incident #{incident}: {escape(path)}")
         return EXIT_OK
-
-
-def _where(path: Path) -> str:
-    """Whether verl can resume from the checkpoint folder as it is."""
-    if resumable(path):
-        return "present"
-    return "emptied" if path.is_dir() else "moved"  # emptied: verl's retention deleted its actor/
 
 
 def _pin_line(pin: PinView, holds: int | None) -> str:

@@ -17,13 +17,15 @@ RAISED transition opens is opened then instead of never.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import Protocol
 
-from guardian.checkpoints.scan import scan_checkpoints
+from guardian.checkpoints.scan import CheckpointDir
+from guardian.checkpoints.verdicts import judge
+from guardian.checkpoints.view import CheckpointsView, read_checkpoints
 from guardian.checks import CheckContext, build_checks, evaluate
 from guardian.checks.signs import LifeSigns, note_footprint, startup_allowance
 from guardian.config import GuardianConfig
@@ -40,8 +42,6 @@ from guardian.sources.jsonl import MetricsBatch, NewSegment
 from guardian.sources.rollouts import RolloutDir, read_finished
 from guardian.store import Store
 from guardian.store.writebehind import WriteBehind
-
-NON_FINITE_NOTE = "saved at a step with non-finite values"
 
 log = get_logger("daemon")
 Said = tuple[int, str]
@@ -155,7 +155,8 @@ class Guardian:
         return self.writes.dropped
 
     # -- one pass -----------------------------------------------------------------------------
-    def tick(self) -> TickResult:
+    def tick(self, on_disk: CheckpointsView | None = None) -> TickResult:
+        """One pass. ``on_disk``: the checkpoint dir as the caller read it this tick (None: read here)."""
         now = self.clock()
         self.writes.retry()
         result = TickResult()
@@ -204,7 +205,9 @@ class Guardian:
         result.transitions.extend(self._judge(now, work))
         self._commit_work(work)
         if self.checkpoints_dir is not None:
-            self.writes.submit("checkpoints", partial(self._scan_checkpoints, now=now), atomic=False, coalesce=True)
+            folders = (on_disk or read_checkpoints(self.checkpoints_dir)).folders
+            record = partial(self._record_verdicts, folders=folders, now=now)
+            self.writes.submit("checkpoints", record, atomic=False, coalesce=True)
         if self.history.steps and (said := self.signal_report.update(*self._signals_seen())) is not None:
             log.info(event("signals", said))
         return result
@@ -409,32 +412,25 @@ class Guardian:
             )
         return said
 
-    def _scan_checkpoints(self, store: Store, *, now: float) -> None:
-        """Record new checkpoints and changed verdicts; each record commits on its own, so the cache of
-        what is stored is right even when a later one fails (a repeat records the rest)."""
-        assert self.checkpoints_dir is not None
-        last = self.history.last_step
-        onsets: list[int] | None = None  # read once per scan, only when a verdict is needed
-        for ckpt in scan_checkpoints(self.checkpoints_dir):
-            note: str | None = None
-            if last is None or ckpt.step > last:
-                verdict = "unknown"  # saved before its step's metrics line: judged once the line arrives
-            elif ckpt.step in self.history.non_finite:
-                # weights saved after a step with NaN/inf are suspect whatever becomes of the incident: one that
-                # closes (recovered without intervention) must not turn them healthy; the timeline is the current
-                # branch's, so a re-save of that step after a rollback is judged by its own step
-                verdict, note = "unhealthy", NON_FINITE_NOTE
-            else:
-                onsets = self._open_onsets(store) if onsets is None else onsets
-                verdict = "unhealthy" if any(onset <= ckpt.step for onset in onsets) else "healthy"
-            if self._known_checkpoints.get(ckpt.path) == verdict:
+    def _record_verdicts(self, store: Store, *, folders: Sequence[CheckpointDir], now: float) -> None:
+        """Record new checkpoints and changed verdicts (``checkpoints.verdicts``); each record commits on its own,
+        so the cache of what is stored is right even when a later one fails (a repeat records the rest)."""
+        onsets: list[int] | None = None  # read once per pass, only when a verdict needs them
+
+        def open_onsets() -> list[int]:
+            nonlocal onsets
+            onsets = self._open_onsets(store) if onsets is None else onsets
+            return onsets
+
+        for ckpt in folders:
+            history = self.history
+            judged = judge(ckpt.step, last_step=history.last_step, non_finite=history.non_finite, onsets=open_onsets)
+            if self._known_checkpoints.get(ckpt.path) == judged.verdict:
                 continue
-            if verdict != "unhealthy":
-                note = ""  # a healthy re-save clears an old branch's note
             store.record_checkpoint(
-                self.run_id, step=ckpt.step, path=str(ckpt.path), verdict=verdict, now=now, note=note
+                self.run_id, step=ckpt.step, path=str(ckpt.path), verdict=judged.verdict, now=now, note=judged.note
             )
-            self._known_checkpoints[ckpt.path] = verdict
+            self._known_checkpoints[ckpt.path] = judged.verdict
 
     def _open_onsets(self, store: Store) -> list[int]:
         """The onsets of the run's open critical incidents: a checkpoint saved at or after one is unhealthy.

@@ -71,7 +71,8 @@ def decide(s: RescueSnapshot, config: GuardianConfig) -> Effect:
     incident = s.first_to_act_on()
     if incident is not None and s.mode is Mode.ADVISE and incident.id not in s.advised:
         target = rollback_target(s, config, incident, 0, frozenset())
-        return Advise(incident, kind_for(incident.check), target, target is not None and s.restores(target.step))
+        restores = target is not None and s.checkpoints.restores(target.step)
+        return Advise(incident, kind_for(incident.check), target, restores)
     if incident is not None and s.mode is Mode.ENFORCE:
         plan = plan_for(s, config, incident)
         return Intervene(incident, kind_for(incident.check), plan, s.trainer.attempt_id)
@@ -179,7 +180,7 @@ def _stopped(s: RescueSnapshot, config: GuardianConfig, iv: InterventionView) ->
     """Choose the rollback target (committed on its own first), then roll back to it; with no healthy checkpoint
     before the onset, start again from scratch once, then give up."""
     if iv.target_step is not None:
-        return RollBack(iv, iv.target_step, restore=s.restores(iv.target_step))
+        return RollBack(iv, iv.target_step, restore=s.checkpoints.restores(iv.target_step))
     incident = s.incident(iv.incident_id)
     earlier = [p for p in s.interventions if p.incident_id == iv.incident_id and p.id != iv.id]
     exclude = frozenset(p.target_step for p in earlier if p.target_step is not None)
@@ -202,12 +203,12 @@ def rollback_target(
     pinned, as many more back as the rung asks."""
     remedy = config.remediation.rung(incident.check, rung)
     return choose_rollback_target(
-        s.checkpoints,
+        s.checkpoints.verdicts,
         onset_step=incident.onset_step,
         detected_step=incident.opened_step if incident.opened_step is not None else (s.last_step or 0),
         margin_steps=config.remediation.margin_steps,
         exclude_steps=exclude,
-        available=s.available,
+        available=s.checkpoints.available,
         skip_newest=remedy.rollback_extra_checkpoints if remedy is not None else 0,
     )
 

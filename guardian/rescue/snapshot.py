@@ -6,13 +6,14 @@ and interventions, and the checkpoints view, read once per decision. ``decide`` 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from guardian.actions.process import ExitStatus
+from guardian.checkpoints.view import CheckpointsView
 from guardian.core import Severity
 from guardian.rescue.outcome import Outcome
 from guardian.states import Mode, State
-from guardian.store import CheckpointView, IncidentView, InterventionView
+from guardian.store import IncidentView, InterventionView
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,9 +46,7 @@ class RescueSnapshot:
     critical: tuple[StandingFinding, ...] = ()
     incidents: tuple[IncidentView, ...] = ()  # the run's, every status
     interventions: tuple[InterventionView, ...] = ()  # the run's, oldest first
-    checkpoints: tuple[CheckpointView, ...] = ()
-    resumable: frozenset[int] = frozenset()  # checkpoint steps verl can resume from as they are on disk
-    pinned: frozenset[int] = frozenset()  # checkpoint steps with a pinned copy in place (guardian.checkpoints.pinning)
+    checkpoints: CheckpointsView = field(default_factory=CheckpointsView)  # disk and stored verdicts, while at risk
     outcome: Outcome | None = None  # the active intervention's probation figures (None outside PROBATION)
     advised: frozenset[int] = frozenset()  # incidents advise mode has spoken of
 
@@ -55,15 +54,6 @@ class RescueSnapshot:
     def active(self) -> InterventionView | None:
         """The run's unfinished intervention (at most one runs at a time)."""
         return next((iv for iv in reversed(self.interventions) if not iv.finished), None)
-
-    @property
-    def available(self) -> frozenset[int]:
-        """The checkpoint steps a rollback can land on: on disk as they are, or restored from their pin."""
-        return self.resumable | self.pinned
-
-    def restores(self, step: int) -> bool:
-        """Whether a rollback to ``step`` first restores its pinned copy (verl's retention emptied the folder)."""
-        return step in self.pinned and step not in self.resumable
 
     @property
     def open_critical(self) -> list[IncidentView]:

@@ -16,8 +16,7 @@ from guardian.actions.patch import RunFiles
 from guardian.actions.process import ExitStatus, TrainerControl
 from guardian.actions.schedule import read_saves, retention_problem
 from guardian.checkpoints.pinner import Pinner
-from guardian.checkpoints.pinning import pinned_steps
-from guardian.checkpoints.scan import resumable, scan_checkpoints
+from guardian.checkpoints.view import CheckpointsView, read_checkpoints
 from guardian.checks.stall import typical_step_seconds
 from guardian.config import GuardianConfig
 from guardian.core import Clock, Severity
@@ -132,6 +131,7 @@ class Supervisor:
         self.busy = False  # the last tick saw something move (a line, a transition, an intervention state to act in)
         self._store_wait = StoreWait(limit_s=self.config.store.outage_wait_s)
         self._latest: RescueSnapshot | None = None  # the rescue pass's last snapshot (the pin pass reads it)
+        self._on_disk = CheckpointsView()  # the checkpoint dir as this tick read it (again after an effect)
         # observe mode changes nothing on disk; advise and enforce keep healthy rollback targets out of verl's retention
         pins = self.config.checkpoints
         pinning = Mode(self.config.mode) is not Mode.OBSERVE and pins.pin_keep > 0
@@ -239,9 +239,9 @@ class Supervisor:
                 raise
             # the trainer's control does not answer (a Ray cluster's Jobs API): the metrics are still read and judged
             # (findings, incidents, alerts), the rescue waits, and the tick fails as an outage (outage_limit_s)
-            self.guardian.tick()
+            self.guardian.tick(self._read_disk())
             raise
-        moved = self.guardian.tick()
+        moved = self.guardian.tick(self._read_disk())
         self.busy = bool(moved.new_steps or moved.transitions or moved.bad_lines)
         aside(self.run_id, "forwarding", self._check_forwarding)
         if not self.guardian.store_degraded:
@@ -275,12 +275,14 @@ class Supervisor:
             history, pinner = self.guardian.history, self.pinner
             # the pass's last snapshot read the incidents already: an effect after it can only have closed one (a
             # resolve), so it never says "none open" while one is
-            latest = self._latest
+            latest, on_disk = self._latest, self._on_disk
             open_now = None if latest is None else any(i.is_open for i in latest.incidents)
             aside(
                 self.run_id,
                 "pins",
-                lambda: pinner.run(self.guardian.health, history.last_step, history.branch, incident_open=open_now),
+                lambda: pinner.run(
+                    self.guardian.health, history.last_step, history.branch, on_disk=on_disk, incident_open=open_now
+                ),
             )
 
     def _prune(self) -> None:
@@ -305,6 +307,8 @@ class Supervisor:
         unused = [first]
 
         def next_snapshot() -> RescueSnapshot:
+            if not unused:  # after an effect, which may have moved checkpoints (a rollback, a restored pin)
+                self._read_disk()
             self._latest = unused.pop() if unused else self.snapshot(self.trainer.exit_status())
             return self._latest
 
@@ -335,20 +339,19 @@ class Supervisor:
             ),
             incidents=incidents,
             interventions=interventions,
-            checkpoints=tuple(self.store.checkpoints(self.run_id)) if at_risk else (),
-            resumable=self._resumable() if at_risk else frozenset(),
-            pinned=self._pinned() if at_risk else frozenset(),
+            checkpoints=(
+                replace(self._on_disk, verdicts=tuple(self.store.checkpoints(self.run_id)))
+                if at_risk
+                else CheckpointsView()
+            ),
             outcome=self._outcome(active, incidents) if active and active.state is State.PROBATION else None,
             advised=frozenset(self.executor.advised),
         )
 
-    def _resumable(self) -> frozenset[int]:
-        return frozenset(c.step for c in scan_checkpoints(self.checkpoint_dir) if resumable(c.path))
-
-    def _pinned(self) -> frozenset[int]:
-        """The steps with a pinned folder in place - the disk, not the store, which may lag it by one crash (a pin
-        renamed into place and not recorded yet is a pin all the same)."""
-        return frozenset(pinned_steps(self.checkpoint_dir))
+    def _read_disk(self) -> CheckpointsView:
+        """The one scan of the checkpoint dir that the verdicts, the snapshot and the pin pass read."""
+        self._on_disk = read_checkpoints(self.checkpoint_dir)
+        return self._on_disk
 
     def _outcome(self, iv: InterventionView, incidents: tuple[IncidentView, ...]) -> Outcome:
         """The probation's figures: the new branch against the rollback point, and the incident's own check."""
