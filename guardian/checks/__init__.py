@@ -1,8 +1,8 @@
 """Health checks: pure functions from a run's history to findings, and the named rule sets.
 
-``build_checks(config)`` returns the configured checks of the chosen rule set; ``evaluate`` runs them and,
-for the default rules, weighs each finding against the run's outcome (``policy.py``). An unknown rule set
-fails with the list of known ones.
+``build_checks(config)`` returns the chosen rule set's configured checks; ``evaluate`` runs them and, for the
+default rules, weighs each finding with the decision policy (``policy.py``). An unknown rule set fails naming the
+known ones. Reading metrics and acting on findings live elsewhere (sources, rescue).
 """
 
 from __future__ import annotations

@@ -1,9 +1,8 @@
 """What every check shares: the context it reads, baselines, hysteresis and onset estimation.
 
-A check is a pure function ``CheckContext -> Finding``. Most checks judge one signal by a *level
-function* ``level_at(position) -> Severity`` over the signal's series; ``judge`` then applies the
-hysteresis (a level is entered, and left, only after ``for_steps`` points in a row, so one noisy step
-neither raises a critical nor eases one) and walks back to estimate where the trouble began.
+A check is a pure function ``CheckContext -> Finding``. Most judge one signal by a level function
+``level_at(position) -> Severity``; ``judge`` applies the hysteresis (a level is entered, and left, only after
+``for_steps`` points in a row) and walks back to estimate where the trouble began.
 """
 
 from __future__ import annotations

@@ -1,12 +1,8 @@
 """Signals that must not climb far above their early level: KL to the reference, mean -log pi.
 
-KL units differ between verl keys (facts gotcha 8): ``actor/kl_loss`` is a per-token k3 mean
-(0.001-0.1 in healthy runs), ``actor/reward_kl_penalty`` a per-sequence mean. KL is judged by how fast
-it grows (``kl_drift``), which works for all of them.
-
-``rollout_corr/training_log_ppl`` is the mean -log pi per token of the sampled responses under the
-old policy; it rising means the policy assigns its own samples less and less likelihood - the
-likelihood-displacement signal the seed tutorial calls "mean log pi falling".
+KL units differ between verl keys (``actor/kl_loss`` per token, ``actor/reward_kl_penalty`` per sequence), so KL is
+judged by how fast it grows (``kl_drift``). ``rollout_corr/training_log_ppl`` rising means the policy gives its own
+samples less likelihood (``logprob_decline``).
 """
 
 from __future__ import annotations

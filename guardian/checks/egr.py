@@ -1,12 +1,8 @@
-"""Effective group ratio (EGR) collapse, also called advantage collapse.
+"""Effective group ratio (EGR) collapse: the share of GRPO groups with mixed rewards, the part that still teaches.
 
-GRPO gives exactly zero advantage to every sample of a group whose rewards are all equal, so the
-share of groups with mixed rewards is the share of the batch that still teaches the policy. verl logs
-no such metric; the rollout source computes it from ``trainer.rollout_data_dir`` dumps, or it is
-estimated from DAPO's eviction counter (facts §1.8). Low EGR because nearly every group is all-correct
-(or all-wrong) means the data is too easy (hard) for the policy - a curriculum problem, reported as a
-warning - not a collapse of the policy itself. Low EGR while the reward still improves (the mixed groups
-left still teach) or holds near its best is the policy's call (``policy.py``): a warning with advice.
+verl logs no EGR: the rollout source computes it from dumps, or it is estimated from DAPO's eviction counter.
+Groups nearly all correct (or all wrong) are a curriculum warning, not a collapse; low EGR while the reward
+improves or holds is the policy's call. Why: docs/decisions/0007-checks-report-shapes-one-policy-decides.md.
 """
 
 from __future__ import annotations

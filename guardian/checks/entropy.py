@@ -1,16 +1,9 @@
-"""Entropy collapse and entropy explosion: the *shape* of the entropy curve, judged against the run's early level.
+"""Entropy collapse and explosion: the shape of the entropy curve against the run's early level.
 
-Healthy RL sharpens the policy: entropy falls (0.63 -> 0.14, 0.5 -> 0.07 on GSM8K) while the reward pays for
-it, so these checks only say how entropy moves; whether the run is learning is weighed once, by the decision
-policy (``policy.py``). The reference is the run's early level: the median of its first steps, or the highest
-smoothed level seen over twice that span, so a fall that began during the baseline window is not hidden.
-
-Collapse shapes (CRITICAL before the policy): **fast** - halved within ``fast_window_steps`` and below
-``fast_ratio`` of the reference; **deep** - below ``critical_ratio`` and still falling; **EGR** - below
-``warn_ratio``, still falling and most groups alike. **Dead** entropy - below ``dead_ratio``, a deterministic
-policy - reached within ``dead_window_steps`` of being at half the reference is a hard failure that acts alone.
-Low entropy that is neither is a WARN. Explosion: entropy (raw and smoothed) past ``warn_ratio`` of its reference
-is a WARN, past it and above ``min_entropy`` nats per token a failure shape.
+The reference is the median of the first steps, or the highest smoothed level over twice that span. Collapse shapes
+(fast, deep, EGR) are CRITICAL before the policy weighs them; dead entropy (below ``dead_ratio`` soon after half the
+reference) is a hard failure; explosion past ``warn_ratio`` is a WARN, above ``min_entropy`` too a failure shape.
+Whether the run still learns is the policy's call. Why: docs/decisions/0007-checks-report-shapes-one-policy-decides.md.
 """
 
 from __future__ import annotations

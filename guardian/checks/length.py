@@ -1,9 +1,7 @@
 """Response length: collapse to a few tokens, runaway growth, and truncation at the length cap.
 
-Length trends differ between healthy runs (long-CoT runs grow 4x over 100 steps, tight-cap runs
-shrink), so growth is critical only when it is *fast*, and truncation only when it rose well above
-the run's own starting level.
-The truncated share is derived in ``history.RunHistory`` (see ``derive_truncation``).
+Growth is critical only when fast, truncation only well above the run's own starting level (healthy long-CoT runs
+grow 4x, tight-cap runs shrink). The truncated share is derived in ``history.RunHistory`` (``derive_truncation``).
 """
 
 from __future__ import annotations

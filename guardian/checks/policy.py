@@ -1,12 +1,9 @@
 """The one decision policy: what a check's finding means for the run, given how the run's outcome is doing.
 
-A check reports the *shape* of its signal: out of band (WARN), its failure shape (CRITICAL), a fast failure
-(``evidence["fast"]``) or a hard failure (``evidence["hard"]``). The run's progress is read from the reward's
-trend, a sharp fall below its start and the validation score: improving, holding near its best, not clearly
-improving, stalled, falling, collapsed, too young, or not logged. The severity a finding ends with is
-``TABLE[role][shape][progress]``: a rollback needs a mechanism in its failure shape *and* a run that is not
-improving; a lone signal while the run learns or holds its best is a warning with advice; only hard failures act
-alone. Checks never weigh the reward themselves. Also here: when a finished log is too little to judge.
+The severity a finding ends with is ``TABLE[role][shape][progress]`` (the table is in docs/checks.md): a rollback
+needs a failure shape and a run that is not improving; only hard failures act alone. Checks never weigh the reward
+themselves. Also here: when a finished log is too little to judge.
+Why: docs/decisions/0007-checks-report-shapes-one-policy-decides.md.
 """
 
 from __future__ import annotations

@@ -1,10 +1,7 @@
 """Reward collapse: the reward level fell well below its best, judged against the run's own noise.
 
-A fall is a warning when it is significant (``drop_z`` sigmas of the reward's step-to-step noise) and
-material (``warn_drop`` of the reward scale); it is critical when the run also lost most of what it
-had gained (``critical_loss``) or fell below where it started. A score that sinks from -0.55 to -0.85 on
-a [-1, 1] scale is 15 % of the range but eight sigmas of its noise and below its start: critical. The
-trend itself (noise, pace, levels) lives in ``trend.py``.
+A fall is a warning when significant (``drop_z`` sigmas) and material (``warn_drop`` of the scale); critical when
+the run also lost ``critical_loss`` of its gain or fell below its start. The trend itself lives in ``trend.py``.
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
-"""The seed tutorial's naive alert rules (docs/seed-tutorial.md §6.2), reproduced as written.
+"""The seed tutorial's naive alert rules, reproduced as written, as a baseline for ``bench/detection.py``.
 
-They exist as a baseline for ``bench/detection.py``. Each alert in the tutorial triggers its manual
-rescue, so every rule here reports CRITICAL. Reproduced faithfully, including the known flaws: an
-entropy threshold relative to the *first* value, an absolute KL threshold in the tutorial's own
-(non-verl) scale, and ``recent_logp[-1] / recent_logp[0] < 0.6`` on mean log-probs, which are
-negative, so it fires when log-prob *improves* and stays silent when it falls.
+Every rule reports CRITICAL (each alert triggers a manual rescue). Known flaws kept on purpose: an entropy threshold
+relative to the first value, an absolute KL threshold in a non-verl scale, and a log-prob ratio that fires when the
+(negative) log-prob improves. Not for guarding runs.
 """
 
 from __future__ import annotations

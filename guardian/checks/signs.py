@@ -1,11 +1,8 @@
-"""What the stall check knows of the step in progress besides its silence: whether verl saves or validates at it,
-and when its checkpoint folder or validation dump last grew on disk. Pure: the disk is read by
+"""What the stall check knows of the step in progress besides its silence. Pure: the disk is read by
 ``guardian.sources.footprint``, the clock is passed in.
 
-verl logs a step's line only after ``_save_checkpoint()`` and ``_validate()`` (facts §3.2), so a save or validation
-step is silent far longer than the others. ``StepSchedule`` says which steps those are (``trainer.save_freq``,
-``trainer.test_freq``, the last step); ``LifeSigns`` remembers when the step's ``global_step_N/`` folder or
-``N.jsonl`` validation dump was last seen to change.
+verl logs a step only after saving and validating, so ``StepSchedule`` says which steps save or validate and
+``LifeSigns`` remembers when the step's ``global_step_N/`` folder or validation dump last changed.
 """
 
 from __future__ import annotations

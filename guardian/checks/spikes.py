@@ -1,12 +1,8 @@
 """Gradient-norm spikes and non-finite numbers.
 
-verl logs the grad norm *before* clipping; a non-finite norm makes verl skip that optimizer step with
-only a printed warning (facts gotcha 16), so one NaN step is a warning and NaN that persists - the
-"reward drops to 0, outputs '!!!!'" failure of verl#747 - is critical. A spike is judged against the
-median of the preceding steps (Megatron flags 10x), so a run whose norm drifts slowly is not flagged.
-verl clips the update at ``optim.clip_grad`` (1.0), so a single spike moves the weights no more than a
-normal step: healthy runs show isolated 20x spikes (verlnb-1, step 23). One spike is a warning; spikes
-on ``for_steps`` steps in a row are critical.
+verl logs the grad norm before clipping and skips a non-finite step with only a warning: one NaN step is a warning,
+NaN that persists is critical. A spike is judged against the median of the preceding steps; one spike is a warning
+(clipping bounds its effect), spikes on ``for_steps`` steps in a row are critical.
 """
 
 from __future__ import annotations

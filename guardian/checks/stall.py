@@ -1,20 +1,9 @@
-"""Stall: no new step for k times the run's typical step time (NVRx computes hang timeouts the same
-way, with a safety factor of 5). Until a (re)launched trainer logs its first step, the limit is
-``startup_seconds`` from the launch instead - or, for a relaunch, ``startup_learned_factor`` × what the first launch
-took, when that is longer (a relaunch also loads a checkpoint). Needs the wall clock, so it is UNKNOWN in replay.
+"""Stall: no new step for k times the run's typical step time; UNKNOWN in replay (it needs the wall clock).
 
-verl logs a step's line only after its checkpoint save and validation, so the step in progress gets more time when
-it saves (``save_seconds`` more: ``trainer.save_freq``, the last step, or its ``global_step_N/`` folder seen
-changing) or validates (``validation_seconds`` more: ``trainer.test_freq``, the last step, or its validation dump
-seen changing); a change seen on disk is a sign of life, and the silence then counts from it (``checks.signs``).
-
-Silence is read against what is known of the trainer process (``CheckContext.trainer_alive``):
-
-- running (``guardian run``, ``watch --pid``): silence beyond the critical limit is a hang, CRITICAL;
-- not known (``watch`` without ``--pid``): the same silence is a WARN that says what it suspects - the
-  run may have finished, crashed or hung - since a file that stopped growing proves none of them;
-- exited: not a stall (UNKNOWN; no recovery either). Whether the run is over is the watch loop's call,
-  and a crash is the supervisor's.
+Before a launch's first step the limit is ``startup_seconds`` (or ``startup_learned_factor`` × the first launch's);
+a step that saves or validates gets ``save_seconds`` / ``validation_seconds`` more, and a change on disk restarts
+the silence (``checks.signs``). A running trainer's silence is CRITICAL, an unknown one's a WARN, an exited one's
+UNKNOWN. Why: docs/decisions/0009-stall-limit-from-the-runs-own-step-time.md.
 """
 
 from __future__ import annotations

@@ -1,29 +1,9 @@
-"""The reward's trend, judged against the run's own noise and pace: improving, stalled, falling.
+"""The reward's trend, judged against the run's own noise and pace: improving, stalled, falling, collapsed,
+saturated, converged.
 
-Reward scales, noise and learning speed differ between runs (exact match in [0, 1] with batch noise of
-a hundredth, distillation scores in [-1, 1] with noise of 0.05; one run learns in 15 steps, another in
-300), so no judgment here is a fixed share of the score range or a fixed number of steps:
-
-- *noise*: the step-to-step scatter of the raw reward (robust: the median absolute deviation of first
-  differences over the last ``noise_steps`` values, which a trend barely moves);
-- *level*: the mean of the last ``level_steps`` values; its uncertainty is noise / sqrt(level_steps);
-- *pace*: how fast the run has learned so far: the gain from its starting level to its best level, per step;
-- *window*: the steps over which the run's own pace lifts the level clear of the noise (``2 z σ / pace``,
-  within [``window_min_steps``, ``window_max_steps``]): a fast run is judged over a few steps, a slow or
-  noisy one over many;
-- *improving*: over that window the level rose significantly (``improve_z`` σ) and at least at
-  ``improve_pace_fraction`` of the run's pace; *stalled* is neither improving nor falling;
-- *falling*: over that window the level fell significantly (``drop_z`` σ) and by at least ``warn_drop`` of
-  the reward scale, or it has collapsed; *collapsed*: the level is significantly below where the run
-  started, or it gave back ``critical_loss`` of a significant gain (and at least ``critical_drop`` of the
-  scale) - "significantly" grows with the number of windows judged, so a long flat noisy run does not
-  fall from a lucky peak;
-- *saturated*: the level is within ``saturation_margin`` of the scale from the best score a sample gets;
-  *converged*: saturated, or not improving within ``convergence_margin`` of it (a rollback cannot buy much
-  that close to the ceiling: low entropy there is advice, not a collapse).
-
-The same functions judge the validation score (sparser, its own noise) and the outcome of a rescue.
-Everything is a pure function of the history; per-position facts are cached on the series.
+No judgment is a fixed share of the score range or a fixed number of steps: noise, level, pace and the judging
+window are the run's own. The same functions judge the validation score and a rescue's outcome. Pure; per-position
+facts are cached on the series. Definitions and why: docs/decisions/0008-reward-trend-against-its-own-noise.md.
 """
 
 from __future__ import annotations
