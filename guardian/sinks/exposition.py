@@ -1,11 +1,7 @@
 """The ``/metrics`` WSGI app: each exposition rendered once per snapshot, not once per scrape.
 
-Rendering the text format costs milliseconds of Python; twenty scrapers re-rendering the same state
-would queue behind each other and behind the guard loop. ``ExpositionApp`` keeps the rendered bytes
-(per content type, plain or gzip, as ``prometheus_client`` negotiates them) for as long as its source
-hands out the same snapshot sequence *object*; a new object (a tick published) renders afresh. A
-source that builds a new sequence per call simply gets a fresh rendering per scrape.
-"""
+``ExpositionApp`` keeps the rendered bytes (per content type, plain or gzip) while its source hands out the same
+snapshot sequence *object*; a new object renders afresh. Why: docs/decisions/0054-scrapes-serve-the-tick-snapshot.md."""
 
 from __future__ import annotations
 

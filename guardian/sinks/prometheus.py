@@ -1,61 +1,9 @@
 """Prometheus exporter: ``/metrics`` for the runs the guardian watches.
 
-Nothing is mirrored into prometheus_client metric objects. ``GuardianCollector`` is a custom
-collector: on every scrape it asks its ``ExportSource`` for one ``RunSnapshot`` per run and turns the
-snapshots into metric families (a guard loop's source builds its snapshot once per tick:
-guardian/sinks/snapshot.py). ``build_registry`` registers it in a *private* ``CollectorRegistry``
-(never the process-wide default one, so no process/GC metrics and no clashes with other libraries),
-and ``serve`` exposes a source's snapshots that way over HTTP on loopback (default ``127.0.0.1:9464``).
-
-Every name below comes from ``guardian.keys`` (``PROM_*``). Labels are ``run_id`` and ``experiment``
-on every series, plus ``check`` on the per-check series, ``state`` on the intervention counter and
-``component`` on the reward components (bounded sets: the configured checks, the final intervention
-states, the fields the run's reward function returns). Attempt number, mode and
-guardian version live in one ``guardian_run_info`` series; join with
-``* on(run_id) group_left(attempt) guardian_run_info``.
-
-=====================================  =======  ========================================================
-metric                                 type     value
-=====================================  =======  ========================================================
-guardian_up                            gauge    1 while the guardian guards the run (0: it stopped)
-guardian_last_poll_success             gauge    1 if the last poll of the run's sources worked, else 0
-guardian_last_poll_timestamp_seconds   gauge    Unix time of the last *successful* poll
-guardian_tick_duration_seconds         gauge    how long the guard loop's last tick took (read, judge, act, store)
-guardian_run_info                      info     1, labels ``attempt``, ``mode``, ``version``
-guardian_step                          gauge    last training step of the active timeline
-guardian_last_step_age_seconds         gauge    seconds since that step's first line arrived
-guardian_step_time_seconds             gauge    trainer's time per step (verl ``timing_s/step``)
-guardian_policy_entropy_nats           gauge    mean per-token policy entropy
-guardian_kl_to_reference               gauge    KL to the reference policy (kl loss or in-reward penalty)
-guardian_effective_group_ratio         gauge    share (0-1) of GRPO groups with non-zero reward variance
-guardian_mean_log_prob_nats            gauge    mean per-token log-prob of the sampled responses (-log_ppl)
-guardian_reward_mean                   gauge    mean score/reward of the batch
-guardian_response_length_tokens        gauge    mean response length
-guardian_grad_norm                     gauge    actor gradient norm
-guardian_learning_rate                 gauge    actor learning rate
-guardian_tool_calls_per_trajectory     gauge    mean tool calls (searches) per trajectory
-guardian_reward_component_mean{component}  gauge  mean of each extra reward field (rollout dumps)
-guardian_check_status{check}           gauge    -1 unknown, 0 ok, 1 warn, 2 critical (``Severity`` values)
-guardian_open_incident_severity{check}  gauge   worst severity of the check's open incidents (0: none open)
-guardian_incidents_total{check}        counter  incidents opened, per check (0 for checks without any)
-guardian_interventions_total{state}    counter  interventions finished, per final state: ``resolved``,
-                                                ``unresolved``, ``relapsed``, ``gave_up`` (0 until one does)
-guardian_intervention_in_progress      gauge    1 while an intervention is under way, else 0
-guardian_notifications_total{sink,result}  counter  events per notifier / Grafana sink and final result:
-                                                ``sent``, ``suppressed``, ``dropped`` (0 from the start)
-guardian_store_degraded                gauge    1 while the store refuses writes (the guardian guards from memory)
-guardian_store_pending_writes          gauge    units of the guard loop's work waiting for the store
-guardian_store_dropped_writes_total    counter  units dropped because the write-behind queue was full
-guardian_pinned_checkpoints            gauge    healthy checkpoints the guardian keeps pinned (.guardian-pinned/)
-guardian_pinned_bytes                  gauge    bytes the pins added on disk when pinned (0 for hard links)
-=====================================  =======  ========================================================
-
-Signal gauges carry the latest value the run logged for that signal. A value that is unknown or not
-finite (verl writes NaN/inf as null) is *left out* of the scrape rather than exported as NaN, so
-``absent()``/staleness tell "no number" apart from a number; the guardian's ``non_finite`` check
-reports broken numbers through ``guardian_check_status{check="non_finite"}``. No sample carries an
-explicit timestamp and counters export no ``_created`` series.
-"""
+``GuardianCollector`` turns each scrape's ``RunSnapshot``s into metric families; nothing is mirrored into
+prometheus_client metric objects, and ``build_registry`` uses a private registry. Names come from ``guardian.keys``;
+labels are bounded sets. Non-finite values are left out, never exported as NaN. The metric table is
+docs/observability.md (a test keeps it equal to the families built here)."""
 
 from __future__ import annotations
 

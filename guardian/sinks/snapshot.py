@@ -1,13 +1,8 @@
-"""What is shown about a run - by the exporter and by the terminal views: ``RunSnapshot`` and its sources.
+"""What is shown about a run, by the exporter and the terminal views: ``RunSnapshot`` and its sources.
 
-``snapshot_from`` copies the guard loop's memory (step, latest signals, per-check findings) and reads
-the store (attempt, incidents, interventions, deliveries) for one run; ``GuardianSource`` is the
-``ExportSource`` a guard loop hands the collector (guardian/sinks/prometheus.py). It builds one
-immutable snapshot per tick, on the guard loop's thread, and scrapes serve the latest one: a scrape
-reads no store and takes no lock, so twenty scrapers cost the loop nothing and wait for nothing. The
-terminal views (guardian/commands/view.py) draw that same snapshot, so what a person reads and what Prometheus
-scrapes are one moment of the run, and no view reads the guardian's memory or the store itself.
-"""
+``snapshot_from`` copies the guard loop's memory and reads the store for one run; ``GuardianSource`` builds one
+immutable snapshot per tick on the loop's thread. Invariant: a scrape or a view reads that snapshot only, never
+the store or the guardian's memory, so both show one moment of the run."""
 
 from __future__ import annotations
 
