@@ -1,14 +1,8 @@
 """The one guard loop: ``guardian run``, ``guardian watch`` and ``guardian demo`` each hand it what they tick.
 
-Each pass: the guarded tick (``ticks.GuardedTick``: a tick that raises is logged and the loop goes on), then
-``record_poll(ok, seconds, moved)`` - the exporter's poll status, the tick's duration and whether it saw something
-move, which publishes the tick's one ``RunSnapshot`` - then, once ``failure_limit`` ticks in a row failed (a streak
-of outages only: once they failed for ``outage_limit_s``), the ticked object's ``cannot_continue``, then
-``show(ok)`` - the views, drawn from that same snapshot. Both hooks are side shows: their failure is logged and
-never fails a tick. The loop ends with the tick's code (the run is over, or it gave up) or, when ``wait`` says the
-guardian was told to stop, with None. The wait is injected, so tests drive the loop through time without
-sleeping; ``pace`` says how long each wait is.
-"""
+Each pass: the guarded tick, ``record_poll`` (publishes the tick's snapshot), ``cannot_continue`` once failures
+reach the limit, then ``show``. The hooks are side shows: their failure never fails a tick. Ends with the tick's
+code, or None when told to stop. The wait is injected (``pace``), so tests run without sleeping."""
 
 from __future__ import annotations
 

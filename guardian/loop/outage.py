@@ -1,20 +1,9 @@
-"""Pure decisions for a guardian whose store refuses writes or whose ticks keep failing.
+"""Pure decisions for a guardian whose store refuses writes or whose ticks keep failing; no IO.
 
-No IO here: the supervisor and the guard loop (``guardian.commands.run``) feed in what they see and carry out
-what these return.
-
-- While the store is unavailable a trainer is still stopped when it collapses (enforce mode): stopping
-  writes nothing and loses nothing, its checkpoints stay. Everything after the stop (roll back, patch,
-  relaunch, finish the run) waits for the store.
-- The guardian can wait for the store as long as a trainer runs: it guards it from memory. Once no
-  trainer runs, every next move needs the store, and past ``STORE_WAIT_S`` of that the guardian gives up.
-- A tick that raises an unexpected exception is logged once with its traceback and the loop goes on; after
-  ``TICK_FAILURE_LIMIT`` failed ticks in a row the guardian gives up, or, when every one of them failed on an
-  outage (``guardian.faults``), once they have failed for ``OUTAGE_LIMIT_S``.
-- Giving up is one ``event=guardian_cannot_continue`` line naming the cause, what became of the trainer
-  and what to do, and exit status ``EXIT_ERROR`` (guardian/exits.py). The trainer: stopped if enforce mode sees it
-  collapsing; otherwise left running and the line says UNGUARDED.
-"""
+- Store down: a collapsing trainer is still stopped (enforce); everything after the stop waits for the store,
+  and once no trainer runs, the guardian gives up after ``STORE_WAIT_S``.
+- Failing ticks: give up after ``TICK_FAILURE_LIMIT`` in a row, or after ``OUTAGE_LIMIT_S`` when all were outages.
+- Giving up: one ``event=guardian_cannot_continue`` line (cause, trainer, what to do) and ``EXIT_ERROR``."""
 
 from __future__ import annotations
 

@@ -1,9 +1,6 @@
-"""How long the guard loop waits before its next tick. Pure: each pace is told whether the tick worked (``ok``)
-and whether it saw something move (``busy``), and says the wait in seconds.
-
-``guardian run`` polls a trainer it owns: ``PollPace`` backs off while the run is quiet. ``guardian watch`` reads a
-file it may be far behind: ``DrainPace`` reads on at once while bytes are left, else every interval.
-"""
+"""How long the guard loop waits before its next tick. Pure: told whether the tick worked and whether it saw
+something move, it says the wait in seconds. ``PollPace`` (``run``) backs off while the run is quiet;
+``DrainPace`` (``watch``) reads on at once while bytes are left, else every interval."""
 
 from __future__ import annotations
 

@@ -1,11 +1,6 @@
-"""One tick of the guard loop (``guardian.loop.guard``), guarded.
-
-A tick that raises is logged once per streak with its traceback, its type and place and whether it is an outage
-or a bug (``event=tick_failed kind=... type=... at=...``, ``guardian.faults``) and the loop goes on;
-the first tick that works again says so (``event=tick_recovered``); ``outage.TickFailures`` tells when a streak
-is long enough to give up. Whatever follows a tick - the exporter's poll status, a terminal view - is a side
-show (``aside``): its failure is logged, never counted as a failed tick, and never loses the tick's result.
-"""
+"""One tick of the guard loop, guarded: a tick that raises is logged once per streak (``event=tick_failed``,
+outage or bug per ``guardian.faults``) and the loop goes on; ``event=tick_recovered`` ends the streak.
+What follows a tick (``aside``) is a side show: its failure is logged, never counted, never loses the result."""
 
 from __future__ import annotations
 
