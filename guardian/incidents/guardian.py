@@ -1,18 +1,8 @@
-"""The guard loop's wiring: poll sources -> store -> checks -> findings and incidents -> alerts.
+"""One tick of the guard loop: poll sources, judge in memory, store findings and incidents, alert. Clock injected.
 
-``Guardian.tick()`` is one pass and does all the work; the guard loop (``guardian.loop.guard``) repeats it.
-The clock is injected, so tests drive ticks against files they write.
-
-Judging happens in memory; the store gets a tick's writes through ``store.writebehind.WriteBehind``: the
-steps of the tick and the findings and incidents they produced commit in one transaction (a guardian
-killed in between neither loses findings nor records them twice when it re-reads the file), and while
-the database refuses writes they wait in memory, in order, and the judging goes on. Of a metrics line the
-store keeps the keys the checks read (``keys.is_checked_key``), all that any reader of the store reads back
-of it (the metrics files stay the record of every key). The lines naming stored rows (``event=incident_opened``, ``event=incident_recovered``) are logged once that transaction
-committed. Should the database refuse the unit for a bug (a constraint violated) rather than an outage, the
-tracker forgets the checks whose transitions it held: the next tick raises them again, and the incident a
-RAISED transition opens is opened then instead of never.
-"""
+Invariant: a tick's steps, findings and incidents commit in one transaction (``store.writebehind``), so a guardian
+killed in between neither loses nor doubles them; during an outage they wait in memory in order. Only the keys the
+checks read are stored (``keys.is_checked_key``); ``event=incident_*`` lines follow the commit."""
 
 from __future__ import annotations
 

@@ -1,11 +1,7 @@
-"""The worst finding that stood at each step of the run's active timeline: what "healthy around a step" reads.
+"""The worst finding that stood at each step of the active timeline: what "healthy around a step" reads.
 
-A checkpoint is worth pinning only if the run was healthy for a while on both sides of its step
-(``guardian.checkpoints.pin_plan``), not just at it: a warning in the steps before is trouble brewing, one in the steps
-after may be trouble the weights already carry. The guard loop notes the worst severity of every judgement at the
-timeline's newest step; a note at an earlier step than the newest is a resume (verl re-runs steps after a
-rollback), so what was noted after it belonged to the abandoned branch and is forgotten.
-"""
+Used to pin only checkpoints healthy on both sides of their step (``guardian.checkpoints.pin_plan``). A note at
+an earlier step than the newest is a resume: later notes belonged to the abandoned branch and are forgotten."""
 
 from __future__ import annotations
 

@@ -1,10 +1,8 @@
-"""Run the checks over a finished log as if it were live: one step at a time, each step judged when its
-metrics line arrives and again when its rollout statistics do (``feed_step``). Used by ``guardian
-replay``, the benchmarks and a guardian rebuilding its view after a restart.
+"""Run the checks over a finished log as if it were live: each step judged when its metrics line arrives and
+again when its rollout statistics do (``feed_step``). Used by ``guardian replay``, the benchmarks and a restart.
 
-The log is verl's file-logger JSONL, or a captured stdout log read as console lines (``replay_trace``
-reads a file as one when asked, or when the JSONL reading found no step but the file holds verl console
-lines). A replay that read no step keeps what the file looked like (``ReplayResult.shape``)."""
+Reads verl's JSONL, or console lines when asked or when the JSONL held no step; a replay that read no step keeps
+what the file looked like (``ReplayResult.shape``)."""
 
 from __future__ import annotations
 

@@ -1,10 +1,7 @@
 """The run's ``event=signals`` line: which signals it logs (and under which key) and which it lacks.
 
-verl validates before the first training step by default, so step 0 often holds validation metrics alone: judged
-on it, every training signal would read as missing. Such a start is said as ``training=not yet`` (no missing list);
-the full line follows with the first training step, and again whenever a signal shows up later (the guardian's own
-rollout keys arrive with the first dump, validation with the first ``test_freq`` step), so the last line is right.
-"""
+A start with validation metrics alone reads ``training=not yet``; the full line follows the first training step
+and again whenever a signal shows up later, so the last line is right."""
 
 from __future__ import annotations
 

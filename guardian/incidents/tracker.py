@@ -1,5 +1,5 @@
 """Turns each tick's findings into the events worth keeping: a check entering, worsening or leaving
-trouble. Pure; the daemon stores the events and the replay prints them."""
+trouble. Pure; the guard loop stores the events and the replay prints them."""
 
 from __future__ import annotations
 
