@@ -1,18 +1,7 @@
 """The fleet file of ``guardian fleet FILE``: the runs one guardian process guards, each with its own command,
-working directory, guardian.yaml (checks, ladder, budget, mode) and trainer control (a local process group, or
-Ray Jobs at ``ray_address``). The store and the exporter are the fleet's: one database, one ``/metrics``.
-
-    runs:
-      - run_id: search-r1-lr1e6
-        command: [python, -m, verl.trainer.main_ppo, trainer.experiment_name=lr1e6, ...]
-        cwd: /data/search-r1          # default: the fleet file's folder
-        config: guardian-strict.yaml  # default: the fleet's own --config (or the built-in defaults)
-        mode: advise                  # default: that config's mode
-        ray_address: http://head:8265 # default: a local process group
-
-Relative ``cwd`` and ``config`` paths are read from the fleet file's folder. ``command`` is a list of words or
-one shell-quoted string.
-"""
+cwd, guardian.yaml, mode and trainer control (Ray Jobs at ``ray_address``); the store and exporter are shared.
+Defaults: cwd the file's folder, config the fleet's ``--config``, mode the config's, a local process group.
+Relative paths are read from the file's folder; ``command`` is a list or one shell string (docs/commands.md)."""
 
 from __future__ import annotations
 

@@ -1,16 +1,8 @@
 """A run's timeline of health signals, as the checks see it.
 
-Metric lines define the timeline. A line whose step is below the newest step is a resume (verl re-runs
-steps after a rollback or a restart from an older checkpoint): the steps after it belong to an abandoned
-branch and leave the active view (the latest abandoned branch is kept aside, so a rescue's new branch can
-be compared with the one it replaced), and the branch counter goes up. Several lines for one step merge,
-later values winning (verl logs validation-before-train on its own line at the resume step, and
-fully-async runs log several lines per step). Rollout statistics arrive separately and are merged into
-their step without moving the timeline.
-
-Only the signals of ``keys.Signal`` are kept, so memory stays small at 10,000 steps × 300 keys; the
-full records go to the store.
-"""
+A line whose step is below the newest is a resume: later steps move to an abandoned branch (the latest one is
+kept for comparison) and the branch counter goes up. Lines of one step merge, later values winning; rollout
+statistics merge into their step. Only ``keys.Signal`` values are kept; full records go to the store."""
 
 from __future__ import annotations
 
