@@ -1,8 +1,7 @@
-"""``guardian`` command line: one module per command, each ``register``-ing its parser. Every command is
-``main(argv) -> exit code``.
+"""``guardian`` command line: one module per command, each ``register``-ing its parser; each is ``main(argv) -> int``.
 
-Exit codes: 0 ok / healthy, 1 error, 2 usage, 3 unhealthy run (replay, watch, a checklist item failed).
-``--json`` prints one JSON document on stdout; logs go to stderr.
+Exit codes: 0 ok / healthy, 1 error, 2 usage, 3 unhealthy run (replay, watch, a failed checklist item).
+``--json`` prints one JSON document on stdout; logs go to stderr. What a command does lives in ``guardian.commands``.
 """
 
 from __future__ import annotations

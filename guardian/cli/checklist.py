@@ -1,7 +1,7 @@
 """``guardian checklist RUN_ID [--eval NAME=VALUE ...]``: is the run ready to launch at scale?
 
-The items are ``guardian.review.checklist``'s; ``--eval`` results are stored with the run (the newest of each
-name counts, so a later call can add or correct one). Exit 0 when nothing fails, 3 when an item fails.
+The items are ``guardian.review.checklist``'s; ``--eval`` results are stored with the run (the newest of a name
+counts). Exit 0 when nothing fails, 3 when an item fails.
 """
 
 from __future__ import annotations

@@ -1,15 +1,9 @@
-"""``guardian incidents list|show|close``: the incident history (rows, lineage and cost from ``guardian.review``),
-and a person's close of an incident the guardian left open (a watch or a replay never closes its critical ones): its
-status becomes ``closed``, its note ``closed by USER: REASON``, its closing time now and its closing step the run's
-newest.
+"""``guardian incidents list|show|close``: the incident history, and a person's close of an incident left open.
 
-Human-facing text follows one numbering: an incident is ``#<incident id>``; an intervention is named by
-its stored number and its incident (``intervention 3 of incident #2``), never by a bare ``#``; rungs are 1-based
-(``rung 1`` is the ladder's first rung, stored as 0). ``--json`` keeps the stored values and names.
-
-Stored text came from the trainer (its crash output, a finding's message quoting its last line): every line goes
-through ``terminal_text`` on its way out, so an escape sequence in it (``ESC[2J``, an ``ESC]52`` clipboard write, a
-window title) is shown as ``\x1b[2J``, never acted on by a terminal or a ``cat``-ed CI log (issue 24, H13).
+A close sets status ``closed``, note ``closed by USER: REASON``, the time now and the run's newest step.
+Numbering: an incident is ``#<id>``, an intervention ``intervention N of incident #M``, rungs are 1-based in text
+(stored 0-based); ``--json`` keeps stored values. Stored text from the trainer always goes out through
+``terminal_text``, so an escape sequence in it is shown, never acted on (issue 24, H13).
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
-"""``guardian demo``: the whole story on a laptop - a real (tiny) GRPO run on CPU, guarded by
-``guardian run`` in enforce mode on embedded defaults (SQLite under the guardian home, a local process).
+"""``guardian demo``: a real, tiny GRPO run on CPU, guarded by ``guardian run`` in enforce mode on embedded defaults.
 
-The trainer is ``guardian.demo.trainer`` (verl 0.9.1's interface) running a named scenario from
-``guardian.demo.scenarios``. The terminal shows healthy steps, the detection with its evidence, the stop,
-the rollback target and why, the patch, the resume, probation and the outcome, then where the incident
-lives. ``--json`` prints the incident timeline instead.
+The trainer is ``guardian.demo.trainer`` running a named scenario (``guardian.demo.scenarios``); the terminal shows
+the steps, the detection, stop, rollback target, patch, resume, probation and outcome. ``--json`` prints the
+incident timeline instead.
 """
 
 from __future__ import annotations

@@ -1,12 +1,9 @@
 """``guardian fleet FILE``: one guardian process guards every run of a fleet file, each in its own thread.
 
-Each run is guarded exactly as ``guardian run`` guards one (``commands.run.guard_request``: its own config, sources,
-ladder, budget, trainer and notifiers) and writes to the fleet's store. One run's trouble stays its own: a stop
-that takes its full escalation, a source that fails every tick, a refused config or a bug in its guard loop holds
-or ends that run's thread only, and the others keep ticking. The exporter is the fleet's: one ``/metrics`` with
-every run's series under its ``run_id`` label; a run that ended stays there with ``guardian_up 0`` until the
-fleet ends. Ctrl-C or SIGTERM stop every run's guardian, never a trainer (``guardian fleet FILE`` again, or
-``guardian run --attach RUN_ID``, picks them up).
+Each run is guarded as ``guardian run`` guards one (``commands.run.guard_request``) and writes to the fleet's store.
+One run's trouble (a long stop, a failing source, a refused config, a bug) holds or ends its own thread only.
+One exporter: every run's series under ``run_id``; an ended run stays with ``guardian_up 0``. Ctrl-C or SIGTERM stop
+the guardians, never a trainer: ``guardian fleet FILE`` or ``guardian run --attach RUN_ID`` picks them up.
 """
 
 from __future__ import annotations

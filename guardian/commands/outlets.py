@@ -1,8 +1,8 @@
-"""Where a guarded run goes out besides the store, set up in one place for ``guardian run``, ``watch`` and
-``demo``: the notifiers (``notify.setup.notifying``: the run's events, delivered in the background) and the
-run's published snapshots (``sinks.export.exporting``: one per tick, served on ``/metrics`` when the exporter is
-on, drawn by the terminal views). Entered before the trainer starts, so a bad webhook setting or a busy port
-fails first; left after the loop, so the last events are flushed and the exporter lingers on the final state.
+"""Where a guarded run goes out besides the store, for ``run``, ``watch`` and ``demo``: the notifiers and the
+published snapshots (the exporter's ``/metrics``, the terminal views).
+
+Entered before the trainer starts, so a bad webhook setting or a busy port fails first; left after the loop, so the
+last events are flushed and the exporter lingers on the final state.
 """
 
 from __future__ import annotations

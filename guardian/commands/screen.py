@@ -1,7 +1,8 @@
-"""Where the live view is drawn: the terminal's alternate screen, each frame redrawn in place from its top left
-corner, so no frame (whole or torn) is left in the scrollback. On leaving, the last frame is printed once on the
-normal screen: what the scrollback keeps of the view is exactly one whole frame. The frames themselves are made by
-``guardian.commands.view``; this is the terminal side of it."""
+"""Where the live view is drawn: the terminal's alternate screen, each frame redrawn in place from the top left.
+
+On leaving, the last frame is printed once on the normal screen, so the scrollback keeps exactly one whole frame.
+The frames are made by ``guardian.commands.view``.
+"""
 
 from __future__ import annotations
 

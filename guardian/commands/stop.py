@@ -1,20 +1,9 @@
 """``guardian stop RUN``: stop a run's trainer through the guardian's own stop path, and record the run as over.
 
-The trainer is stopped as the rescue stops it (``LocalTrainer.halt``): ``TrainerControl.stop`` over the current
-attempt's handle (its wrapper's ``exit.json.pid`` record, checked to be our wrapper with that exit file, never a
-process found by name), SIGINT, SIGTERM, SIGKILL to its process group with ``intervention.stop_*_s`` between them,
-then the attempt's end in the store. Where its ``guardian run`` is alive (it holds the checkpoint dir's lock,
-``guardian.actions.dirlock``), that guardian is first told to stop guarding (SIGTERM: it ends as Ctrl-C ends it,
-leaving its trainer running, exit 130) and its lock is waited for; only then, holding the lock so that no guardian
-starts meanwhile, is the trainer stopped. So no guardian ever sees the stopped trainer's exit and takes it for a
-crash to restart. The run is then recorded as over (finished, with who stopped it, why, when, which attempt and the
-signals in its config): the same ``guardian run`` again answers its end and launches nothing (``--new`` starts it
-anew).
-
-Refused, with nothing touched: a run the store does not know, a run already over, a trainer that is not running (never
-launched by ``guardian run``: a watched run's trainer is not the guardian's to stop; or already ended), a Ray run (its
-attempts are Ray jobs: ``ray job stop``), a guardian on another host, and a ``guardian fleet`` process (a signal would
-stop every run's guardian).
+A live ``guardian run`` is told to stop guarding first (SIGTERM) and its checkpoint-dir lock is taken, so no
+guardian sees the exit as a crash; then ``TrainerControl.stop`` on the attempt's recorded wrapper. Refused, nothing
+touched: an unknown or finished run, a trainer not running, a Ray run, a guardian on another host, a fleet.
+Why: docs/decisions/0010-guardian-stop-takes-the-lock-first.md.
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
-"""What ``guardian watch`` and ``guardian run`` show: the live terminal view (per-check status worst first, latest
-values, step rate and ETA, fitted to the terminal) and, when stdout is not a terminal, plain progress lines.
-Formatting only, of the tick's published ``RunSnapshot`` (what the exporter serves too);
-``guardian.commands.watch.display`` and the run's loop decide when, ``guardian.commands.screen`` where."""
+"""What ``guardian watch`` and ``guardian run`` show: the live terminal view, or plain progress lines off a terminal.
+
+Formatting only, of the tick's published ``RunSnapshot`` (what the exporter serves too); the loop and
+``watch.display`` decide when, ``commands.screen`` where.
+"""
 
 from __future__ import annotations
 

@@ -1,9 +1,7 @@
 """How ``guardian watch`` shows the run while it reads: the live table on a terminal, else plain lines.
 
-The loop calls ``show`` after every tick that worked, with the tick's result (its transitions and new steps) and
-the snapshot it published (what the exporter serves too), and ``finish`` once at the end with the last one
-published (a failure of either is logged, never fatal); what the lines and the table hold is formatted by
-``guardian.commands.view``.
+``show`` runs after every tick that worked, ``finish`` once at the end; a failure of either is logged, never fatal.
+The content is formatted by ``guardian.commands.view``.
 """
 
 from __future__ import annotations

@@ -1,14 +1,8 @@
-"""When ``guardian watch`` stops reading: the end of the run, decided from what is known of it. Pure.
+"""When ``guardian watch`` stops reading, decided from what is known of the run. Pure.
 
-The rule, in order:
-
-1. bytes are left to read in the file: read them first (never end with data unread);
-2. ``--no-follow``: the end of the file is the end of the watch;
-3. following, the run's last step reached its ``trainer.total_training_steps``: the run is over;
-4. following, the trainer process named by ``--pid`` has exited: the run is over (its file was read to
-   the end after the exit was seen, so its last lines are in);
-5. otherwise keep following (a file that stopped growing with no trainer to ask is the stall check's
-   warning, not the end: the run may only be slow).
+In order: bytes left in the file are read first; with ``--no-follow`` the file's end ends the watch; following, the
+run ends at ``trainer.total_training_steps`` or once the ``--pid`` trainer exited (its file read to the end after);
+otherwise keep following: a silent file with no trainer to ask is the stall check's warning, not an end.
 """
 
 from __future__ import annotations

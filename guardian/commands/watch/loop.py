@@ -1,15 +1,8 @@
-"""What ``guardian watch`` ticks in the one guard loop (``guardian.loop.guard``), and when the watch ends.
+"""What ``guardian watch`` ticks in the guard loop, and when the watch ends.
 
-Each tick samples the trainer's liveness first, then reads: a trainer seen gone before a read has
-written all it will, so once that read reaches the end of the file nothing is lost. ``end_reason`` says after
-each tick whether the watch ends. The wait is injected, so tests drive the loop through time without sleeping;
-a file with bytes left is read on at once (``pace.DrainPace``).
-
-A tick that raises is handled as ``guardian run`` handles it (``guardian.loop.outage.TickFailures``): the first
-of a streak is logged with its traceback and the loop goes on; ``config.tick_failure_limit`` failures in
-a row end the watch with one ``event=guardian_cannot_continue`` line. A watch only observes, so there is
-no trainer to stop: the line says the run is unguarded from then on. An unreadable metrics path
-(``WatchError``) is no passing fault: it ends the watch at once.
+Each tick samples liveness before reading, so a trainer seen gone has written all it will. The wait is injected
+(tests run without sleeping). Failures as in ``guardian run``: ``config.tick_failure_limit`` in a row end the watch
+with one ``event=guardian_cannot_continue`` line; an unreadable metrics path (``WatchError``) ends it at once.
 """
 
 from __future__ import annotations

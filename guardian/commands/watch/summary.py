@@ -1,10 +1,8 @@
-"""What ``guardian watch`` says when it ends: the verdict and the summary. Pure, apart from the tracker
-that remembers the first critical finding.
+"""What ``guardian watch`` says when it ends: the verdict and the summary. Pure, but for the tracker of the first
+critical finding.
 
-The verdict is the replay's: UNHEALTHY when a check was critical at any step read during the watch
-(the first such step and check are named), even if it cleared later; HEALTHY otherwise - warnings,
-including a file that went silent with no trainer process to ask, do not make a run unhealthy. It
-depends on the steps read, never on how long the watch lasted. No step read: nothing to judge.
+The verdict is the replay's: UNHEALTHY when a check was critical at any step read (first step and check named), even
+if it cleared; HEALTHY otherwise (warnings do not count). It depends on the steps read, never on the watch's length.
 """
 
 from __future__ import annotations
