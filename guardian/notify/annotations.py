@@ -1,12 +1,8 @@
 """Incidents and intervention steps as Grafana annotations (a dispatcher sink).
 
-An incident becomes a *region*: posted as a point when it opens, its end set when it closes (an open
-incident has no end yet). Stop, rollback, patch and resume, and an intervention's outcome, become
-*points*. Every annotation carries the tags ``guardian`` and ``run:<id>`` - the dashboards' annotation
-query shows the selected runs' tags on every panel - plus ``check:<name>``, ``incident:<n>`` and what
-happened, so a user can filter one run. The dispatcher retries an outage (Grafana down, a 5xx) with
-backoff and drops a bug or a refusal at once; nothing here runs on the guard loop's thread.
-"""
+An incident is a *region* (posted at opening, its end set at closing); stop, rollback, patch, resume and the
+outcome are *points*. Each carries the tags ``guardian``, ``run:<id>``, ``check:<name>``, ``incident:<n>``.
+Retries are the dispatcher's; nothing here runs on the guard loop's thread."""
 
 from __future__ import annotations
 

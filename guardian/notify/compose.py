@@ -1,11 +1,8 @@
 """What an event says to a person: ``compose`` turns a ``GuardianEvent`` into an ``Alert``. Pure.
 
-An alert answers three questions, one line each: what was detected (check, severity, message, step,
-onset), on what evidence (the incident's numbers, four significant digits), and what the guardian did
-or will do (which depends on the run's mode and on the intervention state the event reports). The
-text is plain lines with ``*bold*`` labels and ``code`` spans, which Slack mrkdwn, W&B alerts and a
-log file all read. Nothing from an intervention's ``plan`` goes in: its argv and env can hold tokens.
-"""
+One line each: what was detected, on what evidence, what the guardian did or will do. Plain lines with
+``*bold*`` and ``code`` read in Slack, W&B and a log file. Invariant: nothing from an intervention's ``plan``
+goes in (its argv and env can hold tokens)."""
 
 from __future__ import annotations
 

@@ -1,25 +1,9 @@
 """Deliver the store's events to sinks (notifiers, Grafana) from a background thread.
 
-The guard loop commits; the dispatcher reads (``events.load_events``) and delivers, so nothing a sink
-does (a slow webhook, an unreachable Grafana, a wandb hiccup) can delay a stop or a rollback. Per
-sink and event the store keeps one ``deliveries`` row: sent, suppressed, failing (retried with
-backoff) or dropped (logged as an error and counted by the exporter).
-
-A failed delivery is judged by ``guardian.faults``: an outage (a receiver down or busy, a timeout, a 5xx)
-is retried with backoff until ``DispatchPolicy.retries`` are used up (``event=alert_dropped``); a bug (the
-alert could not be composed, the sink refuses the payload for good: a 4xx, a bad token) fails the same way
-every time, so it is dropped at once, its row saying why, and logged once with its type, place and
-traceback (``event=delivery_bug``). Either way the other events still go out.
-
-Rules, in ``decide`` (pure):
-
-* routing - a sink sees only the events it ``wants`` (notifiers: level at or above ``min_level``);
-* horizon - an event older than ``max_age_s`` when a sink first sees it is suppressed, so a sink
-  added to a long run, or a guardian re-attached after a day, does not replay old history;
-* cooldown (per check, per sink) - an incident alert within ``cooldown_s`` of an incident alert
-  already sent for the same check at the same or a higher level is suppressed. Intervention steps and
-  incident closings are never held back: they finish a story the reader has started.
-"""
+Invariants: nothing a sink does can delay the guard loop; each (sink, event) has one ``deliveries`` row (sent,
+suppressed, failing, dropped). An outage is retried with backoff, a bug dropped at once (``event=delivery_bug``).
+``decide`` (pure) applies routing by level, the ``max_age_s`` horizon and the per-check cooldown.
+Why an outbox: docs/decisions/0055-notifications-from-the-store.md."""
 
 from __future__ import annotations
 

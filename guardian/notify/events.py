@@ -1,17 +1,8 @@
-"""The events people are told about, derived from the store (the outbox the dispatcher delivers).
+"""The events people are told about, derived from the store: the outbox the dispatcher delivers.
 
-The guard loop never calls a notifier. It commits incidents and intervention states to the store, as
-it must anyway; ``run_events`` turns what the store holds into a list of ``GuardianEvent`` with a
-stable ``key`` each, and the dispatcher delivers the keys a sink has not had yet. A restarted
-guardian therefore neither loses an event nor sends one twice, and a slow webhook cannot hold up a
-rollback.
-
-Keys, per run:
-
-* ``incident:<id>:<severity>`` - an incident was opened, or escalated to that severity;
-* ``incident:<id>:closed`` - it was resolved, dismissed or given up on;
-* ``intervention:<event id>`` - an intervention entered one of ``NOTIFIED_STATES``.
-"""
+Each ``GuardianEvent`` has a stable key, so a restarted guardian neither loses nor repeats one:
+``incident:<id>:<severity>`` (opened or escalated), ``incident:<id>:closed``, ``intervention:<event id>``
+(one of ``NOTIFIED_STATES``)."""
 
 from __future__ import annotations
 

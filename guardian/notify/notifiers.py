@@ -1,22 +1,8 @@
 """Where alerts go: the log and webhooks (Slack-compatible); W&B alerts are in wandb_alert.py.
 
-A notifier sends one ``Alert`` and raises ``NotifyError`` when it could not; routing, cooldowns and
-retries are the dispatcher's. ``send`` may block (a webhook waits up to ``timeout_s``), so the
-dispatcher calls notifiers from its own thread, never from the guard loop.
-
-The webhook POSTs JSON that a Slack incoming webhook accepts and any other receiver can parse::
-
-    {
-      "text": "<title>\\n<text>",                      # Slack: the message (and the notification fallback)
-      "blocks": [{"type": "header", ...}, {"type": "section", "text": {"type": "mrkdwn", ...}}],
-      "guardian": {"key": ..., "run_id": ..., "check": ..., "level": "critical", "title": ...,
-                   "text": ..., "fields": {...}}      # the alert as data, unescaped; Slack ignores it
-    }
-
-``text`` and ``blocks`` escape ``&``, ``<`` and ``>`` as Slack requires; ``guardian`` holds the raw
-strings. A webhook URL is a secret (a Slack URL embeds its token): errors and ``repr`` show
-``scheme://host/…`` only.
-"""
+A notifier sends one ``Alert`` or raises ``NotifyError``; routing, cooldowns and retries are the dispatcher's,
+which calls notifiers from its own thread (``send`` may block). A webhook URL is a secret: errors and ``repr``
+show ``scheme://host/…`` only."""
 
 from __future__ import annotations
 
@@ -119,7 +105,14 @@ class _NoRedirect(urllib.request.HTTPRedirectHandler):
 
 
 class WebhookNotifier:
-    """POSTs each alert as Slack-compatible JSON to ``url`` (stdlib only; see the module docstring)."""
+    """POSTs each alert as JSON a Slack incoming webhook accepts and any receiver can parse (stdlib only)::
+
+        {"text": "<title>\\n<text>",                   # Slack: the message (and the notification fallback)
+         "blocks": [{"type": "header", ...}, {"type": "section", "text": {"type": "mrkdwn", ...}}],
+         "guardian": {"key": ..., "run_id": ..., "check": ..., "level": ..., "title": ..., "text": ...,
+                      "fields": {...}}}                # the alert as data, unescaped; Slack ignores it
+
+    ``text`` and ``blocks`` escape ``&``, ``<`` and ``>`` as Slack requires; ``guardian`` holds the raw strings."""
 
     def __init__(self, url: str, *, timeout_s: float = 5.0, name: str = "webhook") -> None:
         shown = redact_url(url)

@@ -1,7 +1,5 @@
-"""Build a run's dispatcher from guardian.yaml (``notify``, ``grafana``). Secrets (webhook URLs, the
-Grafana token) are read from the environment or files by ``webhook_url`` and ``grafana.load_token``
-only (``guardian doctor`` and ``dashboards push`` call them too) and go straight into the notifier or
-client, which never print them."""
+"""Build a run's dispatcher from guardian.yaml (``notify``, ``grafana``). Secrets are read from the environment
+or files by ``webhook_url`` and ``grafana.load_token`` only, and go straight into a client that never prints them."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""The ``wandb.alert`` notifier: alerts mirrored on a W&B run of the guardian's own.
-
-W&B is a mirror, not the primary path: offline clusters write alerts into the run's ``.wandb`` file
-and deliver them (if ever) with ``wandb sync`` (docs/observability-notes.md §5).
-"""
+"""The ``wandb.alert`` notifier: alerts mirrored on a W&B run of the guardian's own. A mirror, not the primary
+path: offline clusters deliver them (if ever) with ``wandb sync`` (../shared/docs/observability-notes.md §5)."""
 
 from __future__ import annotations
 
