@@ -1,9 +1,7 @@
 """A report's data from the store and the run's rollout dumps: the only part of ``guardian report`` that reads.
 
-An incident's report spans the steps around it (``story.incident_steps``); a run's, every step it logged, with
-every incident and intervention. Both read every line of steps (``Store.step_lines``), so the branches a
-rollback abandoned are drawn beside the one it kept; lineage and cost come from ``guardian.review``.
-"""
+An incident's report spans the steps around it, a run's every step; both read every line of steps, so abandoned
+branches are drawn beside the kept one."""
 
 from __future__ import annotations
 

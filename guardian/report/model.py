@@ -1,7 +1,5 @@
-"""The report's data: what ``assemble`` reads from the store and the rollout dumps, and ``page`` and ``svg`` draw.
-
-Frozen and free of I/O, so the rendering is a pure function of it and tests can build one by hand.
-"""
+"""The report's data: what ``assemble`` reads and ``page`` and ``svg`` draw. Frozen and free of I/O, so
+rendering is a pure function of it and tests can build one by hand."""
 
 from __future__ import annotations
 

@@ -1,10 +1,7 @@
 """The report as one self-contained HTML page. Pure: a ``Report`` in, the page's text out.
 
-It opens offline and stays that way: the CSS is inline, the plots are inline SVG (``svg.py``), there is no
-script, font or image to fetch, and a Content-Security-Policy that allows nothing but inline styles makes the
-browser refuse anything that slipped in. Every text from the store or a dump is escaped; long prompts and
-responses fold into ``<details>``.
-"""
+Invariant: it opens offline. CSS and SVG are inline, nothing is fetched, and a Content-Security-Policy allows
+only inline styles. Every text from the store or a dump is escaped."""
 
 from __future__ import annotations
 

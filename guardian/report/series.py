@@ -1,10 +1,7 @@
-"""The report's signals over steps, read from the store's step lines (``Store.step_lines``). Pure.
+"""The report's signals over steps, from the store's step lines. Pure.
 
-A signal is read from a step as the checks read it (``keys.ALIASES``: the first alias the step logs; the
-validation score is the mean of the step's ``val-core/*/mean@N`` keys). Each plot has the kept timeline as
-one trace and, for every line a rollback or resume abandoned, the steps it logged after that as a trace of
-their own, starting at the line's last kept step so the branch is seen leaving the timeline.
-"""
+A signal is read as the checks read it (``keys.ALIASES``). Each plot has the kept timeline and one trace per
+abandoned line, starting at its last kept step."""
 
 from __future__ import annotations
 

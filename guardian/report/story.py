@@ -1,9 +1,5 @@
-"""What happened, from the stored incidents and interventions: the plots' markers, the timeline, the patches and
-the steps an incident's plots span. Pure: store views in, report data out.
-
-Labels name an incident (``#2``) or an intervention (its run-wide number) only where the report holds more than
-one, so a single incident's plots read "onset", "detected", "rollback", "resume".
-"""
+"""What happened, from the stored incidents and interventions: markers, timeline, patches and the steps an
+incident's plots span. Pure. Labels carry a number only where the report holds more than one."""
 
 from __future__ import annotations
 

@@ -1,11 +1,7 @@
-"""One signal's plot as an inline SVG string. Pure: a ``Plot`` and the incident's markers in, markup out.
+"""One signal's plot as an inline SVG string, drawn by hand so the report needs no script. Pure.
 
-Drawn by hand, so the report opens offline with no script or library: the kept timeline solid, each abandoned
-branch dashed grey, a non-finite value a red tick on the step axis, each marker a vertical line with its
-label in one of the rows above the plot (the first row where it does not overlap a label to its left).
-Every plot of a report shares the step axis, so the markers line up down the page. Styles come from the
-page's CSS classes; every text is escaped.
-"""
+Kept timeline solid, abandoned branches dashed grey, non-finite values red ticks, markers as labelled vertical
+lines. Every plot shares the step axis; every text is escaped."""
 
 from __future__ import annotations
 

@@ -1,15 +1,8 @@
-"""The highest-reward trajectories of a run's rollout dumps: the seed tutorial's reward-hacking review ("read the
-100 highest-reward trajectories"), abandoned branches included, since that is where a hack shows first.
+"""The highest-reward trajectories of a run's rollout dumps, abandoned branches included (a hack shows there first).
 
-The dumps lie where the guardian had them written: each attempt's own ``attempt-<k>/rollouts`` (the run
-folder's layout, ``actions/launcher.RunFolder``), or the folder the run's command names, shared by every
-attempt, whose abandoned dumps a rollback moved to ``.guardian-quarantine/incident-<id>/``. One folder named
-twice (a watched attempt's own folder given as a relative path or through a link, and the run's folder resolved)
-is read once. Dumps are streamed and only the best ``count`` distinct samples are held, so a run's many large
-dumps never sit in memory. A sample is its (prompt, response) text: a collapsed policy dumps the same one at step
-after step (and a GRPO group can repeat it), so it is shown once, at its best score; verl's ``uid`` names the
-rollout, not its text, and would keep the repeats.
-"""
+Reads each attempt's ``rollouts`` folder, or the run's own dump folder and its quarantine; one folder is read once.
+Dumps are streamed, holding only the best ``count`` distinct (prompt, response) samples; ``uid`` is not used
+to deduplicate (it names the rollout, not its text)."""
 
 from __future__ import annotations
 
