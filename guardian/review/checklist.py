@@ -1,13 +1,8 @@
-"""The launch checklist: is a run ready to be launched at scale, from what the guardian knows of it? Pure: the
-run's facts (``RunFacts``, read by ``guardian.review.facts``) and the settings in, one ``Item`` per question out.
+"""The launch checklist: is a run ready to launch at scale? Pure: ``RunFacts`` and settings in, one ``Item`` per
+question out (pass, warn or fail).
 
-Each item passes, warns (a person should look) or fails (do not launch as is). The health items judge the
-run's end (its level over the last ``checklist.level_steps`` steps) against its own baseline, as the live checks do: the
-reward's trend (checks/trend.py), entropy (level and how fast it still falls), KL to the reference, the
-effective group ratio, response length and the share cut at the cap. Then how its incidents ended, whether a
-healthy checkpoint is kept to launch from, the highest-reward samples (always "read these": only a person can
-tell a gamed reward from a good answer) and the evaluation results recorded for it.
-"""
+Health items judge the run's end against its own baseline, as the live checks do; then how incidents ended,
+a healthy checkpoint to launch from, the top samples (always "read these") and the recorded evaluations."""
 
 from __future__ import annotations
 

@@ -1,15 +1,8 @@
-"""What incidents cost in compute: GPU-hours (and money) of the steps each rollback threw away, and what the
-same incidents would have cost rescued by hand. Pure pricing (``price``) apart from the store reads
-(``run_cost``).
+"""What incidents cost in compute: GPU-hours (and money) of the steps each rollback threw away, against a manual
+rescue. Pure pricing (``price``) apart from the store reads (``run_cost``).
 
-GPU-hours lost = steps discarded × the run's typical step time (median ``timing_s/step`` of its stored steps)
-× its GPUs (``trainer.n_gpus_per_node`` × ``trainer.nnodes`` from the stored command, verl's defaults 8 and 1
-where it sets neither). The manual figure is a floor: a person who notices a collapse
-``cost.manual_detection_lag_steps`` late loses at least those steps for each incident the guardian rolled back
-(and then rolls back as far). Unknown step time or GPUs give None figures with the reason, never a guess.
-Steps are the stored ones: a line or two the trainer logs while it is being stopped is not read, so the loss is
-a floor too.
-"""
+Lost = steps discarded × median step time × GPUs (verl's defaults 8 × 1 where the command sets neither).
+Both figures are floors; unknown step time or GPUs give None with the reason, never a guess."""
 
 from __future__ import annotations
 

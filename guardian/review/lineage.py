@@ -1,11 +1,6 @@
-"""The attempts lineage of a run: which launch of the trainer came from which, resumed from where, and with
-what change. Pure over stored rows (``lineage`` reads them from the store first).
-
-An attempt is launched either by the person (the first one, or ``guardian run`` again) or by an
-intervention's RESUMING (``to_attempt_id``); such an attempt resumed from the intervention's rollback target
-(None: from scratch) with its plan's patch, and descends from the attempt the intervention stopped
-(``from_attempt_id``).
-"""
+"""The attempts lineage of a run: which launch came from which, resumed from where, with what change.
+Pure over stored rows (``lineage`` reads them first). An intervention's attempt descends from the one it stopped
+(``from_attempt_id``) and resumed from its rollback target with its plan's patch."""
 
 from __future__ import annotations
 

@@ -1,12 +1,7 @@
-"""The highest-reward rollout samples of a run's end, for a person to read before launching at scale: a reward
-function can be gamed (an answer format it over-credits, a leaked ground truth), and only reading the samples
-it scores best shows it.
+"""The highest-reward rollout samples of a run's end, for a person to read before launching at scale (only
+reading them shows a gamed reward).
 
-Dumps are verl's ``trainer.rollout_data_dir`` files (``{step}.jsonl``, one sample per line; sources/rollouts.py).
-A run's dumps lie in each attempt's folder (``<home>/runs/<run>/attempt-N/rollouts``) or in the one folder its
-command names; the active timeline's last steps are read, each step from the newest attempt that dumped it (an
-older attempt's folder also holds the dumps of the branch a rollback abandoned).
-"""
+Reads the active timeline's last steps, each from the newest attempt that dumped it."""
 
 from __future__ import annotations
 

@@ -1,12 +1,8 @@
 """Which stored steps a rollback threw away. Pure: the store's step index, attempts and interventions in.
 
-The store keeps every line (attempt, branch) of steps, abandoned ones too. Just before an intervention rolled
-back, the run's timeline was the active timeline of the lines logged until then (the store's rule: the
-newest line whole, each older line only before the first step of every newer one); the rollback discarded
-that timeline's steps after its target (all of them for a restart from scratch). An attempt an intervention
-launched begins its timeline right after its resume point even before it logs a step (a relaunch that
-crashed at once still abandoned what followed the checkpoint it resumed from).
-"""
+The discarded steps are those of the active timeline just before the rollback, after its target (all of them
+from scratch). An attempt an intervention launched begins its timeline right after its resume point, even before
+it logs a step."""
 
 from __future__ import annotations
 
