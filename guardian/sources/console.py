@@ -1,11 +1,7 @@
-"""Read verl's ``console`` logger from a captured stdout log (facts §2); a fallback to the JSONL.
+"""Read verl's ``console`` logger from a captured stdout log (facts §2): a fallback to the JSONL.
 
-verl prints ``step:N - k1:v1 - k2:v2 ...`` with each number formatted by ``pprint.pformat``, so numpy
-scalars appear as ``np.float64(0.0123)`` / ``np.int64(4)`` and NaN as ``nan``. Under Ray the line is
-prefixed by the actor, e.g. ``(TaskRunnerV1 pid=1543)`` or ``(TaskRunner pid=1, ip=10.0.0.1)``, often
-in ANSI colour. Everything else in the log (config dumps, warnings, tracebacks) is not a metric line
-and is passed over quietly. A malformed ``k:v`` pair is skipped; the rest of its line still counts.
-"""
+Parses ``step:N - k1:v1 - ...`` lines, numpy reprs (``np.float64(0.1)``) and ``nan`` included, with or without a
+Ray actor prefix and ANSI colour. Other lines pass quietly; a malformed ``k:v`` pair is skipped, not its line."""
 
 from __future__ import annotations
 

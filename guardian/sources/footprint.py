@@ -1,11 +1,7 @@
-"""One look at what a step has written so far: its checkpoint folder ``{default_local_dir}/global_step_N/`` and its
-validation dump ``{validation_data_dir}/N.jsonl`` (facts §3.1, §5). The stall check reads the change between two
-looks as a sign of life (``guardian.checks.signs``).
+"""One look at what a step has written so far: its checkpoint folder and its validation dump (facts §3.1, §5),
+which the stall check reads as a sign of life (``guardian.checks.signs``).
 
-A look is a few ``stat`` calls: nothing at all while the folder does not exist, and at most ``MAX_FILES`` entries of
-a folder that does (an FSDP checkpoint holds a few files per rank). It never raises: what cannot be read reads as
-absent, so a look never fails a tick.
-"""
+A look is a few ``stat`` calls, at most ``MAX_FILES`` entries, and never raises: what cannot be read is absent."""
 
 from __future__ import annotations
 

@@ -1,9 +1,7 @@
 """Whether a launch passed the guardian's arguments on to the trainer (``bash train.sh …`` must end in ``"$@"``).
 
-A script that drops them still trains: verl's console prints ``step:N`` in the attempt's stdout while the metrics
-file the guardian named stays empty. ``dropped_arguments`` decides from those two facts, ``ForwardingWatch`` gathers
-them (stdout read only until its first step line), ``dropped_fields`` is the error line's text.
-"""
+Decided from two facts (``dropped_arguments``): stdout shows ``step:N`` while the metrics file stays empty.
+``ForwardingWatch`` gathers them, reading stdout only until its first step line."""
 
 from __future__ import annotations
 

@@ -1,10 +1,5 @@
-"""The run's length from the config verl ran with: ``trainer.total_training_steps`` of its Hydra config.
-
-``python -m verl.trainer.main_ppo`` is a Hydra app: it writes the composed config, overrides applied,
-to ``.hydra/config.yaml`` in its output dir (``hydra.run.dir``). verl's default is
-``total_training_steps: null`` (verl then derives it from the dataset size and ``total_epochs`` at start,
-so the file does not know it); only a run that sets it has a known length here.
-"""
+"""The run's length from the config verl ran with: ``trainer.total_training_steps`` in ``.hydra/config.yaml``.
+Known only for a run that sets it (verl's default is null, derived at start from the dataset)."""
 
 from __future__ import annotations
 

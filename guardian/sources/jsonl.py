@@ -1,26 +1,8 @@
 """Read verl's ``file`` logger: one ``{"step":N,"data":{...}}`` object per line (facts §2).
 
-verl writes compact orjson with NaN/±inf as ``null``; the calibration traces write the bare tokens
-``NaN``/``Infinity`` instead, so a line orjson rejects is retried with the stdlib parser, which accepts
-them. Only numbers are kept (as floats); a non-finite value, however written, becomes ``math.nan``.
-A line that cannot be read is reported with its file, segment and line number and skipped: one bad
-line never costs the good lines around it.
-
-Damage is contained to the smallest piece that carries it. A key that is not valid UTF-8 (or not
-valid Unicode: a lone ``\\udXXX`` escape) is dropped with its value and reported; the step keeps its
-other metrics. A line longer than ``MAX_LINE_BYTES`` is never held in memory whole
-(guardian/sources/tail.py skips it) and is reported as a bad line.
-
-A step with more than ``MAX_KEYS_PER_STEP`` keys is capped (verl logs ~150-300 keys; a logger gone
-wrong may log one per sample). It keeps every exact key the checks read (``keys.CHECKED_KEYS``, a
-few dozen) and ``MAX_KEYS_PER_STEP`` others: the keys under ``keys.CHECKED_PREFIXES`` first (verl's
-``val-core/`` validation metrics, which the checks read too), then the rest, each in file order. The
-prefixed keys share the one cap rather than having one of their own: a logger writing a ``val-core/``
-key per sample is the same fault as any other, and one setting (``sources.max_keys_per_step``) bounds
-a step at ``len(CHECKED_KEYS) + MAX_KEYS_PER_STEP`` keys whatever the keys are called. A replay that
-keeps only the keys the checks read (``keys``) keeps at most ``MAX_KEYS_PER_STEP`` prefixed ones the
-same way. The first capped step of a file is reported with the count dropped.
-"""
+Keeps numbers only, as floats; any non-finite value becomes ``math.nan``. Damage stays in the smallest piece:
+a bad line or key is reported and skipped, never the lines around it. A step is capped at
+``len(CHECKED_KEYS) + MAX_KEYS_PER_STEP`` keys, keeping every checked key (docs/decisions/0057-jsonl-key-cap.md)."""
 
 from __future__ import annotations
 

@@ -1,10 +1,6 @@
-"""The config a verl run printed at its start: what a launch script set, which the guardian cannot read itself.
-
-verl's TaskRunner prints its composed, resolved config with ``pprint`` before training (``{'actor_rollout_ref':
-{…}, …, 'trainer': {…}}``, one Python literal over many lines, each prefixed by the actor under Ray). Read from the
-attempt's stdout log, it is the effective config of that attempt, the script's own arguments included. Only the
-lines of the printing actor are joined; anything that does not read back as a literal is passed over.
-"""
+"""The config a verl run printed at its start (TaskRunner's ``pprint``), read from the attempt's stdout log:
+the effective config, a launch script's own arguments included. Only the printing actor's lines are joined;
+anything that does not read back as a Python literal is passed over."""
 
 from __future__ import annotations
 

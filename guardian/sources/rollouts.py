@@ -1,15 +1,8 @@
-"""Per-group reward statistics from ``trainer.rollout_data_dir`` dumps (facts §5, §1.8).
+"""Per-group reward statistics from ``trainer.rollout_data_dir`` dumps (facts §5, §1.8), including the effective
+group ratio (EGR: the share of groups whose scores differ), which verl does not log.
 
-verl writes ``{dir}/{step}.jsonl`` (one object per sample: input, output, gts, score, step, and in V1
-``uid = "{group-uuid}_{session}_{index}"``) from a background thread, so a step's file can appear or
-be half-written after its metric line, and a replayed step overwrites its file. GRPO learns nothing
-from a group whose samples all scored the same; the effective group ratio (EGR) is the fraction of
-groups that still carry signal. verl does not log it, so it is computed here.
-
-Dumps are read through the guardian's one capped line reader (``tail.capped_lines``): a line longer than
-``max_line_bytes`` (``sources.max_line_bytes``) is skipped as a bad line naming its file and line, never held in
-memory whole (issue 24, H11). Only regular files are read, opened without blocking (``regular_files.open_regular``).
-"""
+A step's file may appear late, half-written or rewritten on replay. Read through ``tail.capped_lines`` (over-long
+lines skipped and reported) and ``regular_files.open_regular`` only."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""What a file given as a metrics log looks like, from its first bytes: pure, so a replay that read no
-step can say what it found instead (empty, binary, a verl console log, JSON without ``step``, text).
-
-``sniff`` only classifies; reading the sample is the caller's (``read_sample``).
-"""
+"""What a file given as a metrics log looks like, from its first bytes (empty, binary, verl console log, JSON
+without ``step``, text). Pure: ``sniff`` only classifies; reading the sample is the caller's (``read_sample``)."""
 
 from __future__ import annotations
 

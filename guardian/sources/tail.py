@@ -1,37 +1,9 @@
-"""Follow a growing text file line by line, by byte offset.
+"""Follow a growing text file line by line, by byte offset: the one place that reads metrics and stdout logs.
 
-verl's ``file`` logger appends one line per step to a file that it truncates on every (re)start
-(facts §2); stdout logs grow the same way and may be rotated (replaced). ``LineTail`` is the one place
-that touches the file system for these: each ``poll`` reads only the bytes appended since the last
-poll, in bounded chunks, and returns the complete lines. A partial last line (the writer is mid-line)
-waits in a small buffer until its newline arrives.
-
-A *segment* is one uninterrupted life of the file. A new segment starts when the file
-
-- shrank below the offset already read (truncated, e.g. verl restarted),
-- was replaced (``st_dev``/``st_ino`` changed, e.g. ``os.replace`` or delete-and-recreate), or
-- was truncated and rewritten to at least the old size between two polls (its first bytes, up to
-  ``HEAD_BYTES``, no longer match what was read before).
-
-The file being read stays open between polls, so no line is lost to a replacement: when the path
-names another file, the old one is read to its end first (a file renamed away or deleted grows no
-more, so its unterminated last line counts as a line), and ``event=metrics_file_replaced`` reports
-how many lines that drain returned. While the path names no file, the open one is still followed (the
-writer may still hold it). Call ``close`` when done (a dropped ``LineTail`` closes its file too).
-
-A rewrite whose first ``HEAD_BYTES`` bytes equal the old ones and that is at least as long is not
-detectable from the outside; that is the limit of this design.
-
-Only regular files are read (issue 24, H1-H3). The path is looked up before every open and opened with
-``O_NONBLOCK`` (then checked again on the open file), so a FIFO renamed over the file never blocks the guardian in
-``open()``, where no signal would reach it; a FIFO, a device (a symlink to ``/dev/zero`` would otherwise read as an
-endless new segment a poll), a socket or a symlink loop is reported once with ``event=metrics_file_unusable`` and
-read as a path naming no file: the open file is still followed and the guardian keeps guarding (no line arrives,
-so the stall check sees it). A directory is an error as before (``IsADirectoryError``).
-
-``LineSplitter`` is the one capped line reader: ``LineTail`` and ``capped_lines`` (a finished file read once, as
-rollout dumps are) cut their bytes with it, so no reader holds more than ``max_line_bytes`` of a line.
-"""
+``LineTail.poll`` returns the complete lines appended since the last poll; a partial line waits. A new *segment*
+starts when the file shrank, was replaced, or its head changed; the old file is drained first, so no line is lost.
+Only regular files are read, never blocking. ``LineSplitter`` caps every line at ``max_line_bytes``.
+Rules and limits: docs/decisions/0056-line-tail-segments.md."""
 
 from __future__ import annotations
 
