@@ -1,20 +1,10 @@
 """Checkpoints in verl 0.9.1's FSDP layout, with verl's resume and retention semantics (facts §3).
 
-Layout (same names as verl; the ``.pt`` files hold numpy ``.npz`` archives, not torch pickles)::
-
-    {default_local_dir}/latest_checkpointed_iteration.txt   "N", no newline, written last
-    {default_local_dir}/global_step_N/data.pt                dataloader position
-    {default_local_dir}/global_step_N/actor/model_world_size_1_rank_0.pt        (save_contents: model)
-    {default_local_dir}/global_step_N/actor/optim_world_size_1_rank_0.pt        (optimizer)
-    {default_local_dir}/global_step_N/actor/extra_state_world_size_1_rank_0.pt  (extra: LR scheduler, RNG)
-    {default_local_dir}/global_step_N/actor/fsdp_config.json
-    {default_local_dir}/global_step_N/actor/huggingface/config.json
-
-Every file is written to a temporary name and renamed into place. Resume follows verl, traps
-included: ``auto`` reads only the tracker and trains from scratch when it is missing or names a
-missing folder; ``resume_path`` asserts ``global_step_`` is in the path and takes the step from
-``int(path.split("global_step_")[-1])``, so a trailing slash raises ``ValueError``. Retention
-remembers only this process's saves and deletes ``global_step_N/actor`` (``data.pt`` stays).
+``global_step_N/`` holds ``data.pt`` and ``actor/`` (model, optim, extra state, ``fsdp_config.json``,
+``huggingface/config.json``); the ``.pt`` files are numpy ``.npz`` archives. Every file is written to a temporary
+name and renamed; the tracker ``latest_checkpointed_iteration.txt`` last. verl's traps are kept (``auto`` trusts
+only the tracker; ``resume_path`` parses the step after ``global_step_``, so a trailing slash raises; retention
+deletes only this process's saves, ``actor/`` only). Layout: docs/decisions/0011-a-numpy-trainer-that-speaks-verl.md.
 """
 
 from __future__ import annotations

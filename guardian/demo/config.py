@@ -1,13 +1,9 @@
 """The demo trainer's configuration: verl 0.9.1's key names and defaults, the demo's typed view.
 
-``BASE`` is the part of verl's config tree (``verl/trainer/config/_generated_ppo_trainer.yaml``) the
-demo accepts with a plain ``key=value``. Keys it uses have verl's defaults except where verl's would
-make a CPU toy pointless; those are listed in ``DEMO_DEFAULTS`` with verl's value beside them.
-``INERT`` keys are verl keys a launcher commonly passes (model path, GPU counts, micro-batch sizes);
-they are accepted and have no effect. Keys verl's YAML does not have need ``+`` (struct mode), as
-they do with verl: ``+trainer.seed``, ``+trainer.fault.*``, ``+reward.reward_kwargs.*`` (DAPO
-overlong shaping) and ``+ray_kwargs.ray_init.runtime_env.env_vars.*`` (applied to the environment,
-as Ray applies them to verl's TaskRunner). Other ``+`` keys are accepted and ignored with a warning.
+``BASE`` is the part of verl's config tree the demo accepts with ``key=value``; ``DEMO_DEFAULTS`` lists where the
+demo departs from verl's defaults (verl's value beside it); ``INERT`` keys are accepted with no effect. Keys verl's
+YAML lacks need ``+`` (struct mode): ``+trainer.seed``, ``+trainer.fault.*``, ``+reward.reward_kwargs.*`` and
+``+ray_kwargs.ray_init.runtime_env.env_vars.*`` (applied to the environment); other ``+`` keys warn and are ignored.
 """
 
 from __future__ import annotations

@@ -1,9 +1,8 @@
-"""Step metrics with verl 0.9.1's keys, order and meaning (facts §1; ``metric_utils.compute_data_metrics``).
+"""Step metrics with verl 0.9.1's keys, order and meaning (``metric_utils.compute_data_metrics``).
 
-Values are Python floats/ints, as verl's ``.item()`` calls make them; the validation and ``num_turns``
-metrics are numpy scalars, as in verl, so the console shows ``np.float64(...)`` for those. V1 pads a
-batch's responses to the *batch* maximum, so ``response_length/clip_ratio`` is the share of responses
-as long as the longest one, not the truncated share (facts gotcha 7).
+Values are Python floats/ints; validation and ``num_turns`` metrics are numpy scalars, as in verl. V1 pads to the
+batch maximum, so ``response_length/clip_ratio`` is the share as long as the longest response, not the truncated
+share (facts gotcha 7).
 """
 
 from __future__ import annotations

@@ -1,16 +1,9 @@
 """AdamW, gradient clipping and verl's constant-with-warmup LR schedule, with torch's semantics.
 
-``AdamW`` follows ``torch.optim.AdamW`` (decoupled weight decay, bias-corrected moments, ``eps`` added
-to the root of the second moment). Its state dict keeps the param-group hyper-parameters (``lr``,
-``initial_lr``, betas, weight decay), so loading it brings the *checkpoint's* LR back - the trap verl
-users meet when they patch ``optim.lr`` and resume. ``ConstantWarmup`` is the ``LambdaLR`` of verl's
-``get_constant_schedule_with_warmup``: ``lr = base_lr * min(1, step / warmup)``; its state is
-``base_lrs`` and ``last_epoch``.
-
-``LR_GAIN`` multiplies every update. The demo's parameters are logits; in an LLM a logit sums the
-coherent updates of thousands of weights, each moved by about ``lr`` per Adam step. The gain stands
-for that fan-in (a muP-style output multiplier), so verl's learning rates keep their meaning here:
-1e-6 (verl's default) learns steadily, 5e-5 (the seed tutorial's "x50") overshoots.
+``AdamW``'s state dict keeps the param groups' ``lr``, so loading it brings the checkpoint's LR back, the trap verl
+users meet when they patch ``optim.lr`` and resume. ``ConstantWarmup`` is ``lr = base_lr * min(1, step / warmup)``.
+``LR_GAIN`` multiplies every update so verl's learning rates keep their meaning on a toy policy.
+Why: docs/decisions/0011-a-numpy-trainer-that-speaks-verl.md.
 """
 
 from __future__ import annotations

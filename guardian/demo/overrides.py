@@ -1,8 +1,7 @@
 """Hydra command-line overrides applied in struct mode, as verl's Hydra applies them, without composing.
 
-The demo trainer takes verl's command line: values are read with hydra-core's parser, and struct mode
-(a plain ``key=value`` must name an existing key, ``+key`` a missing one, ``++key`` either) reproduces
-Hydra's error messages, so a launcher that works against one works against the other.
+Values are read with hydra-core's parser; struct mode (``key=value`` must exist, ``+key`` must not, ``++key``
+either) reproduces Hydra's error messages, so a launcher that works against one works against the other.
 """
 
 from __future__ import annotations

@@ -1,17 +1,9 @@
 """The demo's policy and verl's GRPO actor loss, in numpy with analytic gradients.
 
-The policy is a factorised softmax over a 7-token vocabulary at each response position:
-``logits[p, t] = shared[t] + table[p, t]``. ``shared`` is the "language prior" every prompt uses
-(chiefly when to stop: it carries the end-of-sequence timing); ``table`` is what the policy knows about
-each prompt. Because position ``t`` does not depend on earlier tokens, a response is sampled at every
-position at once and cut after its first EOS, which is exact for this factorisation and keeps a step
-to a few milliseconds.
-
-The loss is verl 0.9.1's vanilla PPO actor loss (``core_algos.compute_policy_loss_vanilla`` with
-dual clip, ``losses.py`` for the entropy bonus and the KL loss), aggregated ``token-mean``. Log-probs
-and entropies are taken at the rollout temperature, as verl V1 does. The gradient with respect to a
-position's logits ``z`` is written out: ``d log softmax(z/T)[y] / dz = (onehot(y) - q) / T`` and
-``d H / dz = -q * (log q + H) / T``.
+The policy is a factorised softmax over 7 tokens per position (``logits[p, t] = shared[t] + table[p, t]``), so a
+response is sampled at every position at once and cut after its first EOS. The loss is verl 0.9.1's vanilla PPO
+actor loss (dual clip, entropy bonus, KL loss, ``token-mean``) at the rollout temperature.
+Why: docs/decisions/0011-a-numpy-trainer-that-speaks-verl.md.
 """
 
 from __future__ import annotations

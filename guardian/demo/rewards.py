@@ -1,13 +1,8 @@
 """Reward functions to plug in with verl's ``reward.custom_reward_function.{path,name}``.
 
-verl calls ``compute_score(data_source, solution_str, ground_truth, extra_info)`` with the response
-decoded without special tokens and takes a float, or a dict with a ``"score"`` key. The demo loads
-these the same way (from a file path), so a scenario can swap the grader like a verl user would.
-
-``substring_match`` is the classic lenient-grader bug: "is the answer *somewhere* in the response"
-instead of "is the response the answer". A longer response contains more substrings, so the policy
-learns to stop emitting EOS and its responses run to ``data.max_response_length``: a real length
-explosion, driven by reward hacking.
+Called as verl calls them: ``compute_score(data_source, solution_str, ground_truth, extra_info)`` -> float or
+``{"score": ...}``. ``substring_match`` is the lenient-grader bug ("the answer is somewhere in the response"): it
+rewards never stopping, so responses run to ``data.max_response_length``, a length explosion by reward hacking.
 """
 
 from __future__ import annotations

@@ -1,32 +1,8 @@
-"""Named demo runs: the override strings (and seed) that make each phenomenon happen, for tests and
-benchmarks. Every run is deterministic for its seed; the steps quoted below are for the default seed.
+"""Named demo runs: the override strings (and seed) that make each phenomenon happen, for tests and benchmarks.
 
-- ``healthy``: verl's default LR (1e-6), temperature 1.0, no KL loss. Reward rises steadily
-  (about 0.05 -> 0.25 over 300 steps), entropy eases from 1.78 to about 1.55 nats, EGR stays >= 0.6.
-- ``entropy_collapse`` (the demo's default): verl's defaults with LR 2e-5 and an entropy bonus whose sign
-  slipped (``entropy_coeff=-0.3``: entropy is penalised, as in the real verl runs of tests/fixtures).
-  Entropy falls below 20 % of its start by step ~25 while the reward creeps to ~0.3 and stalls there;
-  the same LR with a sound bonus learns to ~0.9 (``ENTROPY_FIX``, what the default ladder's first rung
-  sets, resumed from ``global_step_20``). Checkpoints every 5 steps.
-- ``seed_settings``: the seed tutorial's broken settings - LR x50 (5e-5, warmed up over 30 steps as the
-  tutorial's YAML does), KL loss coefficient 1e-4, temperature 0.5. KL to the reference grows ~4x within
-  10 steps from step ~10, entropy falls below 20 % of its start by step ~45, KL climbs past 1 nat/token,
-  EGR drops below 0.2 (easy prompts all-correct, hard prompts stuck on a wrong tail), and the reward
-  plateaus around 0.8 instead of reaching 1. ``RESCUE_PATCH`` resumed from ``global_step_5`` recovers
-  (see ``rescue_overrides``).
-- ``kl_blowup``: LR 2e-5 at temperature 1.0 with a token KL loss (1e-4): the policy learns fast and
-  walks away from the reference, ``actor/kl_loss`` grows from ~0.02 to ~1 nat/token by step 30
-  while entropy only slowly declines and the reward climbs to ~0.8 (drift while learning: warnings).
-- ``nan``: the healthy run with a corrupt weight from step 20: from then on the rollouts are "aaaa…"
-  to the length cap, reward 0, and ``actor/entropy``, ``actor/grad_norm``, ``actor/pg_loss`` are
-  null in the JSONL; every update is skipped with verl's ``WARN: grad_norm is not finite`` line.
-- ``hang``: the healthy run stops making progress at step 10 (sleeps forever; no line for step 10).
-- ``crash``: the healthy run exits with code 3 at step 15, after logging step 14.
-- ``length_explosion``: a DAPO overlong-shaping config copied from a run with a longer budget
-  (``max_resp_len=20`` while ``data.max_response_length=16``) and with the penalty factor's sign
-  slipped (-1.0): every response shorter than 16 tokens is penalised, so responses grow from ~4.5
-  to the cap (16) within ~50 steps and most end truncated, while the reward (and the validation score)
-  improve: a warning that names the fix.
+Scenarios: ``healthy``, ``entropy_collapse`` (the demo's default), ``seed_settings``, ``kl_blowup``, ``nan``,
+``hang``, ``crash``, ``length_explosion``. Every run is deterministic for its seed. What each run does, step by
+step: docs/decisions/0012-demo-scenarios.md.
 """
 
 from __future__ import annotations

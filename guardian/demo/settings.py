@@ -1,13 +1,9 @@
 """The composed configuration as typed settings, checked once at start-up.
 
-verl validates little at compose time (facts §10: ``optim.lr=abc`` composes and fails later on a
-GPU, or never); the demo checks every value it uses up front and fails with the key's name and exit
-code 1, so a launcher learns about a bad patch at once. Semantics follow verl: warmup steps from
-``lr_warmup_steps`` or, when that is <= 0, ``lr_warmup_steps_ratio * total_training_steps``;
-``clip_ratio_low/high`` fall back to ``clip_ratio`` when null; ``load_contents`` defaults to
-``save_contents``. Seeds: ``+trainer.seed`` (demo-only, hence the ``+``) seeds sampling and, unless
-``data.seed`` is set, the data order; without it ``actor_rollout_ref.rollout.seed`` (42) does. verl
-leaves the data order unseeded when ``data.seed`` is null; the demo stays deterministic instead.
+Every value the demo uses is checked up front (verl checks little and fails later on a GPU); a bad one exits 1
+naming its key. Semantics follow verl (warmup from ``lr_warmup_steps`` or its ratio, ``clip_ratio_low/high``
+falling back to ``clip_ratio``, ``load_contents`` defaulting to ``save_contents``), except that the data order is
+always seeded (``data.seed``, else ``+trainer.seed``, else the rollout seed) so the demo stays deterministic.
 """
 
 from __future__ import annotations

@@ -1,17 +1,9 @@
 """The demo's verifiable toy task: recall a short code, with partial credit, of varied difficulty.
 
-Each of the 48 prompts asks for the code of one item: 1, 3 or 6 letters (16 prompts each) from
-``ALPHABET``, early letters more frequent (weight ``0.8 ** rank``, like answers that are not uniform),
-and the answer ends with an end-of-sequence token. The policy cannot read the code off the prompt: it
-finds it by exploration, one leading letter at a time. Score = the number of leading tokens of the
-response that match ``code + EOS``, over ``len(code) + 1`` - so "cab" + EOS scores 1.0, "ca" + EOS 0.5
-and "cab" followed by anything else 0.75. Short codes are easy, long ones hard: a policy that stops
-exploring keeps the prefix it has and every sample of a group scores alike, which is what makes the
-effective group ratio fall while the reward stalls short of 1.
-
-The dataset is fixed (like a parquet file): it does not depend on the trainer's seed.
-``dapo_reward`` is verl's DAPO reward manager's overlong shaping (``reward_manager/dapo.py``),
-sign included, so a misconfigured ``penalty_factor`` does to the demo what it does to verl.
+48 fixed prompts ask for a 1-, 3- or 6-letter code, found only by exploration; the score is the matching prefix of
+``code + EOS`` over ``len(code) + 1``. A policy that stops exploring makes a group's samples alike, so EGR falls
+while the reward stalls short of 1. ``dapo_reward`` is verl's DAPO overlong shaping, sign included.
+Why: docs/decisions/0011-a-numpy-trainer-that-speaks-verl.md.
 """
 
 from __future__ import annotations

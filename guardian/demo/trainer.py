@@ -1,14 +1,9 @@
 """A small but genuine GRPO trainer on CPU that speaks verl 0.9.1's interface.
 
-    python -m guardian.demo.trainer trainer.logger=[console,file] trainer.total_training_steps=300 ...
-
-Same command line (Hydra struct-mode overrides), same files (``file`` logger JSONL, console lines,
-V1 rollout dumps, FSDP-layout checkpoints with the tracker written last), same step loop as verl's
-V1 ``fit``: optional validation-before-train at the start step (its own line), then per step rollout,
-old log-probs, reference log-probs (with ``use_kl_loss``), GRPO advantages, PPO mini-batch updates,
-checkpoint, validation every ``test_freq``, one metrics line, the rollout dump. Resuming from step N
-logs validation at N and trains from N+1. Like verl it installs no signal handlers: SIGTERM and
-SIGINT end it at once. Exit codes: 0 done, 1 configuration error or crash, K for an injected crash.
+Same command line, files and step loop as verl's V1 ``fit``: rollout, old and reference log-probs, GRPO advantages,
+PPO updates, checkpoint, validation every ``test_freq``, one metrics line, the rollout dump. Resuming from N logs
+validation at N and trains from N+1. No signal handlers (as verl). Exit codes: 0 done, 1 config error or crash,
+K for an injected crash.
 """
 
 from __future__ import annotations

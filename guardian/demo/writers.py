@@ -1,14 +1,9 @@
 """verl's writers, byte for byte: the ``file`` logger, the ``console`` logger and V1 rollout dumps.
 
-- ``FileLogger`` is ``verl/utils/tracking.py``'s: path ``$VERL_FILE_LOGGER_PATH`` (its folder must
-  exist), else ``expanduser($VERL_FILE_LOGGER_ROOT or ".")/{project}/{experiment}.jsonl`` (folder
-  created); opened ``"wb"`` unbuffered, so every start truncates it; one compact orjson line per
-  ``log()``, numpy scalars as numbers, NaN/inf as ``null``.
-- ``console_line`` is ``verl/utils/logger/aggregate_logger.py``'s ``concat_dict_to_str``: numbers
-  only, each through ``pprint.pformat`` (so ``np.float64(0.5)`` on numpy >= 2).
-- ``RolloutDumper`` is V1's ``_write_generations``: ``{dir}/{step}.jsonl`` opened ``"w"`` (a replayed
-  step overwrites its file), ``json.dumps(..., ensure_ascii=False)`` per row, written by a one-thread
-  pool so a dump can land after its step's metric line; a failed write surfaces on a later step.
+``FileLogger`` (``verl/utils/tracking.py``) opens ``$VERL_FILE_LOGGER_PATH`` with ``"wb"``, so every start
+truncates it; NaN/inf are written as ``null``. ``console_line`` is ``concat_dict_to_str``. ``RolloutDumper`` writes
+``{dir}/{step}.jsonl`` with ``"w"`` (a replayed step overwrites) from a one-thread pool, so a dump can land after its
+step's metric line. Details: docs/decisions/0011-a-numpy-trainer-that-speaks-verl.md.
 """
 
 from __future__ import annotations
