@@ -1,13 +1,8 @@
-"""Grafana dashboards as code: Python functions that return classic (v1) dashboard JSON.
+"""Grafana dashboards as code: Python functions that return classic (v1) dashboard JSON as plain dicts.
 
-``guardian dashboards export`` writes them to ``dashboards/<uid>.json`` (committed; Grafana provisions
-or imports those files), and CI fails when the committed files are stale. Plain dicts rather than a
-dashboard SDK: they are exactly what Grafana stores, need no dependency at run time, and do not churn
-with SDK releases; the tests parse them with the pinned grafana-foundation-sdk models instead
-(docs/observability-notes.md §2).
-
-``ANNOTATION_TAG`` is the tag of every annotation the guardian posts; ``run_tag(run_id)`` ties one to its
-run, and the dashboards show the annotations of the runs selected in ``$run_id``.
+``guardian dashboards export`` writes them to ``dashboards/<uid>.json`` (committed; CI fails when stale).
+``ANNOTATION_TAG`` tags every annotation the guardian posts; ``run_tag(run_id)`` ties one to its run.
+Why plain dicts: docs/decisions/0013-dashboards-as-plain-dicts.md.
 """
 
 from guardian.dashboards.dashboard import ANNOTATION_TAG, SCHEMA_VERSION, metric_names, panel_queries, run_tag

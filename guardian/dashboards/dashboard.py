@@ -1,9 +1,7 @@
-"""Dashboard-level JSON shared by every guardian dashboard: the envelope (schema version, time, tags),
-the variables, the annotation queries, and reading the queries back out of a dashboard.
+"""Dashboard-level JSON shared by every guardian dashboard: the envelope, the variables, the annotation queries,
+and reading the queries back out of a dashboard.
 
-``ANNOTATION_TAG`` lives here because two sides must agree on it: the dashboards' tag query and the
-Grafana annotator that posts the guardian's incidents and interventions (it imports it from here or
-from ``guardian.dashboards``).
+``ANNOTATION_TAG`` lives here because the dashboards' tag query and the Grafana annotator must agree on it.
 """
 
 from __future__ import annotations

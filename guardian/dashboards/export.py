@@ -1,11 +1,8 @@
 """Write the dashboards to ``DIR/<uid>.json``, or check that the files there are current.
 
-The committed ``dashboards/*.json`` are the artefact people provision or import; the Python code is
-their source. ``render`` is deterministic (insertion key order, which the builders fix; two-space
-indent; one trailing newline), so regenerating an unchanged dashboard rewrites identical bytes and
-``check`` can compare bytes: CI runs it (tests/test_dashboards.py) so a stale file cannot be merged.
-Writes are atomic (``guardian.atomic``), so Grafana's file provisioner, which polls the folder, never
-reads a half-written dashboard.
+``render`` is deterministic (the builders' key order, two-space indent, one trailing newline), so ``check`` compares
+bytes (tests/test_dashboards.py). Writes are atomic (``guardian.atomic``): Grafana's file provisioner never reads a
+half-written dashboard.
 """
 
 from __future__ import annotations

@@ -1,12 +1,8 @@
 """Grafana side of the guardian: dashboards pushed into one folder, incidents drawn as annotations.
 
-Uses Grafana's legacy HTTP API (``/api/folders``, ``/api/dashboards/db``, ``/api/annotations``), which
-works on Grafana 10 through 13, via grafana-client 5.x (niquests). The module is a thin library:
-no retries (the caller decides, guided by ``GrafanaError.retryable``), no config parsing, no threads.
-
-Every failure surfaces as one ``GrafanaError`` whose message says what failed and what to do. The
-service-account token is only ever held in a ``Secret`` (repr/str ``***``); it is revealed only while
-a request header is being set, and scrubbed from every error message as a second line of defence.
+Grafana's legacy HTTP API (Grafana 10 to 13) via grafana-client 5.x. A thin library: no retries (see
+``GrafanaError.retryable``), no config parsing, no threads. Every failure is one ``GrafanaError`` saying what to do.
+The token is held in a ``Secret``, revealed only while a header is set, and scrubbed from every error message.
 """
 
 from __future__ import annotations

@@ -1,14 +1,8 @@
 """Builders for the panels of classic (v1) Grafana dashboard JSON: targets, panels, rows, grid layout.
 
-Every builder returns a plain dict, exactly what Grafana stores and what ``POST /api/dashboards/db``
-takes, so the committed JSON can be read and diffed without a library in between. The shapes follow
-what Grafana 11.6 writes when a dashboard is saved from the UI; the tests parse them back with the
-pinned grafana-foundation-sdk models (see docs/observability-notes.md §2 for why plain dicts).
-
-Conventions enforced here, not in each panel: every panel queries the Prometheus data source picked
-in the ``datasource`` variable, every target's expression filters ``run_id=~"$run_id"`` (use
-``selector``), and every panel has a unit and a description (required arguments). Grid positions
-and panel ids are assigned by ``layout``, so panels never overlap and ids never repeat.
+Every builder returns the plain dict Grafana stores (as Grafana 11.6 saves it). Enforced here: every panel queries
+the ``datasource`` variable, filters ``run_id=~"$run_id"`` (``selector``), and has a unit and a description;
+``layout`` assigns grid positions and ids, so panels never overlap and ids never repeat.
 """
 
 from __future__ import annotations

@@ -1,13 +1,8 @@
 """The training dashboard: the guardian's verdicts on top, the signals it judges below.
 
-Layout (docs/observability-notes.md §6, our own design): an overview row answers "is the run healthy,
-is it moving, has the guardian stepped in", then one row per family of signals, each panel a metric
-the exporter serves (guardian/sinks/prometheus.py documents them). Incident regions and the
-guardian's stop / rollback / patch / resume points arrive as Grafana annotations tagged
-``ANNOTATION_TAG`` and show on every panel, which is what ties a bend in a curve to an intervention.
-
-Metric names come from ``guardian.keys`` only; the tests check that every panel reads exported
-metrics and that every exported metric is on some panel.
+An overview row (healthy? moving? has the guardian stepped in?), then one row per family of signals; incidents and
+interventions arrive as annotations on every panel. Metric names come from ``guardian.keys`` only; the tests check
+that every panel reads exported metrics and every exported metric is on some panel.
 """
 
 from __future__ import annotations
