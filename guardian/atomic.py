@@ -1,10 +1,7 @@
 """Atomic file writes: readers see the old content or the whole new content, also after a power cut.
 
-The data goes to a temporary file in the same folder, is fsynced, replaces the target with
-``os.replace`` and the folder is fsynced so the rename itself is durable. The temporary file is owner-only, so a
-file is private unless its writer says otherwise: ``mode=for_others()`` for what others read (dashboards, a run's
-attempt files), as ``open()`` would have made it (0644 under the usual umask 022).
-"""
+Temporary file in the same folder, fsync, ``os.replace``, fsync of the folder. The temporary file is owner-only,
+so a file is private unless its writer passes ``mode=for_others()`` (0644 under umask 022)."""
 
 from __future__ import annotations
 

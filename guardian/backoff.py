@@ -1,8 +1,6 @@
 """Doubling back-off: the wait before a retry (the store's replay, an alert's redelivery, a quiet poll).
-
-``doubling`` is the pure rule: ``first_s``, twice that, four times … capped at ``max_s``. ``Backoff`` counts the
-attempts for a caller that keeps state. Each caller keeps its own numbers; nothing here sleeps or reads a clock.
-"""
+``doubling`` is the pure rule (``first_s``, doubled, capped at ``max_s``); ``Backoff`` counts attempts for a
+caller that keeps state. Nothing here sleeps or reads a clock."""
 
 from __future__ import annotations
 

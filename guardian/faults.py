@@ -1,28 +1,8 @@
-"""Outage or bug: whether trying again can help with an exception, and how to name one in a log line. Pure.
+"""Outage or bug: whether trying again can help with an exception, and how to name one in a log line.
 
-An *outage* passes on its own: the network or a receiver is down or busy, a timeout, a resource that is
-exhausted for now, a 5xx, 429 or 408 answer, a store that cannot take work (``unavailable``). It is
-retried. Everything else is a *bug*: a TypeError or KeyError in our own code, a ValueError from a payload
-we built, a 4xx that will be refused again, a bad certificate. Retrying one repeats it, and a bug retried
-as an outage hides for an hour behind "failing" what a traceback would name at once; so a bug is tried
-once and logged with its type and place (``fault_fields``) and its traceback.
-
-The rules, first match wins (``is_outage``):
-
-1. an error that says so itself: a bool ``retryable`` attribute (``NotifyError``, ``GrafanaError``: their
-   raisers know the transport);
-2. a database error: ``unavailable``;
-3. an error that carries an HTTP answer: its status (``transient_status``);
-4. ``ConnectionError``, ``TimeoutError``, ``socket.gaierror`` (a resolver down: a misspelt host name is
-   retried too, within the retry budget), another ``OSError`` with an errno by that errno
-   (``TRANSIENT_ERRNOS``: the system's own word);
-5. a type that names a programming error (``TypeError``, ``ValueError``, ``LookupError`` ...): a bug,
-   whatever it was raised from;
-6. any other exception is judged by the one it was raised from or while handling: an HTTP library wraps
-   the socket's error (``httpx.ConnectError`` over ``ConnectionRefusedError``, niquests' ``ReadTimeout``
-   over ``TimeoutError``, urllib's ``URLError``), also where it hid the chain from tracebacks with
-   ``from None`` (httpcore re-raises so: hidden from display, still the cause); with none beneath, a bug.
-"""
+An *outage* (network, a timeout, a 5xx/429/408, a store that is ``unavailable``) is retried; anything else is a
+*bug*, tried once and logged with its type, place (``fault_fields``) and traceback. ``is_outage`` applies the rules,
+first match wins; they and why: docs/decisions/0058-outage-or-bug.md."""
 
 from __future__ import annotations
 

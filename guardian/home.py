@@ -1,22 +1,8 @@
-"""Where a command keeps its history (the guardian home: the store and the run folders) and which guardian.yaml it
-reads, the same from whatever folder it is started in.
+"""Where a command keeps its history (the guardian home: store and run folders) and which guardian.yaml it reads,
+the same from whatever folder it starts in; the order of both is in docs/configuration.md.
 
-The home, first match wins:
-
-1. ``$GUARDIAN_HOME`` (relative: to the current folder);
-2. ``home:`` in the guardian.yaml given with ``--config`` or standing in the current folder (relative: to that
-   file's folder);
-3. the nearest ``.guardian/`` folder in the current folder or above it, as git finds ``.git`` (one owned by
-   another user is passed over; the search stops below the folders listed in ``$GUARDIAN_CEILING_DIRECTORIES``);
-4. the per-user state folder ``$XDG_STATE_HOME/verl-guardian``, else ``~/.local/state/verl-guardian``.
-
-The configuration, first match wins: ``--config``; ``./guardian.yaml``; the ``guardian.yaml`` beside the
-``.guardian/`` found in 3 (the project's); the ``guardian.yaml`` inside the home; else the built-in defaults. The
-environment overrides (``guardian.config.ENV_OVERRIDES``) apply to each. A file found through the home cannot move
-it: its ``home:``, if any, must name that same home.
-
-``resolve_home`` and ``config_candidates`` decide from what they are given; ``locate`` looks at the disk.
-"""
+Invariant: a file found through the home cannot move it (its ``home:`` must name that home). ``resolve_home`` and
+``config_candidates`` are pure; ``locate`` looks at the disk."""
 
 from __future__ import annotations
 

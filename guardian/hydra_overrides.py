@@ -1,10 +1,7 @@
 """Hydra's override grammar, read with hydra-core's own parser (the one verl's command line goes through).
 
-``parse`` reads one ``key=value``, ``+key=value``, ``++key=value`` or ``~key`` argument; ``parse_value`` one value.
-Hydra's errors become one line that names the argument and says how to write it. hydra-core is imported on the
-first parse, so commands that never read an override (``guardian --help``) do not load it. Sweeps (``k=1,2``) are
-refused: verl runs one job.
-"""
+``parse`` reads one ``key=value``, ``+key=value``, ``++key=value`` or ``~key``; ``parse_value`` one value. Errors
+become one line naming the argument. hydra-core loads on the first parse. Sweeps (``k=1,2``) are refused."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
-"""Run ids: they name folders under the guardian home (``runs/<run_id>/``), label every metric and log line,
-and are typed by users (``--run-id``, ``--attach``). One rule keeps all three safe: letters, digits, ``.``,
-``_`` and ``-``, starting with a letter or digit, at most 128 characters - no path separator, no ``..``, no
-whitespace or control character."""
+"""Run ids: they name folders (``runs/<run_id>/``), label metrics and log lines, and are typed by users.
+One rule keeps all three safe: letters, digits, ``.``, ``_`` and ``-``, starting with a letter or digit, at most
+128 characters; no path separator, ``..``, whitespace or control character."""
 
 from __future__ import annotations
 

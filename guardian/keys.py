@@ -1,14 +1,8 @@
 """Every metric key the guardian reads, in one place.
 
-A *signal* is a health quantity the checks reason about (entropy, KL to the reference, reward …).
-Each signal maps to the verl keys that can carry it, in priority order: the first alias present in a
-step's record wins. Aliases cover verl versions (``actor/entropy`` in 0.9.1, ``actor/entropy_loss`` in
-runs from 2025) and, last and clearly marked, the names used by the other frameworks whose runs ship
-in the calibration traces (AReaL, miles, TinyZero's per-micro-batch monitor).
-
-Sources: ../shared/docs/verl-0.9.1-facts.md §1 (metric keys), §1.8 (effective group ratio), §5 (dumps).
-No other module spells a metric key as a string literal; they import the names below.
-"""
+A *signal* (entropy, KL, reward …) maps to the verl keys that can carry it, in priority order: the first alias a
+step logs wins. Aliases cover verl versions and, last and marked, the other frameworks of the calibration traces.
+Sources: ../shared/docs/verl-0.9.1-facts.md §1, §1.8, §5. Modules import these names rather than spell keys."""
 
 from __future__ import annotations
 

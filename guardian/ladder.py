@@ -1,10 +1,7 @@
-"""The remediation ladder (guardian.yaml ``remediation``): per incident kind, the rungs tried in order,
-each a list of changes to verl keys with the reason and its source (seed tutorial, DAPO, Skywork-OR1,
-ProRL, PaLM). ``patch.plan_patch`` applies a rung to a launch command.
+"""The remediation ladder (guardian.yaml ``remediation``): per incident kind, the rungs tried in order, each a
+list of changes to verl keys with reason and source. ``patch.plan_patch`` applies a rung to a launch command.
 
-A change is computed against the run's *effective* config, and a relapse's next rung compounds on the
-previous one (entropy rung 1 lr × 0.1, then rung 2 × 0.5 = 0.05 of the original).
-"""
+Changes apply to the run's *effective* config, and a relapse's next rung compounds on the previous one."""
 
 from __future__ import annotations
 

@@ -1,10 +1,8 @@
 """Logging set-up (called by the CLI only; nothing logs at import) and stable event lines.
 
-Event lines read ``event=<name> key=value ...`` so that they can be grepped and parsed; values with
-spaces are quoted. Logs go to stderr, leaving stdout to ``--json`` documents and the live view. Every line, a
-traceback included, is written without the secret parts of the database URLs the stores opened
-(``guardian.redact.remember_url``): a driver that echoes a piece of a password shows ``***``.
-"""
+Lines read ``event=<name> key=value ...`` (values with spaces quoted) on stderr; stdout is for ``--json`` and the
+live view. Every line, tracebacks included, is scrubbed of the secret parts of opened database URLs
+(``guardian.redact``)."""
 
 from __future__ import annotations
 

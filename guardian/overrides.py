@@ -1,16 +1,8 @@
 """Hydra command lines of a verl launch: parse them, read a key's effective value, write overrides back.
 
-A launch is ``[prefix…] python -m verl.trainer.main_ppo [--config-path=DIR] [--config-name=NAME]
-key=value +key=value ++key=value ~key …`` (also ``python3``, wrappers before ``python``, a script path
-instead of ``-m``, and ``guardian.demo.trainer``, which takes the same overrides), or a shell script that ends in
-``python3 -m verl.trainer.main_ppo … "$@"`` (``bash train.sh key=value …``): only the arguments after the script
-are read, what the script sets itself is unknown (``UnknownKey``), and every key the guardian writes is appended as
-``++key=value``, which Hydra applies last whatever the script did to the key before; once an attempt has printed
-its config (``sources.printed_config``), a relaunch reads the script's values from it. The guardian never
-rewrites what it does not need to: ``with_overrides`` replaces or appends only the keys it changes, and
-writes ``++key`` for keys outside verl's YAML, because Hydra's struct mode refuses a plain override of
-a missing key (facts §4). Overrides are read with hydra-core's own parser (``guardian.hydra_overrides``).
-"""
+Reads ``python -m verl.trainer.main_ppo …`` (and wrappers, scripts, the demo trainer) or ``bash train.sh …``,
+where only the arguments after the script are known until the attempt prints its config. Writes only the keys it
+changes, as ``++key`` where a plain override would be refused: docs/decisions/0059-overrides-written-back.md."""
 
 from __future__ import annotations
 

@@ -1,24 +1,9 @@
-"""What a person may see of a value that can hold a secret: the one way to render a database URL (``render_db_url``),
-to scrub a driver's or library's error text (``scrub_text``), and to show a string from a file or the command line
-in one line (``printable``).
+"""What a person may see of a value that can hold a secret: ``render_db_url`` (a database URL),
+``scrub_text`` (a driver's error text) and ``printable`` (a string shown on one line).
 
-A database URL reaches people in doctor's report, the ``event=watch``/``run`` lines, guardian.log, the watch
-summary's ``history:`` line and every "cannot open store at ..." error. libpq takes a password in more places than
-SQLAlchemy's ``URL.password``: the userinfo (``user:PASS@host``), the query (``?password=``, ``?sslpassword=``, the
-all-query form ``postgresql:///db?host=h&password=...``) and a ``key=value`` connection string; people also write a
-URL without its scheme (``user:PASS@host``) or with an unescaped ``@`` in the password. ``render_db_url`` masks all of
-them on the text as written (it does not parse and re-render, so a URL no parser accepts is masked the same way):
-
-- the userinfo up to the *last* ``@`` before the host: ``user:***@host`` (everything between the user name and the
-  host is masked, so no part of a password with an ``@`` in it shows as the "host");
-- every query value but those of the parameters known to carry no secret (``SAFE_PARAMETERS``: host, port,
-  dbname, user, sslmode, ...): an unknown parameter's value is masked too, and an item without ``=`` is masked whole;
-- in a ``key=value`` connection string, the values of the same parameters.
-
-The stores remember the secret parts of the URLs they opened (``remember_url``): ``scrub_text`` takes them out of any
-text too, so a driver that echoes a piece of one (psycopg naming the "host" ``z#q@127.0.0.1`` of a URL whose password
-held an ``@``) shows ``***`` instead; logs.py's formatter scrubs every log line (tracebacks included) the same way.
-"""
+``render_db_url`` masks the text as written, without parsing it, so any URL form is masked. ``scrub_text``
+removes the secrets of URLs the stores opened (``remember_url``).
+Rules: docs/decisions/0060-masking-database-urls.md."""
 
 from __future__ import annotations
 

@@ -1,8 +1,6 @@
-"""Opening a file to read it without ever blocking: a FIFO, a device, a socket or a symlink loop put where a file
-was expected is refused (``NotRegularFile``) before it can hang ``open()`` or read as an endless file.
-
-The sources' tails, the config and the report read every file they did not write through ``open_regular``.
-"""
+"""Opening a file to read it without ever blocking: a FIFO, device, socket or symlink loop where a file was
+expected is refused (``NotRegularFile``). The sources' tails, the config and the report read every file they did
+not write through ``open_regular``."""
 
 from __future__ import annotations
 

@@ -1,9 +1,7 @@
-"""Every status a stored row takes: interventions, incidents, runs, checkpoints, pins. One home, no string copies.
+"""Every status a stored row takes: interventions, incidents, runs, checkpoints, pins.
 
-The enums are ``StrEnum``: the store keeps their values as text and hands them back as members, and a member
-compares equal to its value, so a reader may match either. What the values *mean* - which transitions an
-intervention may take - is ``guardian.rescue.policy``'s.
-"""
+``StrEnum``s: the store keeps the values as text and hands back members, which compare equal to their values.
+Which transitions are allowed is ``guardian.rescue.policy``'s."""
 
 from __future__ import annotations
 

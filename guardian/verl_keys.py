@@ -1,11 +1,8 @@
 """The verl 0.9.1 config keys the guardian reads or sets: defaults, value rules, and whether a key needs ``+``.
 
-verl composes its config with Hydra in struct mode and checks **no** types or ranges (facts §4, §10:
-``optim.lr=abc`` and ``rollout.temperature=-1`` compose and pass ``validate_config``, then fail on the GPU
-or never). So every value the guardian writes is checked here first. Defaults are verl 0.9.1's
-(``verl/trainer/config/_generated_ppo_trainer.yaml``); a test compares them with the wheel when it is
-installed. ``compose_check`` additionally composes a final override list with verl's own Hydra tree.
-"""
+verl checks no types or ranges (facts §4, §10), so every value the guardian writes is checked here first.
+Defaults are verl 0.9.1's (a test compares them with the wheel); ``compose_check`` composes a final override
+list with verl's own Hydra tree."""
 
 from __future__ import annotations
 

@@ -1,17 +1,6 @@
-"""The one way the guardian reads YAML: ``load_yaml`` refuses a key given twice in one mapping (naming the file, the
-line and the key), says where each key stands (for errors that name a line), and words a syntax error without
-quoting the file.
-
-PyYAML keeps the last of two equal keys without a word: a second ``runs:`` in a fleet file dropped every run before
-it, a second ``mode:`` turned observe into enforce. OmegaConf (so verl and Hydra) refuses them; the guardian does too,
-in every YAML it reads (guardian.yaml, fleet files, a run's Hydra config, a training command's ``--config-name``
-file). Keys are compared as loaded (``1`` and ``01``, ``yes`` and ``true`` are the same key); the keys a merge
-(``<<: *base``) brings in may be overridden, as YAML means them to be.
-
-PyYAML's own message for a syntax error prints the offending line of the file, and a file named by mistake (a fleet
-run's ``config:`` pointing at a file of secrets) must not be shown: ``YamlError`` gives the line, the column and
-PyYAML's reason only, without what the reason quotes of the file (an alias's or a tag's name).
-"""
+"""The one way the guardian reads YAML: ``load_yaml`` refuses a key given twice in one mapping (naming file,
+line and key), says where each key stands, and words a syntax error without quoting the file.
+Used for every YAML the guardian reads. Why: docs/decisions/0061-yaml-duplicate-keys.md."""
 
 from __future__ import annotations
 
