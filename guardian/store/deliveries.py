@@ -1,8 +1,6 @@
 """The dispatcher's bookkeeping: per sink, which events were sent, suppressed, are failing or dropped.
-
-``Store`` inherits these methods. A row is written after each delivery attempt, so a restarted
-guardian resumes where the sinks left off (no repeats, no gaps) and the exporter can count failures.
-"""
+``Store`` inherits these methods. A row is written after each delivery attempt, so a restarted guardian resumes
+where the sinks left off (no repeats, no gaps) and the exporter can count failures."""
 
 from __future__ import annotations
 

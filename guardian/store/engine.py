@@ -1,26 +1,9 @@
 """Engines on the guardian's database and the schema migrations that keep it current.
 
-``open_engine`` builds the SQLAlchemy engine for a URL and runs ``alembic upgrade head`` on it, so
-history survives upgrades; every failure surfaces as ``StoreError`` with the URL's secrets masked (``mask_url`` is
-guardian/redact.py's ``render_db_url``: the password wherever the URL holds one) and the driver's text scrubbed of
-them; the URL's secret parts are remembered, so no later log line shows them either. Engines are
-built with ``hide_parameters=True``: a statement's parameters (run data, URLs) never reach an error's
-text, so a logged traceback carries the SQL but not the values.
-
-SQLite (the default) is opened in WAL mode with a busy timeout (``BUSY_TIMEOUT_S``), ``synchronous=NORMAL`` and
-``foreign_keys=ON`` on every connection; SQLAlchemy emits the ``BEGIN`` itself (``BEGIN IMMEDIATE``
-for write transactions, those whose connection carries the ``WRITE_OPTION`` execution option), so
-readers never block the writer and two writers queue on the lock instead of failing half-way.
-
-PostgreSQL (``postgresql+psycopg://``; a plain ``postgresql://`` gets the same driver, psycopg 3) needs none of that:
-its row locks let guardians of different runs write at once. Every connection gets ``lock_timeout`` = the busy
-timeout (a statement waits that long for another session's lock, then fails), a connect timeout
-(``PG_CONNECT_TIMEOUT_S`` unless the URL sets ``connect_timeout``), a pre-ping when the pool hands it out (a server
-restarted since is reconnected to), and a bound on every round trip: a server that gives no answer within
-``statement_timeout_s`` fails the call as an outage (``guardian.store.postgres``; not during a migration). The
-migration holds a transaction-scoped advisory lock, so guardians opening one new database together create its schema
-once.
-"""
+``open_engine`` builds the engine for a URL and runs ``alembic upgrade head``. Every failure is a ``StoreError``
+with the URL's secrets masked, and ``hide_parameters=True`` keeps values out of error text. SQLite: WAL, a busy
+timeout, ``BEGIN IMMEDIATE`` for writes. PostgreSQL (psycopg 3): lock and connect timeouts, pre-ping, bounded
+round trips, migrations under an advisory lock. Details: docs/ARCHITECTURE.md §8."""
 
 from __future__ import annotations
 

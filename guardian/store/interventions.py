@@ -1,14 +1,8 @@
 """The persisted intervention state machine: rows, their event timeline, and the typed views of both.
 
-``Store`` inherits these methods. ``advance`` commits a new state (and the facts that go with it:
-target checkpoint, patch plan, new attempt) in one transaction *before* the caller performs the side
-effect that state announces, which is what lets a restarted guardian finish an interrupted
-intervention exactly once. ``guardian.rescue.policy`` owns which transitions are allowed.
-
-One writer (``guardian.rescue.executor``) and several readers (``incidents show``, the notifications, the
-demo's narration) share the records below: ``StoredPlan`` is the relaunch committed in PATCHED, and
-``StateDetail`` names every key a state's event may carry.
-"""
+``Store`` inherits these methods. ``advance`` commits a new state and its facts in one transaction *before* the
+caller's side effect, so a restarted guardian finishes an intervention exactly once; ``guardian.rescue.policy``
+owns the transitions. One writer (``rescue.executor``), several readers (``StoredPlan``, ``StateDetail``)."""
 
 from __future__ import annotations
 

@@ -1,23 +1,9 @@
 """SQLAlchemy 2 declarative models: the guardian's persistent schema.
 
-The schema is versioned by the Alembic environment in ``migrations/``; any change here needs a new
-revision there (``tests/test_store.py`` fails when the two disagree).
-
-Timestamps are timezone-aware UTC ``DateTime`` columns. A step's metric values live in one blob per
-step (``orjson`` bytes of ``{key: float | null}``), never a row per value, so 10,000 steps × 300 keys
-stay small and fast to write; the guardian stores only the keys the checks read of a metrics line
-(``keys.is_checked_key``: 8.8 MB instead of 165 MB for that run), rollout statistics whole.
-Free text (``StoredText``: messages, notes, a crashed trainer's output, JSON) keeps
-everything but NUL, which PostgreSQL's ``text`` refuses and SQLite would keep: both store U+FFFD in its place.
-
-Widths: PostgreSQL enforces a ``String(n)`` width that SQLite ignores, so only values the code bounds before writing
-are ``String(n)``: run ids (``guardian.ids.MAX_RUN_ID``, checked by ``Store.ensure_run``), the names of checks, sinks,
-states and the like (the code's own words), evaluation names (``EVAL_NAME_MAX``, checked). Anything a run, a person or
-another service chooses - a run's name, a path, an id a notifier got back, a message - is ``StoredText`` (revision
-0006). Step numbers are ``BigInteger`` (``guardian.history.timeline.MAX_STEP``): a logger's step may pass 2**31.
-A checkpoint is unique by ``(run_id, path_key)``, a digest of its path: PostgreSQL's b-tree refuses an index entry
-over ~2.7 kB, and a path may be 4 kB.
-"""
+Any change needs a new Alembic revision in ``migrations/`` (``tests/test_store.py`` checks they agree).
+Timestamps are aware UTC; a step's values are one orjson blob, checked keys only. Only values the code bounds are
+``String(n)``; anything chosen outside is ``StoredText`` (NUL becomes U+FFFD). Steps are ``BigInteger``; a
+checkpoint is unique by ``(run_id, path_key)``, a digest of its path. Why: docs/ARCHITECTURE.md §8."""
 
 from __future__ import annotations
 

@@ -1,19 +1,9 @@
 """psycopg connections whose every round trip to the server is bounded in time (``store.statement_timeout_s``).
 
-A PostgreSQL server can stay connected and stop answering: its backend stopped (SIGSTOP, a debugger, a VM paused)
-or swapped to a halt. The kernel still acknowledges TCP, so neither keepalives nor ``tcp_user_timeout`` fire, and
-libpq waits for the answer for ever - the guard loop with it. A cancel request does not help either: it goes to the
-postmaster, which signals a backend that cannot run it.
-
-``BoundedConnection`` passes a deadline to psycopg's own wait (``Connection.wait(..., timeout=)``, psycopg >= 3.3;
-every statement, commit, rollback and the pool's pre-ping goes through it). Past the deadline the connection is
-closed - its state is unknown, a statement may still run on the server once it wakes - and ``NoAnswer`` is raised:
-an ``OperationalError``, so SQLAlchemy discards the connection (a closed one is a disconnect) and the guardian counts
-an outage (``faults.unavailable``), which the write-behind outlasts. The next call opens a new connection.
-
-A commit cut off this way has an unknown outcome: the server may commit it when it wakes. The guardian's units are
-safe to replay (steps merge, checkpoints and deliveries upsert); a finding may be stored twice.
-"""
+A server that stays connected but stops answering would block libpq for ever. ``BoundedConnection`` passes a
+deadline to psycopg's wait (psycopg >= 3.3); past it the connection is closed and ``NoAnswer`` (an
+``OperationalError``, so an outage) is raised. A commit cut off so has an unknown outcome; units are safe to replay.
+Why: docs/ARCHITECTURE.md §8."""
 
 from __future__ import annotations
 

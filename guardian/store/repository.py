@@ -1,16 +1,8 @@
 """The one repository object over the guardian's SQL history.
 
-``Store`` owns the engine (see ``guardian.store.engine``) and every session; callers get the frozen
-view dataclasses of ``guardian.store.views``, never ORM objects. Time is injected: every method that
-writes a timestamp takes ``now`` (float epoch seconds) and stores it as a timezone-aware UTC
-``DateTime``. Opening a store runs ``alembic upgrade head``, so history survives upgrades.
-
-Step timelines: every (attempt, branch) is one *line* of steps; lines are ordered by attempt number,
-then branch. The *active timeline* of a run takes all steps of the newest line, then the steps of each
-older line that lie before the first step of every newer line (a resume or rollback abandons what an
-older line logged from that point on) - the same view ``history.RunHistory`` keeps in memory. A
-step's values are stored as one ``orjson`` blob of ``{key: float | null}`` (non-finite values as null).
-"""
+``Store`` owns the engine and every session; callers get frozen views, never ORM objects. Time is injected
+(``now``, epoch seconds). Each (attempt, branch) is a *line* of steps; the *active timeline* takes the newest
+line whole and each older line only before the first step of every newer one, as ``history.RunHistory`` does."""
 
 from __future__ import annotations
 

@@ -1,10 +1,6 @@
 """The frozen views the store hands out, and their conversion from ORM rows.
-
-Callers of ``Store`` get these dataclasses, never ORM objects. Timestamps come back as timezone-aware
-UTC ``datetime`` (SQLite hands back naive values, which are read as UTC); ``to_json`` gives each view
-as JSON-ready data with ISO 8601 timestamps. Status fields come back as the
-members of ``guardian.states``'s enums.
-"""
+Timestamps come back as aware UTC (SQLite's naive values read as UTC), statuses as ``guardian.states`` members;
+``to_json`` gives JSON-ready data with ISO 8601 timestamps."""
 
 from __future__ import annotations
 

@@ -1,24 +1,9 @@
 """Write-behind over the store: the guard loop's writes outlive a database that refuses them.
 
-A *unit* is one piece of the guard loop's work on the store (a tick's steps with the findings they
-produced, a checkpoint scan). ``submit`` runs it at once; when the database refuses it (locked past its
-busy timeout, disk full, I/O error, a damaged file, a PostgreSQL server stopped or unreachable) the unit is
-kept, in order, in a bounded in-memory queue and the store counts as *degraded*: later units queue behind it
-(their reads would miss what the earlier ones wrote) and ``retry`` - called every tick - replays the queue with
-exponential backoff. One loud line marks the outage (``event=store_unavailable error=... fix=...``),
-one its end (``event=store_recovered replayed=N``). When the queue is full a new unit is dropped and
-counted, and the first drop of an outage is logged: the steps stay in the run's metrics files, which a
-restarted guardian reads again.
-
-An error that is not about the database's availability (a constraint violated, a bug) is no outage:
-the unit is lost - ``submit`` raises the error, a replay logs it with its traceback and goes on, so one
-bad unit cannot hold every later one back. Either way it is counted in ``failed_units`` (``dropped``
-counts the full queue's drops only), logged (``event=store_write_failed``) and the unit's ``refused``
-hook runs, so its owner can make the loss good (the guard loop judges the unit's checks afresh).
-
-A unit's ``committed`` hook runs once its transaction committed: what the unit has to say about the rows
-it wrote (an incident's id) is logged from there, once, and never for a transaction rolled back.
-"""
+A *unit* (a tick's steps and findings, a checkpoint scan) runs at once; if the database is unavailable it waits,
+in order, in a bounded queue that ``retry`` replays with backoff (``event=store_unavailable`` / ``store_recovered``).
+A full queue drops and counts new units. A unit refused for a bug is lost: logged, counted, its ``refused`` hook
+run. ``committed`` hooks run once, after the commit."""
 
 from __future__ import annotations
 

@@ -1,10 +1,6 @@
-"""Alembic environment for the guardian store.
-
-``Store.open`` runs migrations programmatically and hands its own connection over in
-``config.attributes["connection"]`` (already inside a transaction, so the upgrade commits atomically
-with the store's SQLite settings). Without one - the ``alembic`` command line with
-``-x``/``sqlalchemy.url`` set - a short-lived engine is created from ``sqlalchemy.url``.
-"""
+"""Alembic environment for the guardian store. ``Store.open`` hands its own connection over in
+``config.attributes["connection"]`` (inside a transaction, so the upgrade commits atomically); without one (the
+``alembic`` command line) a short-lived engine is built from ``sqlalchemy.url``."""
 
 from __future__ import annotations
 

@@ -1,18 +1,10 @@
-"""Free text and paths as text, step numbers as 64-bit, checkpoints unique by a digest of their path.
-
-PostgreSQL enforces ``varchar(n)`` widths (SQLite ignores them): a run's name over 255 characters, a checkpoint path
-over 1024 or a notifier's id over 128 was refused there, and a step past 2**31 - 1 overflowed ``integer``. A
-checkpoint's ``(run_id, path)`` unique index would also refuse a long path on PostgreSQL (a b-tree entry is at most
-~2.7 kB), so checkpoints are unique by ``path_key``, the SHA-256 of the path (``models.path_key``), filled in here
-for the rows already there.
-
-On SQLite every altered table is rebuilt (batch mode: copy, drop, rename); ``engine._upgrade`` runs the migration with
-foreign keys off and checks them before it commits, as SQLite's own procedure for rebuilding a table asks.
+"""Free text and paths as text, step numbers as 64-bit, checkpoints unique by a digest of their path
+(``path_key``, filled in here for existing rows). On SQLite altered tables are rebuilt with foreign keys off and
+checked before commit (``engine._upgrade``).
 
 Revision ID: 0006
 Revises: 0005
-Create Date: 2026-12-10
-"""
+Create Date: 2026-12-10"""
 
 from __future__ import annotations
 
