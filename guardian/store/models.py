@@ -101,7 +101,9 @@ class Attempt(Base):
 
 
 class Step(Base):
-    """All metric values of one step of one branch of one attempt, as one orjson blob."""
+    """All metric values of one step of one branch of one attempt, as one orjson blob of ``{key: float | null}``
+    (never a row per value): of a metrics line only the keys the checks read (8.8 MB instead of 165 MB for 10,000
+    steps × 300 keys), rollout statistics whole."""
 
     __tablename__ = "steps"
     __table_args__ = (
