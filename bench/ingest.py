@@ -69,6 +69,7 @@ from guardian.history.timeline import RunHistory
 from guardian.incidents.guardian import Guardian, TickResult
 from guardian.incidents.replay import replay_file
 from guardian.incidents.tracker import Change, StatusTracker, Transition
+from guardian.keys import CHECKED_KEYS
 from guardian.sinks.snapshot import RunSnapshot
 from guardian.sources.jsonl import MetricsBatch, MetricsFile, iter_records
 from guardian.store import Store, StoreError, mask_url
@@ -462,6 +463,11 @@ def every_key_db_mb(path: Path, home: Path) -> float:
     return (database_bytes(url) - before) / 1e6
 
 
+def guarded_file(path: Path) -> MetricsFile:
+    """The metrics file as ``guardian run`` and ``watch`` read it: the keys the checks read (keys.CHECKED_KEYS)."""
+    return MetricsFile(path, keys=CHECKED_KEYS)
+
+
 def _open_store(url: str, run_id: str, metrics: Path) -> Store:
     store = Store.open(url)
     store.ensure_run(
@@ -514,7 +520,7 @@ def ingest_with_store(path: Path, home: Path, url: str, last_step: int) -> Inges
     run_id = fresh_run_id("bench-ingest")
     with _open_store(url, run_id, path) as store:
         before = database_bytes(url)
-        guardian = Guardian(config=config, store=store, run_id=run_id, metrics=MetricsFile(path), clock=time.time)
+        guardian = Guardian(config=config, store=store, run_id=run_id, metrics=guarded_file(path), clock=time.time)
         ticks = 0
         start = time.perf_counter()
         while guardian.history.last_step != last_step:
@@ -582,7 +588,7 @@ def tail_latency(home: Path, url: str, keys: int, rate: float, seconds: float, n
     judged: dict[int, float] = {}
     findings: dict[int, float] = {}
     others: list[str] = []
-    source = _TimedSource(MetricsFile(path))
+    source = _TimedSource(guarded_file(path))
     followed = FollowedFile(source)
     with _open_store(url, run_id, path) as store:
         guardian = Guardian(config=config, store=store, run_id=run_id, metrics=followed, clock=time.time)

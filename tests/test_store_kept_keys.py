@@ -10,11 +10,13 @@ import math
 from pathlib import Path
 
 import orjson
+import pytest
 
 from guardian.config import GuardianConfig
 from guardian.core import StepRecord
 from guardian.history.timeline import RunHistory
 from guardian.incidents.guardian import Guardian
+from guardian.incidents.replay import replay_file
 from guardian.keys import CHECKED_KEYS, VAL_CORE_PREFIX, checked_values, is_checked_key, signals_present
 from guardian.report.assemble import run_report
 from guardian.review.cost import step_times
@@ -109,3 +111,28 @@ def test_checked_values_keeps_exact_and_prefixed_keys_in_order() -> None:
     data = {"perf/x": 1.0, "actor/entropy": 0.5, f"{VAL_CORE_PREFIX}a/b/mean@1": 0.2, "timing_s/gen": 3.0}
     assert list(checked_values(data)) == ["actor/entropy", f"{VAL_CORE_PREFIX}a/b/mean@1"]
     assert "actor/entropy" in CHECKED_KEYS and not is_checked_key("perf/x")
+
+
+def test_guardian_watch_reads_the_checked_keys_of_a_line_as_a_replay_does(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The live source parses the keys the checks read, as ``replay_file`` does: a line over the key cap with
+    keys no check reads is no longer reported as capped (nothing the guardian keeps was dropped)."""
+    from guardian.cli import main
+
+    monkeypatch.setenv("GUARDIAN_HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("GUARDIAN_DB_URL", raising=False)
+    metrics = tmp_path / "metrics.jsonl"
+    # a logger gone wrong: more keys than sources.max_keys_per_step (5,000), none of them read by a check
+    wide = {f"perf/per_sample_{i:05d}": 1.0 for i in range(5_010)}
+    metrics.write_bytes(
+        b"".join(orjson.dumps({"step": s, "data": {**_data(s), **wide}}) + b"\n" for s in range(1, STEPS + 1))
+    )
+    replayed = replay_file(metrics, GuardianConfig().checks)
+    code = main(["watch", "--metrics", str(metrics), "--no-follow", "--no-live", "--run-id", "wide"])
+    assert code == (0 if replayed.verdict == "healthy" else 3)
+    said = capsys.readouterr()
+    assert "event=signals" in said.err and "metrics_keys_dropped" not in said.err
+    with Store.open(GuardianConfig(home=tmp_path / "home").database_url()) as store:
+        latest = store.latest_step("wide")
+    assert latest is not None and set(latest[1]) == {k for k in _data(STEPS) if is_checked_key(k)}

@@ -23,6 +23,7 @@ from guardian.core import Clock, Severity
 from guardian.exits import EXIT_ERROR
 from guardian.faults import failure_text, fault_fields, is_outage, unavailable
 from guardian.incidents.guardian import Guardian, MetricsSource
+from guardian.keys import CHECKED_KEYS
 from guardian.logs import event, get_logger
 from guardian.loop.outage import CannotContinue, StoreWait, stop_while_store_down, trainer_fate
 from guardian.loop.ticks import aside
@@ -141,7 +142,9 @@ class Supervisor:
 
     def _metrics_file(self, path: Path) -> MetricsFile:
         limits = self.config.sources
-        return MetricsFile(path, max_keys=limits.max_keys_per_step, max_line_bytes=limits.max_line_bytes)
+        return MetricsFile(  # the keys the checks read, as a replay and guardian watch read them
+            path, keys=CHECKED_KEYS, max_keys=limits.max_keys_per_step, max_line_bytes=limits.max_line_bytes
+        )
 
     def _metrics_source(self, path: Path, number: int) -> MetricsSource:
         """Attempt ``number``'s metrics: its metrics file, or for a Ray job also its mirrored logs (``ray_logs``)."""
