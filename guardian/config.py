@@ -126,7 +126,12 @@ class EntropyExplosionConfig(CheckBase):
 
 class EgrCollapseConfig(CheckBase):
     warn_below: float = Field(0.4, ge=0, le=1, description="Warn when the effective group ratio is below this.")
-    critical_below: float = Field(0.2, ge=0, le=1, description="Critical below this (and not saturation).")
+    critical_below: float = Field(
+        0.2,
+        ge=0,
+        le=1,
+        description="Critical when the effective group ratio is below this and the groups are not saturated.",
+    )
     relative_to_baseline: float = Field(
         0.5, gt=0, le=1, description="Critical also needs EGR < this × the run's baseline EGR."
     )
@@ -172,24 +177,36 @@ class RewardCollapseConfig(CheckBase):
 
     level_steps: int = Field(5, ge=2, description="A reward level is the mean of this many steps.")
     noise_steps: int = Field(40, ge=6, description="Noise = robust scatter of the last this-many step-to-step changes.")
-    window_min_steps: int = Field(5, ge=2, description="'Improving' is judged over at least this many steps ...")
+    window_min_steps: int = Field(5, ge=2, description="The shortest window (in steps) over which the trend is judged.")
     window_max_steps: int = Field(
-        20, ge=2, description="... and at most this many: the window the run's own pace needs to clear its noise."
+        20,
+        ge=2,
+        description="The longest window (in steps) over which the trend is judged; within these bounds the window is "
+        "what the run's own pace needs to clear its noise.",
     )
-    improve_z: float = Field(2.0, gt=0, description="Improving: the level rose by this many sigmas over the window ...")
+    improve_z: float = Field(
+        2.0, gt=0, description="Improving needs the level to rise by this many sigmas over the window."
+    )
     improve_pace_fraction: float = Field(
-        0.5, ge=0, le=1, description="... and by at least this share of what the run's pace so far would give."
+        0.5,
+        ge=0,
+        le=1,
+        description="Improving also needs a rise of at least this share of what the run's pace so far would give.",
     )
-    drop_z: float = Field(3.0, gt=0, description="Falling: the level is this many sigmas below its best ...")
-    warn_drop: float = Field(0.05, ge=0, description="... and at least this fraction of the reward scale (warn).")
+    drop_z: float = Field(3.0, gt=0, description="Falling needs the level to be this many sigmas below its best.")
+    warn_drop: float = Field(
+        0.05, ge=0, description="Falling also needs a drop of at least this fraction of the reward scale (a warning)."
+    )
     critical_loss: float = Field(
         0.5,
         gt=0,
         le=1,
-        description="Critical: falling, and it lost this share of its gains since the start (or fell below its "
-        "starting level) ...",
+        description="Critical when falling and the run lost this share of its gains since the start (or fell below its "
+        "starting level).",
     )
-    critical_drop: float = Field(0.1, ge=0, description="... and at least this fraction of the reward scale.")
+    critical_drop: float = Field(
+        0.1, ge=0, description="A critical fall is also at least this fraction of the reward scale."
+    )
     saturation_margin: float = Field(
         0.1, ge=0, lt=1, description="Reward within this fraction of scale from its maximum = saturated."
     )
@@ -229,7 +246,9 @@ class LengthConfig(CheckBase):
     )
     explosion_warn_ratio: float = Field(2.0, gt=1, description="Warn when mean length > this × baseline.")
     explosion_critical_ratio: float = Field(3.0, gt=1, description="Critical above this × baseline if fast.")
-    explosion_fast_growth: float = Field(1.8, gt=1, description="... and grew by this factor within fast_window_steps.")
+    explosion_fast_growth: float = Field(
+        1.8, gt=1, description="A critical explosion also grew by this factor within fast_window_steps."
+    )
     explosion_onset_ratio: float = Field(
         1.3,
         gt=1,
@@ -239,11 +258,20 @@ class LengthConfig(CheckBase):
     fast_window_steps: int = Field(10, ge=1, description="Window for the growth-rate condition.")
     truncation_warn: float = Field(0.1, ge=0, le=1, description="Warn when truncated-response share > this.")
     truncation_critical: float = Field(
-        0.9, ge=0, le=1, description="Nearly every response cut (above this share): a failure shape ..."
+        0.9,
+        ge=0,
+        le=1,
+        description="A truncated-response share above this is a failure shape when it is also truncation_rise above "
+        "its baseline.",
     )
-    truncation_rise: float = Field(0.2, ge=0, le=1, description="... when also this far above its baseline.")
+    truncation_rise: float = Field(
+        0.2, ge=0, le=1, description="A failure shape also needs the truncated share this far above its baseline."
+    )
     max_response_length: int | None = Field(
-        None, ge=1, description="data.max_response_length; inferred from response_length/max when unset."
+        None,
+        ge=1,
+        description="The response length cap (verl's data.max_response_length); inferred from response_length/max "
+        "when unset.",
     )
 
 
@@ -295,8 +323,12 @@ class PolicyConfig(_Section):
         le=1,
         description="A reward below the start by this fraction of its scale is a fall no noise explains.",
     )
-    sharp_fall_points: int = Field(2, ge=1, description="That many newest rewards in a row so low: falling.")
-    sharp_fall_points_hard: int = Field(3, ge=1, description="That many: collapsed below the start (acts alone).")
+    sharp_fall_points: int = Field(2, ge=1, description="This many newest rewards in a row below sharp_drop: falling.")
+    sharp_fall_points_hard: int = Field(
+        3,
+        ge=1,
+        description="This many newest rewards in a row below sharp_drop: collapsed below the start (acts alone).",
+    )
     outcome_points: int = Field(
         2, ge=1, description="Hysteresis: the most lenient outcome of this many newest steps is the one weighed."
     )
@@ -345,7 +377,9 @@ class SourcesConfig(_Section):
         "each quiet poll and drops back as soon as a line arrives or an intervention needs the guardian to act.",
     )
     train_batch_size: int | None = Field(
-        None, ge=1, description="data.train_batch_size; lets EGR be estimated from DAPO eviction counts."
+        None,
+        ge=1,
+        description="The run's data.train_batch_size, which lets EGR be estimated from DAPO eviction counts.",
     )
     max_keys_per_step: int = Field(
         MAX_KEYS_PER_STEP,
@@ -442,8 +476,10 @@ class InterventionConfig(_Section):
         "step times.",
     )
     stop_sigint_s: float = Field(60.0, ge=0, description="Stop: wait this long after SIGINT to the process group.")
-    stop_sigterm_s: float = Field(30.0, ge=0, description="... then after SIGTERM, before SIGKILL.")
-    stop_sigkill_s: float = Field(10.0, ge=0, description="... then after SIGKILL, before reporting a failed stop.")
+    stop_sigterm_s: float = Field(30.0, ge=0, description="Stop: wait this long after SIGTERM, before SIGKILL.")
+    stop_sigkill_s: float = Field(
+        10.0, ge=0, description="Stop: wait this long after SIGKILL, before reporting a failed stop."
+    )
     ray_survivor_grace_s: float = Field(
         10.0,
         ge=0,
@@ -598,10 +634,12 @@ class WandbConfig(_Section):
     )
     entity: str | None = Field(None, description="W&B entity (team); default: your default entity.")
     mode: Literal["online", "offline", "disabled"] | None = Field(
-        None, description="wandb.init mode; default: wandb's."
+        None, description="The wandb.init mode; default: wandb's."
     )
     min_level: LevelName = Field("warning", description="Send events at this level and above.")
-    wait_duration_s: float = Field(60.0, ge=0, description="wandb.alert wait_duration: gap between equal titles.")
+    wait_duration_s: float = Field(
+        60.0, ge=0, description="The wandb.alert wait_duration: the least gap between alerts with equal titles."
+    )
 
 
 class NotifyConfig(_Section):
@@ -698,34 +736,44 @@ class ChecklistConfig(_Section):
         description="Entropy still falling at the end by more than this share of its baseline per 100 steps: warn "
         "(a longer run at this rate collapses).",
     )
-    kl_warn: float = Field(0.1, gt=0, description="KL to the reference at the end above this (nats/token): warn ...")
+    kl_warn: float = Field(0.1, gt=0, description="KL to the reference at the end above this (nats/token): warn.")
     kl_fail: float = Field(
-        1.0, gt=0, description="... above this: fail (the seed tutorial's broken run climbed past 1 nat/token)."
+        1.0,
+        gt=0,
+        description="KL to the reference at the end above this (nats/token): fail (the seed tutorial's broken run "
+        "climbed past 1 nat/token).",
     )
-    egr_warn: float = Field(0.4, ge=0, le=1, description="Effective group ratio at the end below this: warn ...")
+    egr_warn: float = Field(0.4, ge=0, le=1, description="Effective group ratio at the end below this: warn.")
     egr_fail: float = Field(
         0.2,
         ge=0,
         le=1,
-        description="... below this: fail, unless most groups are all-correct (easy data: a warning that says so; "
+        description="Effective group ratio at the end below this: fail, unless most groups are all-correct (easy data: "
+        "a warning that says so; "
         "checks.egr_collapse.saturation_fraction).",
     )
     length_warn_ratio: float = Field(
-        0.5, gt=0, lt=1, description="Mean response length at the end below this × its baseline: warn ..."
+        0.5, gt=0, lt=1, description="Mean response length at the end below this × its baseline: warn."
     )
-    length_fail_ratio: float = Field(0.2, gt=0, lt=1, description="... below this × its baseline: fail.")
+    length_fail_ratio: float = Field(
+        0.2, gt=0, lt=1, description="Mean response length at the end below this × its baseline: fail."
+    )
     length_growth_warn: float = Field(
         3.0, gt=1, description="Mean response length at the end above this × its baseline: warn."
     )
     truncation_warn: float = Field(
-        0.1, ge=0, le=1, description="Share of responses cut at the length cap at the end above this: warn ..."
+        0.1, ge=0, le=1, description="Share of responses cut at the length cap at the end above this: warn."
     )
-    truncation_fail: float = Field(0.3, ge=0, le=1, description="... above this: fail.")
+    truncation_fail: float = Field(
+        0.3, ge=0, le=1, description="Share of responses cut at the length cap at the end above this: fail."
+    )
     min_healthy_checkpoints: int = Field(
         1, ge=0, description="Healthy checkpoints (verdict healthy, folder present) the run must keep: fewer fails."
     )
-    review_samples: int = Field(5, ge=1, description="Highest-reward rollout samples listed for a person to read ...")
-    review_steps: int = Field(10, ge=1, description="... from the dumps of the run's last this-many steps.")
+    review_samples: int = Field(5, ge=1, description="Highest-reward rollout samples listed for a person to read.")
+    review_steps: int = Field(
+        10, ge=1, description="The review samples come from the dumps of the run's last this-many steps."
+    )
     review_chars: int = Field(400, ge=40, description="Characters of each sample's prompt and response shown.")
     eval_minimums: dict[str, float] = Field(
         default_factory=dict,
