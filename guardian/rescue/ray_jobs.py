@@ -2,9 +2,8 @@
 
 Invariants: one job per attempt, its submission id derived from run id and attempt, so a restarted guardian
 finds it instead of submitting twice; a job of that id from another store is refused; terminal jobs are kept as
-evidence; never two trainers at once (a live job or GPU-holding survivors refuse the relaunch).
-Not covered: workers of other drivers; checkpoints on a file system the guardian cannot read.
-Stop, survivors and timeouts: docs/decisions/0052-ray-jobs-stop.md."""
+evidence; never two trainers at once (a live job or GPU-holding survivors refuse the relaunch). Not covered:
+other drivers' workers, checkpoints the guardian cannot read. Why: docs/decisions/0052-ray-jobs-stop.md."""
 
 from __future__ import annotations
 
