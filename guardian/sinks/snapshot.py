@@ -234,15 +234,11 @@ def _experiment_of(run: RunView | None, run_id: str) -> str:
 class GuardianSource:
     """An ``ExportSource`` over one ``Guardian``: the run's published snapshots, the glue a guard loop needs.
 
-    Call it after each tick (``ok=False`` when the tick raised; ``record_poll`` is the same with the poll's
-    time), on the guard loop's thread: it builds the run's snapshot there, between ticks, so the guardian's
-    memory and the store are read while nothing changes them. ``latest`` is that snapshot, for the terminal
-    views; ``snapshot`` (the HTTP threads) hands out the same one until the next publish, so its exposition
-    is rendered once (guardian/sinks/exposition.py); publishing is one reference assignment, so a scrape sees
-    a whole snapshot, old or new, never half of each. The step age is therefore as of the last tick (one poll
-    interval of resolution). Call ``stopped`` once the guardian stops guarding the run while the exporter
-    keeps serving. The first snapshot is built when the source is made. With ``reads_store`` False (nothing
-    served or shown needs what the store holds) a snapshot is the guardian's memory only: no store read.
+    Call it after each tick, on the guard loop's thread: it builds the snapshot there, while nothing changes the
+    memory or the store. ``latest`` (the views) and ``snapshot`` (the HTTP threads) hand out that one until the
+    next publish, a single reference assignment, so a scrape sees a whole snapshot. The step age is as of the last
+    tick. Call ``stopped`` when guarding ends while the exporter lingers. With ``reads_store`` False a snapshot is
+    the guardian's memory only.
     """
 
     guardian: Guardian
