@@ -39,7 +39,7 @@ def choose_rollback_target(
 ) -> C | None:
     """The newest "healthy" checkpoint at or before (onset, else detection) − margin, not excluded, that a rollback
     can land on: ``available`` holds the steps verl can resume from as they are on disk, and those whose folder
-    verl's retention emptied but the guardian pinned (the rollback restores them first; guardian.actions.pins).
+    verl's retention emptied but the guardian pinned (the rollback restores them first; guardian.checkpoints.pinning).
 
     On a relapse the caller excludes the previous target, which moves one further back; ``skip_newest``
     skips that many more qualifying checkpoints (a rung's ``rollback_extra_checkpoints``), as far as there
