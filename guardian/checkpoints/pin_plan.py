@@ -1,15 +1,10 @@
-"""Which checkpoints to pin and which pins to release. Pure: a function of the checkpoints' verdicts, the health
-noted around their steps and the pins already made.
+"""Which checkpoints to pin and which pins to release. Pure: a function of the verdicts, the health around their
+steps and the pins already made.
 
-The rule (``checkpoints`` in guardian.yaml): a checkpoint at step S is pinned when
-- its verdict is healthy (not saved at or after an open incident's onset, not at a step with NaN/inf) and verl
-  can still resume from it (its ``actor/`` is there);
-- no incident is open: while one is, nothing is pinned or released (the rollback may need every pin, and a
-  checkpoint saved after the trouble began must never become one);
-- it is healthy *around* S, not just at it: the timeline reached S + N, and no finding at warn or worse stood at
-  any step from S - N to S + N (N = ``healthy_window_steps``);
-- it is among the ``pin_keep`` newest such checkpoints (counting those already pinned and still healthy).
-A pin is released once ``pin_keep`` newer healthy pins exist, whatever its own verdict became.
+A checkpoint at S is pinned when its verdict is healthy, its ``actor/`` is there, no incident is open, no warn or
+worse stood from S - N to S + N (N = ``healthy_window_steps``, the timeline past S + N), and it is among the
+``pin_keep`` newest such. A pin is released once ``pin_keep`` newer healthy pins exist.
+Why: docs/decisions/0014-checkpoint-pins.md.
 """
 
 from __future__ import annotations

@@ -1,18 +1,9 @@
 """``guardian run``'s pin pass: after a tick that read new steps, keep the newest healthy checkpoints pinned.
 
-``pin_plan`` decides (pure) from the stored verdicts, the guard loop's per-step health and the pins in
-place; this pass does the filesystem work (``pinning``) and the bookkeeping, in that order - the
-pinned folder first, then its row; a pin's folder removed first, then its row marked released - so the store lags
-the disk by at most one crash: a pinned folder the store does not know is adopted by the next pin of its step,
-and a live row whose folder is gone (moved to quarantine with an abandoned branch, removed by hand) is released
-at the start of every pass. It runs in advise and enforce mode (the rescue, or a person following the advice,
-needs the checkpoint to exist); observe mode changes nothing on disk, so it never pins.
-
-A pin or release that fails is logged once, in one line naming the path (``event=pin_failed``, or
-``event=pin_copy_refused`` when a copy would leave too little space), and not tried again for that step until
-the timeline moves to a new branch; nothing is released in a pass whose pins failed. The pass runs on the guard
-loop's thread: hard links take milliseconds, but a copy (hard links refused) holds the next poll for as long as it
-takes, which is why it is a warning and has a free-space floor.
+``pin_plan`` decides; this pass does the disk work (``pinning``) before the store's row, so the store lags the disk
+by at most one crash (an unknown pin folder is adopted, a row whose folder is gone is released). Advise and enforce
+mode only. A failed pin is logged once (``event=pin_failed`` / ``pin_copy_refused``) and not retried for that step on
+the same branch. Runs on the guard loop's thread. Why: docs/decisions/0014-checkpoint-pins.md.
 """
 
 from __future__ import annotations

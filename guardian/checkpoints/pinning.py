@@ -1,22 +1,9 @@
 """Pinned checkpoints on disk: healthy ``global_step_N`` folders kept out of verl's retention.
 
-verl's ``trainer.max_actor_ckpt_to_keep`` deletes ``global_step_N/actor`` of its own older saves (facts §3.3), which
-can take every healthy rollback target with it before a slow collapse is even detected. A pin is a second name for
-every file of the folder: ``<ckpt>/.guardian-pinned/global_step_N/`` with the directories recreated and each file
-hard-linked, so it costs no space while the original exists and keeps the data alive once verl deletes it. Where
-hard links are refused (another filesystem under the pin folder, EPERM from ``fs.protected_hardlinks`` or a
-filesystem without links) the pin is a copy, made only when enough space stays free.
-
-Every write is atomic: a pin (or a restore) is built under a temporary name in ``.guardian-pinned/`` and renamed
-into place, so a pinned folder is always complete and a crash leaves only a temporary folder, removed by the next
-attempt. Nothing here removes anything but the guardian's own ``.guardian-pinned/`` folders: a folder in the way
-of a restore is moved into ``.guardian-quarantine/`` (never deleted), and errors say what happened and to which
-path (``PinError``; a ``CheckpointError``, so a rollback that cannot restore its target says why).
-
-``.guardian-pinned/`` and the quarantine folders are used only as real folders of the checkpoint dir: a symlink
-or a file planted in their place is refused before anything is built, linked or moved there, and the temporary
-folders are removed through a descriptor of ``.guardian-pinned/`` opened without following links
-(``remove_own_tree``), so nothing outside the checkpoint dir is ever removed.
+A pin is ``<ckpt>/.guardian-pinned/global_step_N/`` with every file hard-linked (a copy where links are refused,
+only with enough free space), built under a temporary name and renamed, so a pin is always complete.
+Only the guardian's own ``.guardian-pinned/`` folders are ever removed (through ``remove_own_tree``); a folder in a
+restore's way goes to quarantine. Errors are ``PinError`` naming the path. Why: docs/decisions/0014-checkpoint-pins.md.
 """
 
 from __future__ import annotations

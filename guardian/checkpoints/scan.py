@@ -1,15 +1,9 @@
-"""verl checkpoint folders: ``{default_local_dir}/global_step_N/`` and the tracker file
-``latest_checkpointed_iteration.txt`` (facts §3.1; the tracker is written last, after the folder).
+"""verl checkpoint folders: ``{default_local_dir}/global_step_N/`` and ``latest_checkpointed_iteration.txt``.
 
-A step folder counts only under the name verl writes, ``global_step_`` and the step in canonical ASCII decimal
-(``global_step_300``, never ``global_step_0300``, Unicode digits or a trailing newline): the rollback renames
-``global_step_{step}``, and a name that parses to a step it does not spell would be a folder nobody can move
-or resume from. Any other ``global_step_*`` entry is left alone, with one warning. A step folder that is a
-symlink counts by its own path (verl resumes from ``ckpt/global_step_N`` whatever it points to).
-
-The checkpoint dir is shared with the trainer and, on a cluster, with other people: every entry the guardian
-reads or writes is checked for its kind without following a symlink (``entry_kind``), and one of the wrong
-kind is refused in a ``CheckpointError`` that names the path and what to do.
+A step folder counts only under the exact name verl writes (``global_step_`` and canonical ASCII decimal); any other
+``global_step_*`` entry is left alone with one warning; a symlinked step folder counts by its own path. Every entry is
+checked for its kind without following a symlink (``entry_kind``); a wrong kind is a ``CheckpointError`` naming the
+path. Why: docs/decisions/0015-checkpoint-folder-names-and-kinds.md.
 """
 
 from __future__ import annotations
