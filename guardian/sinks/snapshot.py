@@ -40,9 +40,9 @@ class RunSnapshot:
     (``resolved``, ``relapsed``, ``gave_up``); ``intervention`` names the one under way and its state.
     ``last_poll_success_at`` is the Unix time of the last successful poll; None (with
     ``last_poll_success``) when not known, and then the series are left out. ``pinned_checkpoints`` and
-    ``pinned_bytes`` are the live pins (guardian/checkpoints/pinning.py) and the bytes they added. ``store_read`` is False when
-    what the store holds (attempt, incidents, interventions, deliveries) was not read for this snapshot -
-    the store could not be read, or nothing shown needs it - and is the last read's, or empty.
+    ``pinned_bytes`` are the live pins (guardian/checkpoints/pinning.py) and the bytes they added.
+    ``store_read`` is False when what the store holds (attempt, incidents, interventions, deliveries) was not read
+    for this snapshot - the store could not be read, or nothing shown needs it - and is the last read's, or empty.
     """
 
     run_id: str
