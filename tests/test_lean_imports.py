@@ -19,7 +19,7 @@ def _loaded_after(code: str) -> set[str]:
 
 
 def test_the_schema_head_constant_is_the_newest_migration() -> None:
-    assert SCHEMA_HEAD == head_revision()
+    assert head_revision() == SCHEMA_HEAD
 
 
 def test_a_store_at_the_head_opens_without_alembic_and_a_new_one_is_migrated(tmp_path: Path) -> None:
