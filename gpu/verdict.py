@@ -19,7 +19,6 @@ from typing import Any
 
 from gpu import twins
 from gpu.scenarios import LR_KEY, Scenario
-from guardian.overrides import parse_command
 from guardian.sources.jsonl import read_all
 from recipe.agent.protocol import INVALID_SEARCH_NOTE, OBSERVATION_CLOSE, OBSERVATION_OPEN
 from recipe.prompt import SEARCH_CLOSE
@@ -75,8 +74,9 @@ def collapse_step(metrics: Mapping[int, Mapping[str, Any]]) -> int | None:
 
 
 def last_value(argv: Sequence[str], key: str) -> str | None:
-    """The text of the last override of ``key`` in a launch command (``+``/``++`` forms included)."""
-    texts = [o.value_text for o in parse_command(argv).overrides if o.key == key]
+    """The text of the last override of ``key`` in a launch command (``+``/``++`` forms included). Read token by
+    token, not through Hydra's grammar: recorded evidence masks machine paths (``<tiny>/...``), which Hydra refuses."""
+    texts = [token.partition("=")[2] for token in argv if "=" in token and token.partition("=")[0].lstrip("+") == key]
     return texts[-1] if texts else None
 
 
