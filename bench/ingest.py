@@ -12,14 +12,14 @@ sees a step after verl writes it, and how much memory a replay takes.
 2. Full replay: ``guardian.incidents.replay.replay_file`` with the default checks (parse + every check after
    every step), in a fresh subprocess so that its peak RSS is the replay's alone; next to it the time to
    merely parse the file line by line with orjson, and the RSS of a subprocess that only imports guardian.
-3. Ingest with the store: a ``Guardian`` with a SQLite store in a temp dir tails the file from the
+3. Ingest with the store: a ``IncidentTick`` with a SQLite store in a temp dir tails the file from the
    start, ``tick()`` until every step is in. With ``--db-url`` the same again on that database (PostgreSQL:
    point it at a scratch database; each bench adds two runs with fresh ids), printed beside SQLite. Beside
    its time, the replay's (target: within 2x); beside the database's growth, that of the same steps stored
    with every key of every line, one write per poll (the store's design before it kept only the keys the
    checks read; target: 20 MB for 10,000 x 300).
 4. Tail latency: a writer thread appends steps at ``--rate`` steps/s for ``--seconds`` while a
-   ``Guardian`` with the default config (poll interval ``sources.poll_interval_s``) runs in ``guardian
+   ``IncidentTick`` with the default config (poll interval ``sources.poll_interval_s``) runs in ``guardian
    watch``'s loop (``WatchLoop``) in another thread. Per step: append -> read (the poll returned it),
    append -> judged and stored (the end of the tick that read it; checks run on a step in the tick that
    reads it), and, for the steps where the writer logged ``actor/grad_norm`` as null (two in a row every
@@ -66,8 +66,8 @@ from guardian.commands.watch.trainer import TrainerLiveness
 from guardian.config import GuardianConfig
 from guardian.core import StepRecord
 from guardian.history.timeline import RunHistory
-from guardian.incidents.guardian import Guardian, TickResult
 from guardian.incidents.replay import replay_file
+from guardian.incidents.tick import IncidentTick, TickResult
 from guardian.incidents.tracker import Change, StatusTracker, Transition
 from guardian.keys import CHECKED_KEYS
 from guardian.sinks.snapshot import RunSnapshot
@@ -515,12 +515,12 @@ class IngestFigures:
 
 
 def ingest_with_store(path: Path, home: Path, url: str, last_step: int) -> IngestFigures:
-    """A Guardian with the store at ``url`` reads the finished file from the start, ticking until all is in."""
+    """An IncidentTick with the store at ``url`` reads the finished file from the start, ticking until all is in."""
     config = GuardianConfig(home=home)
     run_id = fresh_run_id("bench-ingest")
     with _open_store(url, run_id, path) as store:
         before = database_bytes(url)
-        guardian = Guardian(config=config, store=store, run_id=run_id, metrics=guarded_file(path), clock=time.time)
+        guardian = IncidentTick(config=config, store=store, run_id=run_id, metrics=guarded_file(path), clock=time.time)
         ticks = 0
         start = time.perf_counter()
         while guardian.history.last_step != last_step:
@@ -573,8 +573,8 @@ def nan_steps_for(count: int, every: int) -> set[int]:
 
 
 def tail_latency(home: Path, url: str, keys: int, rate: float, seconds: float, nan_every: int) -> TailFigures:
-    """A writer thread appends steps at ``rate``/s while a Guardian (store at ``url``) runs in guardian watch's loop
-    in another."""
+    """A writer thread appends steps at ``rate``/s while an IncidentTick (store at ``url``) runs in guardian watch's
+    loop in another."""
     count = max(1, round(rate * seconds))
     run = SyntheticRun(count, keys, seed=SEED + 7)
     nan_steps = nan_steps_for(count, nan_every)
@@ -591,7 +591,7 @@ def tail_latency(home: Path, url: str, keys: int, rate: float, seconds: float, n
     source = _TimedSource(guarded_file(path))
     followed = FollowedFile(source)
     with _open_store(url, run_id, path) as store:
-        guardian = Guardian(config=config, store=store, run_id=run_id, metrics=followed, clock=time.time)
+        guardian = IncidentTick(config=config, store=store, run_id=run_id, metrics=followed, clock=time.time)
         seen = 0
 
         class Judged:
@@ -741,7 +741,7 @@ def render(fig: Figures) -> str:
         ("  verdict on the synthetic run", f"{r.verdict} ({len(r.raised)} finding(s) raised)", "", ""),
         ("orjson parse only, line by line", f"{fig.parse_s:.2f} s", "", ""),
         ("  replay / parse", f"{r.seconds / fig.parse_s:.1f}x", f"<= {TARGET_REPLAY_OVER_PARSE:g}x", status("ratio")),
-        ("ingest with store (Guardian.tick, SQLite)", f"{i.seconds:.2f} s", "", ""),
+        ("ingest with store (IncidentTick.tick, SQLite)", f"{i.seconds:.2f} s", "", ""),
         ("  values/s", f"{fig.values / i.seconds:,.0f}", "", ""),
         ("  ingest / replay", f"{i.seconds / r.seconds:.1f}x", f"<= {TARGET_INGEST_OVER_REPLAY:g}x", status("ingest")),
         ("  ticks / steps stored / db size", f"{i.ticks} / {i.steps_stored} / {i.db_mb:.1f} MB", "", ""),
@@ -784,7 +784,9 @@ def render(fig: Figures) -> str:
 
 def side_by_side(fig: Figures, other: OtherStore) -> list[str]:
     """The store figures of SQLite and of ``--db-url``'s database in two columns."""
-    rows: list[tuple[str, str, str]] = [("store (same file, same Guardian.tick)", "SQLite (temp file)", other.backend)]
+    rows: list[tuple[str, str, str]] = [
+        ("store (same file, same IncidentTick.tick)", "SQLite (temp file)", other.backend)
+    ]
     for name, ingest in (("ingest", fig.ingest), ("other", other.ingest)):
         if ingest.steps_stored != fig.steps:
             rows.append((f"WARNING: {name} stored {ingest.steps_stored} of {fig.steps} steps", "", ""))

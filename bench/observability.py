@@ -3,7 +3,7 @@
     python bench/observability.py [--steps 10000] [--incidents 60] [--scrapes 50] [--json]
 
 Builds a SQLite store (temp dir) holding one run of ``--steps`` steps (the verl keys a real GRPO step
-logs), ``--incidents`` incidents (every third with an intervention of 8 states), and a ``Guardian``
+logs), ``--incidents`` incidents (every third with an intervention of 8 states), and a ``IncidentTick``
 whose history holds every step; three sinks have already had every event. Then:
 
 1. scrape: ``GuardianSource.publish`` then ``generate_latest`` over the exporter's registry, timed
@@ -35,7 +35,7 @@ from prometheus_client import generate_latest
 
 from guardian.config import GuardianConfig
 from guardian.core import Finding, Severity, StepRecord
-from guardian.incidents.guardian import Guardian
+from guardian.incidents.tick import IncidentTick
 from guardian.notify.dispatcher import Dispatcher, DispatchPolicy
 from guardian.notify.events import GuardianEvent, Level, load_events
 from guardian.sinks.prometheus import build_registry
@@ -80,7 +80,7 @@ class DoneSink:
         return None
 
 
-def build(folder: Path, steps: int, incidents: int) -> tuple[Store, Guardian]:
+def build(folder: Path, steps: int, incidents: int) -> tuple[Store, IncidentTick]:
     store = Store.open(f"sqlite:///{folder / 'bench.db'}")
     metrics = folder / "metrics.jsonl"
     metrics.write_text("")
@@ -90,7 +90,9 @@ def build(folder: Path, steps: int, incidents: int) -> tuple[Store, Guardian]:
     attempt = store.start_attempt(RUN, metrics_path=str(metrics), now=0.0)
     records = [StepRecord(s, step_values(s)) for s in range(1, steps + 1)]
     store.write_steps(RUN, attempt.id, 0, records, now=1.0)
-    guardian = Guardian(config=GuardianConfig(), store=store, run_id=RUN, metrics=MetricsFile(metrics), clock=time.time)
+    guardian = IncidentTick(
+        config=GuardianConfig(), store=store, run_id=RUN, metrics=MetricsFile(metrics), clock=time.time
+    )
     for record in records:
         guardian.history.add(record, arrived_at=float(record.step))
     for i in range(incidents):

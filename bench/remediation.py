@@ -203,7 +203,7 @@ def run_one(scenario: Scenario, *, timeout_s: float = RUN_TIMEOUT_S) -> RunRecor
                 _stop(supervisor)  # never leave a trainer running behind an interrupted bench
                 raise
             wall = time.monotonic() - started
-            history = supervisor.guardian.history
+            history = supervisor.incident_tick.history
             record = _record(store, run_id, scenario, code, history.last_step, wall)
             record.final_reward = final_reward(history.signal(Signal.REWARD).values)
             return record

@@ -10,7 +10,7 @@ import pytest
 from sqlalchemy.exc import OperationalError
 
 from guardian.config import GuardianConfig
-from guardian.incidents.guardian import Guardian
+from guardian.incidents.tick import IncidentTick
 from guardian.sources.jsonl import MetricsFile
 from guardian.store import Store
 
@@ -22,7 +22,7 @@ def test_a_watch_whose_first_tick_meets_a_locked_store_judges_those_lines_on_the
         store.ensure_run(
             "w", name="w", metrics_path=str(metrics), rollouts_dir="", checkpoints_dir=None, mode="observe", now=0.0
         )
-        guardian = Guardian(
+        guardian = IncidentTick(
             config=GuardianConfig(), store=store, run_id="w", metrics=MetricsFile(metrics), clock=lambda: 1.0
         )
         holder = sqlite3.connect(db, timeout=0.1)

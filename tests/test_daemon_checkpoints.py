@@ -10,7 +10,7 @@ import pytest
 
 from guardian.checkpoints.verdicts import NON_FINITE_NOTE
 from guardian.config import GuardianConfig
-from guardian.incidents.guardian import Guardian
+from guardian.incidents.tick import IncidentTick
 from guardian.sources.jsonl import MetricsFile
 from guardian.store import Store
 
@@ -51,8 +51,8 @@ class Run:
             now=0.0,
         )
 
-    def guardian(self, store: Store, close_on_clear: bool) -> Guardian:
-        return Guardian(
+    def guardian(self, store: Store, close_on_clear: bool) -> IncidentTick:
+        return IncidentTick(
             config=GuardianConfig(),
             store=store,
             run_id=RUN,

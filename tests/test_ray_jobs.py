@@ -924,7 +924,7 @@ def test_while_the_jobs_api_is_down_the_metrics_are_still_judged_and_the_rescue_
         for _ in range(3):  # a critical finding ends a tick's reading at its step (the rescue acts there)
             with pytest.raises(ConnectionError):
                 supervisor.tick()
-        assert supervisor.guardian.history.last_step == 6
+        assert supervisor.incident_tick.history.last_step == 6
         (incident,) = store.list_incidents(RUN)
         assert incident.check == "non_finite" and incident.is_open  # judged, stored, alerted
         assert not store.interventions(RUN) and ("stop", f"guardian-{RUN}-1") not in jobs.calls

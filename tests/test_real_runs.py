@@ -21,8 +21,8 @@ from conftest import ManualClock, fixture_path
 from guardian.config import ChecksConfig, GuardianConfig
 from guardian.core import Severity
 from guardian.history.timeline import RunHistory
-from guardian.incidents.guardian import Guardian
 from guardian.incidents.replay import replay_file
+from guardian.incidents.tick import IncidentTick
 from guardian.rescue.outcome import measure_outcome
 from guardian.sources.jsonl import MetricsFile, read_all
 from guardian.sources.rollouts import RolloutDir
@@ -87,7 +87,7 @@ def test_the_live_guard_loop_reaches_the_decisions_a_replay_reaches(run: RealRun
     with Store.open(f"sqlite:///{tmp_path / 'guardian.db'}") as store:
         store.ensure_run(run.name, name=run.name, metrics_path=str(metrics), rollouts_dir="", checkpoints_dir="",
                          mode="observe", now=clock(), config_json="{}")  # fmt: skip
-        guardian = Guardian(
+        guardian = IncidentTick(
             config=GuardianConfig(home=tmp_path / "home"),
             store=store,
             run_id=run.name,

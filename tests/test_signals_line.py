@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from guardian.config import GuardianConfig
-from guardian.incidents.guardian import Guardian
+from guardian.incidents.tick import IncidentTick
 from guardian.sources.jsonl import MetricsFile
 from guardian.store import Store
 
@@ -33,7 +33,7 @@ def test_a_validation_only_step_0_is_no_missing_training_signals_and_the_line_is
         store.ensure_run(
             "v", name="v", metrics_path=str(metrics), rollouts_dir="", checkpoints_dir=None, mode="observe", now=0.0
         )
-        guardian = Guardian(
+        guardian = IncidentTick(
             config=GuardianConfig(), store=store, run_id="v", metrics=MetricsFile(metrics), clock=lambda: 1.0
         )
         guardian.tick()
@@ -62,7 +62,7 @@ def test_a_run_whose_first_step_trains_says_the_line_once(tmp_path: Path, caplog
         store.ensure_run(
             "t", name="t", metrics_path=str(metrics), rollouts_dir="", checkpoints_dir=None, mode="observe", now=0.0
         )
-        guardian = Guardian(
+        guardian = IncidentTick(
             config=GuardianConfig(), store=store, run_id="t", metrics=MetricsFile(metrics), clock=lambda: 1.0
         )
         for _ in range(3):

@@ -1,5 +1,5 @@
 """The Prometheus exporter: names, labels, values and HELP/TYPE of the exposition, scraped over HTTP
-from a private registry; ``snapshot_from`` over a real ``Guardian`` and store; loopback-only serving;
+from a private registry; ``snapshot_from`` over a real ``IncidentTick`` and store; loopback-only serving;
 and ``promtool check metrics`` on the scrape when promtool is installed."""
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from guardian import __version__, keys
 from guardian.config import ExporterConfig, GuardianConfig
 from guardian.core import Finding, Severity
-from guardian.incidents.guardian import Guardian
+from guardian.incidents.tick import IncidentTick
 from guardian.keys import Signal
 from guardian.sinks.export import exporting
 from guardian.sinks.exposition import ExpositionApp
@@ -411,7 +411,7 @@ def test_snapshot_from_a_real_guardian(tmp_path: Path) -> None:
             now=clock[0],
             config_json=json.dumps({"command": ["python", "-m", "x", "trainer.experiment_name=exp-a"], "cwd": "."}),
         )
-        guardian = Guardian(
+        guardian = IncidentTick(
             config=GuardianConfig(), store=store, run_id="r1", metrics=MetricsFile(metrics), clock=lambda: clock[0]
         )
         guardian.tick()
@@ -486,7 +486,7 @@ def test_experiment_falls_back_to_the_run_name_or_id(tmp_path: Path) -> None:
             )
         experiments = {}
         for run_id in ("watched", "launched"):
-            guardian = Guardian(
+            guardian = IncidentTick(
                 config=GuardianConfig(), store=store, run_id=run_id, metrics=MetricsFile(metrics), clock=lambda: 0.0
             )
             snap = snapshot_from(guardian, store, 0.0)
@@ -543,7 +543,7 @@ def test_a_stopped_guardian_lingers_with_up_zero_until_a_second_signal(tmp_path:
         store.ensure_run(
             "r1", name="r1", metrics_path=str(metrics), rollouts_dir="", checkpoints_dir=None, mode="enforce", now=0.0
         )
-        guardian = Guardian(
+        guardian = IncidentTick(
             config=GuardianConfig(), store=store, run_id="r1", metrics=MetricsFile(metrics), clock=time.time
         )
         port = free_port()
@@ -580,7 +580,7 @@ def test_notification_counters_start_at_zero_and_only_count_final_results(tmp_pa
         )
         for key, status in (("incident:1:critical", "sent"), ("incident:2:critical", "failing")):
             store.record_delivery("r1", "oncall", key, check="stall", level=2, status=status, now=1.0)
-        guardian = Guardian(
+        guardian = IncidentTick(
             config=GuardianConfig(), store=store, run_id="r1", metrics=MetricsFile(metrics), clock=lambda: 0.0
         )
         snap = snapshot_from(guardian, store, 2.0, sinks=["log", "oncall"])
@@ -594,12 +594,12 @@ def test_notification_counters_start_at_zero_and_only_count_final_results(tmp_pa
     }  # the failing row is not counted: it will turn sent or dropped, and a counter never goes down
 
 
-def _watched(run_id: str, metrics: Path, store: Store, clock: list[float]) -> Guardian:
+def _watched(run_id: str, metrics: Path, store: Store, clock: list[float]) -> IncidentTick:
     """An observe-mode guardian of ``metrics`` on the clock ``clock[0]``."""
     store.ensure_run(
         run_id, name=run_id, metrics_path=str(metrics), rollouts_dir="", checkpoints_dir=None, mode="observe", now=0.0
     )
-    return Guardian(
+    return IncidentTick(
         config=GuardianConfig(), store=store, run_id=run_id, metrics=MetricsFile(metrics), clock=lambda: clock[0]
     )
 

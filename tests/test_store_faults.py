@@ -32,7 +32,7 @@ from guardian.commands.run import guard_loop, register_run
 from guardian.config import GuardianConfig
 from guardian.core import Severity, StepRecord
 from guardian.faults import is_outage, unavailable
-from guardian.incidents.guardian import Guardian
+from guardian.incidents.tick import IncidentTick
 from guardian.loop.outage import (
     STORE_WAIT_S,
     TICK_FAILURE_LIMIT,
@@ -307,8 +307,8 @@ def test_a_refused_tick_keeps_nothing_half_and_a_restart_stores_each_step_and_fi
         _ensure(store, "r")
         attempt = store.start_attempt("r", metrics_path=str(metrics), now=clock.now)
 
-        def guardian() -> Guardian:
-            made = Guardian(
+        def guardian() -> IncidentTick:
+            made = IncidentTick(
                 config=config, store=store, run_id="r", metrics=MetricsFile(metrics), clock=lambda: clock.now
             )
             stored = store.latest_step_of_attempt(attempt.id)
@@ -542,9 +542,9 @@ def test_a_held_exclusive_lock_during_an_intervention(
         supervisor = supervisor_for(tmp_path, store, db_url, lambda s: lock.take() if s == lock_after else None)
         try:
             supervisor.start()
-            tick_until(supervisor, lambda: lock.connection is not None and supervisor.guardian.store_degraded)
+            tick_until(supervisor, lambda: lock.connection is not None and supervisor.incident_tick.store_degraded)
             tick_until(supervisor, lambda: stopped(supervisor))
-            assert supervisor.guardian.store_degraded, "stopped while the store was still locked"
+            assert supervisor.incident_tick.store_degraded, "stopped while the store was still locked"
             for _ in range(10):  # it holds: no relaunch while the store is down
                 assert supervisor.tick() is None
             assert len(supervisor.store.attempts(RUN)) == 1
@@ -572,9 +572,9 @@ def test_a_postgresql_server_stopped_during_an_intervention(
         supervisor = supervisor_for(tmp_path, store, url, lambda s: own_postgres.stop() if s == "DETECTED" else None)
         try:
             supervisor.start()
-            tick_until(supervisor, lambda: supervisor.guardian.store_degraded)
+            tick_until(supervisor, lambda: supervisor.incident_tick.store_degraded)
             tick_until(supervisor, lambda: stopped(supervisor))
-            assert supervisor.guardian.store_degraded, "stopped while the server was still down"
+            assert supervisor.incident_tick.store_degraded, "stopped while the server was still down"
             for _ in range(10):  # it holds: no relaunch while the store is down
                 assert supervisor.tick() is None
             own_postgres.start()
@@ -667,11 +667,11 @@ def test_a_full_filesystem_while_the_run_collapses(
         supervisor = supervisor_for(tmp_path, store, sqlite_url(disk.db))
         try:
             supervisor.start()
-            tick_until(supervisor, lambda: (supervisor.guardian.history.last_step or 0) >= 5)
+            tick_until(supervisor, lambda: (supervisor.incident_tick.history.last_step or 0) >= 5)
             disk.fill(store)
             tick_until(supervisor, lambda: stopped(supervisor))
-            assert supervisor.guardian.store_degraded and supervisor.guardian.store_pending_writes > 0
-            assert "disk is full" in (supervisor.guardian.writes.error or "")
+            assert supervisor.incident_tick.store_degraded and supervisor.incident_tick.store_pending_writes > 0
+            assert "disk is full" in (supervisor.incident_tick.writes.error or "")
             assert store.interventions(RUN) == [], "no intervention can start without the store"
             disk.free(store)
             supervisor.clock.skew += RETRY_MAX_S  # type: ignore[attr-defined]
@@ -694,11 +694,11 @@ def test_a_corrupted_page_mid_run_stops_the_collapsing_trainer_and_says_so_in_on
         supervisor = supervisor_for(tmp_path, store, sqlite_url(db))
         try:
             supervisor.start()
-            tick_until(supervisor, lambda: (supervisor.guardian.history.last_step or 0) >= 5)
+            tick_until(supervisor, lambda: (supervisor.incident_tick.history.last_step or 0) >= 5)
             corrupt_table(db)
             store.close()  # connections opened from here on read the damaged file
             tick_until(supervisor, lambda: stopped(supervisor))
-            assert supervisor.guardian.store_degraded
+            assert supervisor.incident_tick.store_degraded
             assert supervisor.tick() is None, "it waits for the store first"
             supervisor.clock.skew += STORE_WAIT_S + 1  # type: ignore[attr-defined]
             code = tick_until(supervisor, lambda: False, timeout_s=10)
@@ -744,7 +744,7 @@ def test_an_exception_in_a_tick_is_logged_once_and_only_a_repeat_gives_up(
     with Store.open(url) as store:
         supervisor = supervisor_for(tmp_path, store, url)
         supervisor.start()
-        supervisor.guardian.metrics = FailingMetrics(supervisor.guardian.metrics, failures)
+        supervisor.incident_tick.metrics = FailingMetrics(supervisor.incident_tick.metrics, failures)
         try:
             code = guard_loop(supervisor, threading.Event(), 0.05, live=False)
         finally:

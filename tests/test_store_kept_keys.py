@@ -15,8 +15,8 @@ import pytest
 from guardian.config import GuardianConfig
 from guardian.core import StepRecord
 from guardian.history.timeline import RunHistory
-from guardian.incidents.guardian import Guardian
 from guardian.incidents.replay import replay_file
+from guardian.incidents.tick import IncidentTick
 from guardian.keys import CHECKED_KEYS, VAL_CORE_PREFIX, checked_values, is_checked_key, signals_present
 from guardian.report.assemble import run_report
 from guardian.review.cost import step_times
@@ -67,7 +67,7 @@ def _stored_both_ways(tmp_path: Path) -> tuple[GuardianConfig, Store]:
     config = GuardianConfig(home=tmp_path / "home")
     store = Store.open(config.database_url())
     _register(store, "new", metrics)
-    guardian = Guardian(config=config, store=store, run_id="new", metrics=MetricsFile(metrics), clock=lambda: NOW)
+    guardian = IncidentTick(config=config, store=store, run_id="new", metrics=MetricsFile(metrics), clock=lambda: NOW)
     while guardian.tick().new_steps:
         pass
     _register(store, "old", metrics)  # every key of every step, as the store kept them before

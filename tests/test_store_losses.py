@@ -30,7 +30,7 @@ from sqlalchemy.exc import IntegrityError, OperationalError
 from guardian.config import GuardianConfig
 from guardian.core import Finding, Severity
 from guardian.faults import failure_text
-from guardian.incidents.guardian import Guardian
+from guardian.incidents.tick import IncidentTick
 from guardian.sources.jsonl import MetricsFile
 from guardian.states import Kind, State
 from guardian.store import InterventionView, Store, StoredPlan
@@ -84,10 +84,10 @@ def events(caplog: pytest.LogCaptureFixture, name: str) -> list[str]:
     return [r.getMessage() for r in caplog.records if r.getMessage().startswith(f"event={name} ")]
 
 
-def guardian_on(store: Store, metrics: Path, clock: ManualClock, home: Path) -> Guardian:
+def guardian_on(store: Store, metrics: Path, clock: ManualClock, home: Path) -> IncidentTick:
     config = GuardianConfig.model_validate({"home": str(home)})
     attempt = store.start_attempt(RUN, metrics_path=str(metrics), now=clock.now)
-    guardian = Guardian(config=config, store=store, run_id=RUN, metrics=MetricsFile(metrics), clock=clock)
+    guardian = IncidentTick(config=config, store=store, run_id=RUN, metrics=MetricsFile(metrics), clock=clock)
     guardian.switch_attempt(attempt.id, MetricsFile(metrics))
     return guardian
 

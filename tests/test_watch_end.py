@@ -23,7 +23,7 @@ from guardian.commands.watch.summary import VerdictTracker
 from guardian.commands.watch.trainer import TrainerLiveness
 from guardian.config import ConfigError, GuardianConfig
 from guardian.core import Severity
-from guardian.incidents.guardian import Guardian
+from guardian.incidents.tick import IncidentTick
 from guardian.sources.hydra_config import MAX_RUN_CONFIG_BYTES, config_beside, total_training_steps
 from guardian.sources.jsonl import MetricsBatch, MetricsFile
 from guardian.store import Store
@@ -183,7 +183,7 @@ class Harness:
         self.file = FollowedFile(self.source)
         self.trainer = TrainerLiveness(None if alive is None else 4242, alive or pid_alive)
         self.tracker = VerdictTracker()
-        self.guardian = Guardian(
+        self.guardian = IncidentTick(
             config=GuardianConfig(),
             store=self.store,
             run_id="r",

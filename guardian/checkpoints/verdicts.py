@@ -2,7 +2,7 @@
 
 Unhealthy: saved at a step with NaN/inf (whatever becomes of the incident), or at or after an open critical
 incident's onset. Unknown: the timeline has not reached its step yet (judged once the line arrives). Recording
-the verdicts is the guard loop's (``guardian.incidents.guardian``), which also marks them on a later onset.
+the verdicts is the guard loop's (``guardian.incidents.tick``), which also marks them on a later onset.
 """
 
 from __future__ import annotations

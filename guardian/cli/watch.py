@@ -33,7 +33,7 @@ from guardian.store import Store
 from guardian.store.engine import reason as store_error_text
 
 if TYPE_CHECKING:  # the guard loop's modules load when a watch starts, not with the CLI
-    from guardian.incidents.guardian import Guardian
+    from guardian.incidents.tick import IncidentTick
 
 EXIT_CODES = {
     Verdict.HEALTHY: EXIT_OK,
@@ -182,7 +182,7 @@ def _watch(
     from guardian.commands.view import Header
     from guardian.commands.watch.display import Display, LiveView, PlainProgress
     from guardian.commands.watch.loop import FollowedFile, WatchLoop
-    from guardian.incidents.guardian import Guardian
+    from guardian.incidents.tick import IncidentTick
     from guardian.sources.console import ConsoleFile
     from guardian.sources.jsonl import MetricsFile
     from guardian.sources.rollouts import RolloutDir
@@ -205,7 +205,7 @@ def _watch(
         now=time.time(),
     )
     tracker = VerdictTracker()
-    guardian = Guardian(
+    guardian = IncidentTick(
         config=config,
         store=store,
         run_id=run_id,
@@ -261,7 +261,7 @@ def _watch(
 
 
 def _summary(
-    guardian: Guardian,
+    guardian: IncidentTick,
     store: Store,
     tracker: VerdictTracker,
     reason: EndReason,
@@ -290,7 +290,7 @@ def _summary(
     )
 
 
-def _incidents(guardian: Guardian, store: Store) -> tuple[IncidentLine, ...]:
+def _incidents(guardian: IncidentTick, store: Store) -> tuple[IncidentLine, ...]:
     """The run's incidents, oldest first, as the store holds them; what the store could not take is said."""
     if guardian.store_pending_writes:
         log.error(

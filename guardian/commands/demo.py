@@ -200,7 +200,7 @@ def _demo(config: GuardianConfig, *, scenario: str, json_output: bool, stop: thr
                 "(exporter.linger_s); Ctrl-C to stop now"
             )
 
-        with outlets(config, store, supervisor.guardian, time.time, stop, on_linger=lingering) as out:
+        with outlets(config, store, supervisor.incident_tick, time.time, stop, on_linger=lingering) as out:
             supervisor.announce = out.announce
             supervisor.start()
             code = guard_loop(
@@ -242,7 +242,7 @@ def _summary(
             "run": run_id,
             "scenario": scenario,
             "exit_code": code,
-            "last_step": supervisor.guardian.history.last_step,
+            "last_step": supervisor.incident_tick.history.last_step,
             "incidents": [
                 {
                     **detail.to_json(),
@@ -259,14 +259,14 @@ def _summary(
         sys.stdout.write(orjson.dumps(document, option=orjson.OPT_INDENT_2).decode() + "\n")
         sys.stdout.flush()
         return
-    last = supervisor.guardian.history.last_step
+    last = supervisor.incident_tick.history.last_step
     outcome = {
         0: "[bold green]finished[/]",
         93: "[bold red]gave up (exit 93: do not requeue)[/]",
         None: "[yellow]interrupted[/]",
     }
     console.print(f"\nrun {run_id}: {outcome.get(code, f'exit {code}')} at step {last}")
-    reward = [v for v in supervisor.guardian.history.signal(Signal.REWARD).values if math.isfinite(v)]
+    reward = [v for v in supervisor.incident_tick.history.signal(Signal.REWARD).values if math.isfinite(v)]
     if len(reward) >= 2 * FINAL_STEPS:
         start, end = statistics.fmean(reward[:FINAL_STEPS]), statistics.fmean(reward[-FINAL_STEPS:])
         console.print(f"  reward {start:.2f} over the first {FINAL_STEPS} steps, {end:.2f} over the last")

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from guardian.config import GuardianConfig
 from guardian.core import Clock
-from guardian.incidents.guardian import Guardian
+from guardian.incidents.tick import IncidentTick
 from guardian.loop.outage import CannotContinue
 from guardian.notify.compose import cannot_continue_alert
 from guardian.notify.setup import notifying, sink_names
@@ -37,7 +37,7 @@ class Outlets:
 def outlets(
     config: GuardianConfig,
     store: Store,
-    guardian: Guardian,
+    guardian: IncidentTick,
     clock: Clock,
     stop: threading.Event,
     *,

@@ -245,7 +245,9 @@ def _live_view(held: ExitStack, supervisor: Supervisor, snapshots: GuardianSourc
 def _render(supervisor: Supervisor, total_steps: int | None = None) -> Frame:
     """The live view's first frame: the run as ``start`` left it (a re-attach rebuilt its history), before the first
     tick publishes its snapshot."""
-    return run_frame(supervisor, GuardianSource(supervisor.guardian, supervisor.store, time.time).latest, total_steps)
+    return run_frame(
+        supervisor, GuardianSource(supervisor.incident_tick, supervisor.store, time.time).latest, total_steps
+    )
 
 
 def run_frame(supervisor: Supervisor, snapshot: RunSnapshot, total_steps: int | None) -> Frame:
@@ -402,7 +404,7 @@ def guard_request(
             with outlets(
                 without_exporter if fleet else config,
                 store,
-                supervisor.guardian,
+                supervisor.incident_tick,
                 time.time,
                 stop,
                 views_read_store=request.live or fleet,

@@ -58,8 +58,8 @@ class DumpPruner:
     def run(
         self, snapshot: RescueSnapshot, attempts: Sequence[AttemptView], health: StepHealth, findings: Iterable[Finding]
     ) -> None:
-        """One pass (see the module docstring): ``health`` and ``findings`` are the guard loop's (``Guardian.health``,
-        its tracker's latest findings)."""
+        """One pass (see the module docstring): ``health`` and ``findings`` are the guard loop's
+        (``IncidentTick.health``, its tracker's latest findings)."""
         if snapshot.active is not None:
             return
         self._pruned_at = snapshot.last_step

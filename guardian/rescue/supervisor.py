@@ -22,7 +22,7 @@ from guardian.config import GuardianConfig
 from guardian.core import Clock, Severity
 from guardian.exits import EXIT_ERROR
 from guardian.faults import failure_text, fault_fields, is_outage, unavailable
-from guardian.incidents.guardian import Guardian, MetricsSource
+from guardian.incidents.tick import IncidentTick, MetricsSource
 from guardian.keys import CHECKED_KEYS
 from guardian.logs import event, get_logger
 from guardian.loop.outage import CannotContinue, StoreWait, stop_while_store_down, trainer_fate
@@ -98,7 +98,7 @@ class Supervisor:
                 on_launch=self._follow,
                 cluster=self.cluster,
             )
-        self.guardian = Guardian(
+        self.incident_tick = IncidentTick(
             config=self.config,
             store=self.store,
             run_id=self.run_id,
@@ -122,7 +122,7 @@ class Supervisor:
             checkpoints=LocalCheckpoints(
                 self.run_id,
                 self.checkpoint_dir,
-                lambda: self.guardian.rollouts.path if users_dumps and self.guardian.rollouts else None,
+                lambda: self.incident_tick.rollouts.path if users_dumps and self.incident_tick.rollouts else None,
                 copy_min_free_bytes=self.config.checkpoints.copy_min_free_bytes,
             ),
             planner=LocalPlanner(self.config, self._current_argv, self._planned_files),
@@ -173,12 +173,12 @@ class Supervisor:
             return
         for attempt in self.store.attempts(self.run_id)[:-1]:
             dumps = self._rollouts_of(attempt.number, stored_argv(attempt.command) or self.command)
-            self.guardian.rebuild(self._metrics_source(Path(attempt.metrics_path), attempt.number), dumps)
+            self.incident_tick.rebuild(self._metrics_source(Path(attempt.metrics_path), attempt.number), dumps)
         argv = stored_argv(latest.command) or self.command
         self.trainer.attach(latest, argv)
         self._watch_forwarding(latest.number)
         stored = self.store.latest_step_of_attempt(latest.id)
-        self.guardian.switch_attempt(
+        self.incident_tick.switch_attempt(
             latest.id,
             self._metrics_source(Path(latest.metrics_path), latest.number),
             self._rollouts_of(latest.number, argv),
@@ -205,7 +205,7 @@ class Supervisor:
 
     def _follow(self, attempt_id: int, number: int, argv: tuple[str, ...]) -> None:
         """A new launch: the guard loop reads its own metrics file and rollout dumps from now on."""
-        self.guardian.switch_attempt(
+        self.incident_tick.switch_attempt(
             attempt_id,
             self._metrics_source(self.folder.metrics(number), number),
             self._rollouts_of(number, argv),
@@ -242,18 +242,18 @@ class Supervisor:
                 raise
             # the trainer's control does not answer (a Ray cluster's Jobs API): the metrics are still read and judged
             # (findings, incidents, alerts), the rescue waits, and the tick fails as an outage (outage_limit_s)
-            self.guardian.tick(self._read_disk())
+            self.incident_tick.tick(self._read_disk())
             raise
-        moved = self.guardian.tick(self._read_disk())
+        moved = self.incident_tick.tick(self._read_disk())
         self.busy = bool(moved.new_steps or moved.transitions or moved.bad_lines)
         aside(self.run_id, "forwarding", self._check_forwarding)
-        if not self.guardian.store_degraded:
+        if not self.incident_tick.store_degraded:
             try:
                 code = self._rescue(exit_status)
             except Exception as exc:
                 if not unavailable(exc):
                     raise
-                self.guardian.writes.failed(exc)
+                self.incident_tick.writes.failed(exc)
             else:
                 self._store_wait.update(needed=False, now=self.clock())
                 if code is None and moved.new_steps:
@@ -275,7 +275,7 @@ class Supervisor:
     def _pin(self) -> None:
         """The pin pass after the rescue's (``checkpoints.pinner``): a side show, whose failure never fails the tick."""
         if self.pinner is not None:
-            history, pinner = self.guardian.history, self.pinner
+            history, pinner = self.incident_tick.history, self.pinner
             # the pass's last snapshot read the incidents already: an effect after it can only have closed one (a
             # resolve), so it never says "none open" while one is
             latest, on_disk = self._latest, self._on_disk
@@ -284,7 +284,11 @@ class Supervisor:
                 self.run_id,
                 "pins",
                 lambda: pinner.run(
-                    self.guardian.health, history.last_step, history.branch, on_disk=on_disk, incident_open=open_now
+                    self.incident_tick.health,
+                    history.last_step,
+                    history.branch,
+                    on_disk=on_disk,
+                    incident_open=open_now,
                 ),
             )
 
@@ -292,7 +296,7 @@ class Supervisor:
         """The dump pass after the pin pass (``rescue.pruner``), every few steps: a side show like it."""
         pruner, latest = self.pruner, self._latest
         if pruner is not None and latest is not None and pruner.due(latest.last_step):
-            g = self.guardian
+            g = self.incident_tick
             attempts = self.store.attempts
             aside(
                 self.run_id,
@@ -323,7 +327,7 @@ class Supervisor:
         incidents = tuple(self.store.list_incidents(self.run_id))
         active = next((iv for iv in reversed(interventions) if not iv.finished), None)
         at_risk = active is not None or any(i.is_open and i.severity == Severity.CRITICAL for i in incidents)
-        g, attempt = self.guardian, self.trainer.attempt
+        g, attempt = self.incident_tick, self.trainer.attempt
         return RescueSnapshot(
             now=self.clock(),
             mode=Mode(self.config.mode),
@@ -360,11 +364,11 @@ class Supervisor:
         """The probation's figures: the new branch against the rollback point, and the incident's own check."""
         check = next(i.check for i in incidents if i.id == iv.incident_id)
         own_check = None if iv.kind is Kind.RESTART else check
-        resumed = bool(self.guardian.attempt_steps)
+        resumed = bool(self.incident_tick.attempt_steps)
         return measure_outcome(
-            self.guardian.history,
+            self.incident_tick.history,
             target_step=iv.target_step or 0,
-            own=self.guardian.tracker.latest.get(check) if own_check and resumed else None,
+            own=self.incident_tick.tracker.latest.get(check) if own_check and resumed else None,
             own_check=own_check,
             checks=self.config.checks,
         )
@@ -382,7 +386,7 @@ class Supervisor:
         now = self.clock()
         if not self._store_wait.update(needed=not running, now=now):
             return None
-        error = self.guardian.writes.error or "unknown error"
+        error = self.incident_tick.writes.error or "unknown error"
         return self.cannot_continue(
             cause=f"the store has refused writes for {self._store_wait.waited(now):.0f}s with no trainer running "
             f"(the rescue or the end of the run must be stored first): {error}",
@@ -417,11 +421,11 @@ class Supervisor:
 
     def _collapsing(self) -> bool:
         """Whether a critical finding stands on a step the current attempt logged."""
-        steps = self.guardian.attempt_steps
+        steps = self.incident_tick.attempt_steps
         first = min(steps) if steps else None
         return first is not None and any(
             f.severity == Severity.CRITICAL and f.step is not None and f.step >= first
-            for f in self.guardian.tracker.latest.values()
+            for f in self.incident_tick.tracker.latest.values()
         )
 
     # -- the run's attempts ---------------------------------------------------------------------------

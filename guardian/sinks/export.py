@@ -10,7 +10,7 @@ from typing import Protocol
 
 from guardian.config import ExporterConfig
 from guardian.core import Clock
-from guardian.incidents.guardian import Guardian
+from guardian.incidents.tick import IncidentTick
 from guardian.logs import event, get_logger
 from guardian.sinks.prometheus import serve, shutdown
 from guardian.sinks.snapshot import ExportSource, GuardianSource, RunSnapshot
@@ -21,7 +21,7 @@ log = get_logger("export")
 
 @contextmanager
 def exporting(
-    guardian: Guardian,
+    guardian: IncidentTick,
     store: Store,
     cfg: ExporterConfig,
     clock: Clock,

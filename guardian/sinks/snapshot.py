@@ -22,7 +22,7 @@ from guardian.store.deliveries import DROPPED, SENT, SUPPRESSED
 
 if TYPE_CHECKING:
     from guardian.history.timeline import RunHistory
-    from guardian.incidents.guardian import Guardian
+    from guardian.incidents.tick import IncidentTick
     from guardian.store import InterventionView, RunView, Store
 
 FINAL_RESULTS: Final = (SENT, SUPPRESSED, DROPPED)
@@ -97,7 +97,7 @@ class ExportSource(Protocol):
 
 
 def snapshot_from(
-    guardian: Guardian,
+    guardian: IncidentTick,
     store: Store,
     now: float,
     *,
@@ -110,7 +110,7 @@ def snapshot_from(
     """The snapshot of ``guardian``'s run at ``now``: step, step age, latest signals and per-check
     verdicts from the guardian's memory; attempt, mode, incidents and interventions from ``store``.
 
-    ``Guardian`` does not record whether its polls succeed, so the caller passes that in (see
+    ``IncidentTick`` does not record whether its polls succeed, so the caller passes that in (see
     ``GuardianSource.record_poll``). ``experiment`` defaults to the run's ``trainer.experiment_name=``
     override when its stored command has one, else the run's name for runs without a stored command
     (``guardian watch``), else the run id. Safe to call from another thread while the guard loop
@@ -152,7 +152,7 @@ def snapshot_from(
 
 def from_memory(
     recorded: RunSnapshot,
-    guardian: Guardian,
+    guardian: IncidentTick,
     now: float,
     up: bool = True,
     last_poll_success: bool | None = None,
@@ -232,7 +232,7 @@ def _experiment_of(run: RunView | None, run_id: str) -> str:
 
 @dataclass
 class GuardianSource:
-    """An ``ExportSource`` over one ``Guardian``: the run's published snapshots, the glue a guard loop needs.
+    """An ``ExportSource`` over one ``IncidentTick``: the run's published snapshots, the glue a guard loop needs.
 
     Call it after each tick, on the guard loop's thread: it builds the snapshot there, while nothing changes the
     memory or the store. ``latest`` (the views) and ``snapshot`` (the HTTP threads) hand out that one until the
@@ -241,7 +241,7 @@ class GuardianSource:
     the guardian's memory only.
     """
 
-    guardian: Guardian
+    guardian: IncidentTick
     store: Store
     clock: Callable[[], float]
     experiment: str | None = None

@@ -16,7 +16,7 @@ from guardian.commands.screen import LiveScreen
 from guardian.commands.view import WATCH_HEADER, Frame, Header, finding_line, progress_line, render
 from guardian.commands.watch.end import FileState
 from guardian.core import Clock
-from guardian.incidents.guardian import Guardian, TickResult
+from guardian.incidents.tick import IncidentTick, TickResult
 from guardian.sinks.snapshot import RunSnapshot
 
 # plain progress: a line once this many steps arrived since the last one, or this long after it
@@ -38,7 +38,7 @@ class PlainProgress:
     eased or cleared, and a progress line every ``every_steps`` steps or ``every_seconds`` (with news), and
     one at the end for the steps not shown yet."""
 
-    guardian: Guardian
+    guardian: IncidentTick
     out: Callable[[str], None]
     clock: Clock
     every_steps: int = PROGRESS_EVERY_STEPS
@@ -76,7 +76,7 @@ class LiveView:
     place after every tick on the alternate screen (``guardian.commands.screen``), at the terminal's size."""
 
     def __init__(
-        self, guardian: Guardian, first: RunSnapshot, header: Header = WATCH_HEADER, console: Console | None = None
+        self, guardian: IncidentTick, first: RunSnapshot, header: Header = WATCH_HEADER, console: Console | None = None
     ) -> None:
         self.guardian = guardian
         self.header = header

@@ -15,7 +15,7 @@ from pathlib import Path
 from guardian.commands.watch.display import Display
 from guardian.commands.watch.end import EndReason, FileState, WatchState, end_reason
 from guardian.commands.watch.trainer import TrainerLiveness
-from guardian.incidents.guardian import Guardian, MetricsSource, TickResult
+from guardian.incidents.tick import IncidentTick, MetricsSource, TickResult
 from guardian.logs import event, get_logger
 from guardian.loop.guard import guard
 from guardian.loop.outage import CannotContinue
@@ -62,7 +62,7 @@ class FollowedFile:
 class WatchLoop:
     """A watch: ``run`` hands the guard loop this object to tick (``guard_loop.Ticking``) and says why it ended."""
 
-    guardian: Guardian
+    guardian: IncidentTick
     file: FollowedFile  # the guardian's metrics source
     trainer: TrainerLiveness  # the guardian's trainer_alive
     display: Display

@@ -9,7 +9,7 @@ from guardian.actions.liveness import pid_alive
 
 class TrainerLiveness:
     """Sampled once per tick by the watch loop (``sample``) and read by the checks of that tick (calling
-    the object: the ``Guardian.trainer_alive`` callback), so the end decision and the stall check see the
+    the object: the ``IncidentTick.trainer_alive`` callback), so the end decision and the stall check see the
     same answer. None when no process was named."""
 
     def __init__(self, pid: int | None, alive: Callable[[int], bool] = pid_alive) -> None:

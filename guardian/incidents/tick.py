@@ -33,7 +33,7 @@ from guardian.sources.rollouts import RolloutDir, read_finished
 from guardian.store import Store
 from guardian.store.writebehind import WriteBehind
 
-log = get_logger("daemon")
+log = get_logger("incidents")
 Said = tuple[int, str]
 """A log line (level, message) that a write says about the rows it wrote: logged once they are committed."""
 Part = Callable[[Store], Iterable[Said]]
@@ -41,7 +41,7 @@ Part = Callable[[Store], Iterable[Said]]
 
 
 class MetricsSource(Protocol):
-    """What the daemon needs of a metrics reader (``MetricsFile`` or ``ConsoleFile``)."""
+    """What the incident tick needs of a metrics reader (``MetricsFile`` or ``ConsoleFile``)."""
 
     @property
     def path(self) -> Path: ...
@@ -77,7 +77,9 @@ class TickWrites:
 
 
 @dataclass
-class Guardian:
+class IncidentTick:
+    """One pass of the guard loop over a run: read the new lines, judge them, store findings and incidents."""
+
     config: GuardianConfig
     store: Store
     run_id: str
