@@ -15,12 +15,11 @@ from dataclasses import dataclass
 
 from guardian.config import GuardianConfig
 from guardian.core import Clock
-from guardian.incidents.tick import IncidentTick
 from guardian.loop.outage import CannotContinue
 from guardian.notify.compose import cannot_continue_alert
 from guardian.notify.setup import notifying, sink_names
 from guardian.sinks.export import exporting
-from guardian.sinks.snapshot import GuardianSource
+from guardian.sinks.snapshot import GuardedRun, GuardianSource
 from guardian.store import Store
 
 
@@ -37,7 +36,7 @@ class Outlets:
 def outlets(
     config: GuardianConfig,
     store: Store,
-    guardian: IncidentTick,
+    guardian: GuardedRun,
     clock: Clock,
     stop: threading.Event,
     *,

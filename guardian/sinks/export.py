@@ -10,10 +10,9 @@ from typing import Protocol
 
 from guardian.config import ExporterConfig
 from guardian.core import Clock
-from guardian.incidents.tick import IncidentTick
 from guardian.logs import event, get_logger
 from guardian.sinks.prometheus import serve, shutdown
-from guardian.sinks.snapshot import ExportSource, GuardianSource, RunSnapshot
+from guardian.sinks.snapshot import ExportSource, GuardedRun, GuardianSource, RunSnapshot
 from guardian.store import Store
 
 log = get_logger("export")
@@ -21,7 +20,7 @@ log = get_logger("export")
 
 @contextmanager
 def exporting(
-    guardian: IncidentTick,
+    guardian: GuardedRun,
     store: Store,
     cfg: ExporterConfig,
     clock: Clock,

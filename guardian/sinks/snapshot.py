@@ -7,7 +7,7 @@ the store or the guardian's memory, so both show one moment of the run."""
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Final, Protocol, TypeVar
 
@@ -22,7 +22,6 @@ from guardian.store.deliveries import DROPPED, SENT, SUPPRESSED
 
 if TYPE_CHECKING:
     from guardian.history.timeline import RunHistory
-    from guardian.incidents.tick import IncidentTick
     from guardian.store import InterventionView, RunView, Store
 
 FINAL_RESULTS: Final = (SENT, SUPPRESSED, DROPPED)
@@ -90,6 +89,36 @@ class RunSnapshot:
         return sum(self.interventions_finished.values()) + int(self.intervention_in_progress)
 
 
+class Named(Protocol):
+    @property
+    def name(self) -> str: ...
+
+
+class LatestFindings(Protocol):
+    @property
+    def latest(self) -> Mapping[str, Finding]: ...
+
+
+class GuardedRun(Protocol):
+    """What a snapshot reads of a guard loop's memory (``IncidentTick`` has it): the run's timeline, each check's
+    latest finding, the configured checks and the store's health as the write-behind sees it."""
+
+    @property
+    def run_id(self) -> str: ...
+    @property
+    def history(self) -> RunHistory: ...
+    @property
+    def tracker(self) -> LatestFindings: ...
+    @property
+    def checks(self) -> Iterable[Named]: ...
+    @property
+    def store_degraded(self) -> bool: ...
+    @property
+    def store_pending_writes(self) -> int: ...
+    @property
+    def store_dropped_writes(self) -> int: ...
+
+
 class ExportSource(Protocol):
     """What the exporter reads at each scrape: one snapshot per run (called from the HTTP thread)."""
 
@@ -97,7 +126,7 @@ class ExportSource(Protocol):
 
 
 def snapshot_from(
-    guardian: IncidentTick,
+    guardian: GuardedRun,
     store: Store,
     now: float,
     *,
@@ -152,7 +181,7 @@ def snapshot_from(
 
 def from_memory(
     recorded: RunSnapshot,
-    guardian: IncidentTick,
+    guardian: GuardedRun,
     now: float,
     up: bool = True,
     last_poll_success: bool | None = None,
@@ -232,7 +261,8 @@ def _experiment_of(run: RunView | None, run_id: str) -> str:
 
 @dataclass
 class GuardianSource:
-    """An ``ExportSource`` over one ``IncidentTick``: the run's published snapshots, the glue a guard loop needs.
+    """An ``ExportSource`` over one guard loop's memory (``GuardedRun``): the run's published snapshots, the glue a
+    guard loop needs.
 
     Call it after each tick, on the guard loop's thread: it builds the snapshot there, while nothing changes the
     memory or the store. ``latest`` (the views) and ``snapshot`` (the HTTP threads) hand out that one until the
@@ -241,7 +271,7 @@ class GuardianSource:
     the guardian's memory only.
     """
 
-    guardian: IncidentTick
+    guardian: GuardedRun
     store: Store
     clock: Callable[[], float]
     experiment: str | None = None
