@@ -686,7 +686,11 @@ class ReportConfig(_Section):
 
 
 class GrafanaConfig(_Section):
-    url: str | None = Field(None, description="Grafana base URL; set it to post incident annotations while guarding.")
+    url: str | None = Field(
+        None,
+        description="Grafana base URL; set it to post incident annotations while guarding (needs "
+        "verl-guardian[grafana]).",
+    )
     token_file: Path | None = Field(None, description="Service-account token file; default: env GRAFANA_TOKEN.")
     folder: str = Field("verl guardian", description="Folder title for guardian dashboards push (uid verl-guardian).")
     dashboard_uid: str | None = Field(
@@ -807,7 +811,8 @@ class GuardianConfig(_Section):
     db_url: str | None = Field(
         None,
         description="SQLAlchemy URL of the store; default sqlite:///<home>/guardian.db; PostgreSQL: "
-        "postgresql+psycopg://USER:PASSWORD@HOST/DB (put the password in the env, not here). Env: GUARDIAN_DB_URL.",
+        "postgresql+psycopg://USER:PASSWORD@HOST/DB (needs verl-guardian[postgres]; put the password in the env, "
+        "not here). Env: GUARDIAN_DB_URL.",
     )
     mode: Literal["observe", "advise", "enforce"] = Field(
         "enforce",

@@ -2,10 +2,11 @@
 
 The slow tests build the wheel from a copy of the checkout's files (what git tracks or would track: the build's
 ``build/`` and ``*.egg-info`` never land in the tree), install it with the ``recipe`` extra into a new venv from the
-package registry, and run, from outside the checkout and with nothing of it on the path: ``guardian demo``, the
-recipe's ``run.sh --dry-run`` (``python -m recipe``), and its data, index and retrieval-server steps on the
-repository's samples. verl is not installed there (it is the user's), so a real ``run.sh`` must stop at once
-saying so. The install needs the registry: skipped locally when it cannot be reached, failed in CI.
+package registry (and alone, the core, into another: ``guardian demo`` runs without any extra), and run, from outside
+the checkout and with nothing of it on the path: ``guardian demo``, the recipe's ``run.sh --dry-run`` (``python -m
+recipe``), and its data, index and retrieval-server steps on the repository's samples. verl is not installed there
+(it is the user's), so a real ``run.sh`` must stop at once saying so. The install needs the registry: skipped
+locally when it cannot be reached, failed in CI.
 """
 
 from __future__ import annotations
@@ -87,8 +88,9 @@ class Installed:
 
 
 @pytest.fixture(scope="module")
-def installed(tmp_path_factory: pytest.TempPathFactory) -> Installed:
-    base = tmp_path_factory.mktemp("install")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The project's wheel, built from a copy of the checkout."""
+    base = tmp_path_factory.mktemp("wheel")
     source = checkout_copy(base / "src")
     pip_wheel = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--quiet"]
     built = run(
@@ -98,14 +100,19 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Installed:
         timeout=300,
     )
     assert built.returncode == 0, f"building the wheel failed:\n{built.stdout}\n{built.stderr}"
-    (wheel,) = (base / "dist").glob("verl_guardian-*.whl")
+    (found,) = (base / "dist").glob("verl_guardian-*.whl")
+    return found
 
+
+def install(base: Path, requirement: str) -> Installed:
+    """A fresh venv under ``base`` with ``requirement`` (the wheel, with or without extras) installed from the
+    package registry; skipped locally when the registry cannot be reached."""
     venv.EnvBuilder(with_pip=True).create(base / "venv")
     python = base / "venv" / "bin" / "python"
     # the ordinary environment (pip's cache, its registry settings), but nothing of the checkout on the path
     pip_env = {key: value for key, value in os.environ.items() if key not in ("PYTHONPATH", "VIRTUAL_ENV")}
     installing = run(
-        [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", f"{wheel}[recipe]"],
+        [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", requirement],
         cwd=base,
         env=pip_env,
         timeout=900,
@@ -115,7 +122,7 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Installed:
         pytest.skip(
             f"the package registry cannot be reached, so the wheel's dependencies cannot be installed:\n{output}"
         )
-    assert installing.returncode == 0, f"pip install {wheel.name}[recipe] failed:\n{output}"
+    assert installing.returncode == 0, f"pip install {Path(requirement).name} failed:\n{output}"
 
     site = run(
         [str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
@@ -126,6 +133,18 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Installed:
     home = base / "home"
     home.mkdir()
     return Installed(base / "venv", python, Path(site.stdout.strip()), home)
+
+
+@pytest.fixture(scope="module")
+def installed(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Installed:
+    """The wheel with the recipe extra."""
+    return install(tmp_path_factory.mktemp("install"), f"{wheel}[recipe]")
+
+
+@pytest.fixture(scope="module")
+def core_installed(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Installed:
+    """The wheel alone: the core, no extra."""
+    return install(tmp_path_factory.mktemp("core"), str(wheel))
 
 
 @pytest.mark.slow
@@ -148,6 +167,46 @@ def test_guardian_demo_runs_from_the_wheel(installed: Installed, tmp_path: Path)
     incidents = run([installed.bin("guardian"), "incidents", "list"], cwd=tmp_path, env=installed.env(), timeout=120)
     assert incidents.returncode == 0, incidents.stderr
     assert "entropy_collapse" in incidents.stdout  # the demo's incident, in the store the installed package made
+
+
+# what the extras bring (pyproject.toml's [project.optional-dependencies]); none of it comes with the core
+EXTRAS_MODULES = ("psycopg", "grafana_client", "niquests", "wandb", "ray", "bm25s", "fastapi", "pyarrow")
+
+
+@pytest.mark.slow
+def test_the_core_alone_runs_the_demo_without_any_extra(core_installed: Installed, tmp_path: Path) -> None:
+    """``pip install verl-guardian`` with no extra: the guard path, the SQLite store and the exporter work, and no
+    package of an extra was installed."""
+    probe = "import importlib.util as u; print(' '.join(m for m in {mods} if u.find_spec(m) is not None))"
+    found = run(
+        [str(core_installed.python), "-c", probe.format(mods=EXTRAS_MODULES)],
+        cwd=tmp_path,
+        env=core_installed.env(),
+        timeout=60,
+    )
+    assert found.returncode == 0, found.stderr
+    assert found.stdout.split() == [], f"the core install brought packages of extras: {found.stdout}"
+
+    guardian = core_installed.bin("guardian")
+    demo = run([guardian, "demo"], cwd=tmp_path, env=core_installed.env(), timeout=600)
+    assert demo.returncode == 0, demo.stdout[-4000:] + demo.stderr[-4000:]
+    incidents = run([guardian, "incidents", "list"], cwd=tmp_path, env=core_installed.env(), timeout=120)
+    assert incidents.returncode == 0, incidents.stderr
+    assert "entropy_collapse" in incidents.stdout
+
+    # an extra's feature asked for without it: one line naming the extra, no traceback
+    pg = "postgresql+psycopg://me:secret@127.0.0.1:1/guardian"
+    listed = run([guardian, "incidents", "list"], cwd=tmp_path, env=core_installed.env(GUARDIAN_DB_URL=pg), timeout=120)
+    assert listed.returncode != 0
+    assert "pip install 'verl-guardian[postgres]'" in listed.stderr and "Traceback" not in listed.stderr, listed.stderr
+    push = run(
+        [guardian, "dashboards", "push", "--url", "http://127.0.0.1:1"],
+        cwd=tmp_path,
+        env=core_installed.env(),
+        timeout=120,
+    )
+    assert push.returncode == 1
+    assert "pip install 'verl-guardian[grafana]'" in push.stderr and "Traceback" not in push.stderr, push.stderr
 
 
 def final_command(stdout: str) -> list[str]:
@@ -306,7 +365,7 @@ def test_the_preflight_list_is_the_recipe_extra() -> None:
     extra = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["recipe"]
     assert {Requirement(spec).name for spec in extra} == set(preflight.REQUIREMENTS.values())
     dev = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["dev"]
-    assert "verl-guardian[recipe]" in dev  # the tests run the recipe
+    assert "verl-guardian[all]" in dev  # the tests run the recipe and every other extra
 
 
 def test_run_sh_stops_at_once_when_the_python_lacks_the_recipes_dependencies(tmp_path: Path) -> None:

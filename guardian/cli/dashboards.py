@@ -10,6 +10,7 @@ from pathlib import Path
 from guardian import __version__
 from guardian.cli.common import AddCommand, log, resolved_config
 from guardian.exits import EXIT_ERROR, EXIT_OK, EXIT_USAGE
+from guardian.extras import MissingExtra, need
 from guardian.logs import event
 
 
@@ -58,6 +59,11 @@ def cmd_dashboards_export(args: argparse.Namespace) -> int:
 
 
 def cmd_dashboards_push(args: argparse.Namespace) -> int:
+    try:
+        need("grafana", "guardian dashboards push")
+    except MissingExtra as exc:
+        log.error(event("dashboards_push_failed", {"message": str(exc)}))
+        return EXIT_ERROR
     from guardian.dashboards import dashboards, grafana
 
     config = resolved_config(args, store=False).grafana

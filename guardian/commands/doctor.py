@@ -11,15 +11,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from guardian.config import ConfigError, GuardianConfig
+from guardian.extras import install_line, installed
 from guardian.home import locate
 from guardian.store import Store, StoreError, head_revision
 
 OPTIONAL_PACKAGES = {
     "verl": "validate overrides against verl's own Hydra config (remediation)",
-    "hydra-core": "compose verl configs offline",
-    "prometheus-client": "Prometheus exporter",
-    "wandb": "wandb.alert notifier",
-    "ray": "guard Ray Jobs",
+    "psycopg": f"a PostgreSQL store: {install_line('postgres')}",
+    "grafana-client": f"dashboards push, Grafana annotations: {install_line('grafana')}",
+    "wandb": f"wandb.alert notifier: {install_line('wandb')}",
+    "ray": f"guard Ray Jobs: {install_line('ray')}",
 }
 OPTIONAL_TOOLS = {
     "promtool": "check alert rules",
@@ -79,7 +80,6 @@ def _store_check(config: GuardianConfig, missing: str | None) -> Check:
 
 def _notify_checks(config: GuardianConfig, env: Mapping[str, str]) -> list[Check]:
     """Each configured webhook has its URL (nothing is sent), and Grafana answers with the token."""
-    from guardian.dashboards import grafana
     from guardian.notify.setup import webhook_url
 
     checks: list[Check] = []
@@ -91,7 +91,11 @@ def _notify_checks(config: GuardianConfig, env: Mapping[str, str]) -> list[Check
         except ConfigError as exc:
             checks.append(Check(f"webhook {hook.name}", "error", str(exc)))
     cfg = config.grafana
-    if cfg.url is not None:
+    if cfg.url is not None and not installed("grafana"):
+        checks.append(Check("grafana", "error", f"grafana.url is set; the Grafana client: {install_line('grafana')}"))
+    elif cfg.url is not None:
+        from guardian.dashboards import grafana
+
         try:
             api = grafana.connect(cfg.url, grafana.load_token(cfg.token_file, env), timeout_s=cfg.timeout_s)
             try:

@@ -10,6 +10,7 @@ from functools import partial
 from pathlib import Path
 
 from guardian.config import ConfigError, GrafanaConfig, GuardianConfig, WebhookConfig
+from guardian.extras import MissingExtra, need
 from guardian.notify.annotations import GrafanaAnnotations
 from guardian.notify.compose import Alert, compose
 from guardian.notify.dispatcher import Dispatcher, DispatchPolicy, Sink, dispatching
@@ -78,6 +79,7 @@ def annotations_sink(cfg: GrafanaConfig, env: Mapping[str, str]) -> GrafanaAnnot
     start), the connection is made on the first annotation."""
     if cfg.url is None:
         return None
+    _need("grafana", "grafana.url")
     from guardian.dashboards import grafana  # its HTTP client (~10 MB) loads only when Grafana is configured
 
     try:
@@ -96,11 +98,22 @@ def sink_names(config: GuardianConfig) -> list[str]:
 
 
 def check_sinks(config: GuardianConfig, env: Mapping[str, str]) -> None:
-    """Raise the ConfigError that ``build_sinks`` would (a webhook URL or the Grafana token missing or unusable)
-    without building anything: ``guardian run`` refuses before it touches the disk or launches a trainer."""
+    """Raise the ConfigError that ``build_sinks`` would (a webhook URL or the Grafana token missing or unusable, the
+    package of a configured notifier not installed) without building anything: ``guardian run`` refuses before it
+    touches the disk or launches a trainer."""
     for hook in config.notify.webhooks:
         _webhook(hook, env)
+    if config.notify.wandb.enabled:
+        _need("wandb", "notify.wandb.enabled")
     annotations_sink(config.grafana, env)
+
+
+def _need(extra: str, setting: str) -> None:
+    """A ConfigError naming the extra to install when ``setting`` asks for a package that is not installed."""
+    try:
+        need(extra, setting)
+    except MissingExtra as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def _webhook(hook: WebhookConfig, env: Mapping[str, str]) -> WebhookNotifier:

@@ -25,6 +25,7 @@ from guardian.config import (
     MIGRATION_WAIT_S,  # a first open's migration, by another guardian, is waited for this long
     STATEMENT_TIMEOUT_S,  # PostgreSQL: a round trip without an answer fails after this
 )
+from guardian.extras import MissingExtra, need
 from guardian.redact import printable, remember_url, render_db_url, scrub_text, url_problem, url_secrets
 from guardian.store.errors import StoreError
 
@@ -98,11 +99,14 @@ def open_engine(
         if backend == "sqlite":
             engine = _sqlite_engine(parsed, busy_timeout_s)
         elif backend == "postgresql":
+            need("postgres", f"the store URL {masked}")
             parsed = parsed.set(drivername="postgresql+psycopg") if parsed.drivername == backend else parsed
             engine = _postgresql_engine(parsed, busy_timeout_s, statement_timeout_s)
         else:
             engine = create_engine(parsed, pool_pre_ping=True, hide_parameters=True)
         _upgrade_when_free(engine, parsed)
+    except MissingExtra as exc:
+        raise StoreError(str(exc)) from None
     except (SQLAlchemyError, StoreError, OSError, ImportError, ValueError) as exc:
         if engine is not None:
             engine.dispose()
