@@ -19,6 +19,7 @@ from typing import Protocol
 from guardian.actions.launcher import RunFolder, prepare_attempt
 from guardian.actions.process import LOST, ExitStatus
 from guardian.config import RAY_REQUEST_TIMEOUT_S, GuardianConfig
+from guardian.extras import MissingExtra, install_line, need
 from guardian.logs import event, get_logger
 from guardian.rescue.local import OUTPUT_TAIL_BYTES, StopFailedError
 from guardian.rescue.ray_logs import JobLogMirror
@@ -35,7 +36,7 @@ from guardian.store import AttemptView, Store, StoredPlan
 
 log = get_logger("ray_jobs")
 
-RAY_INSTALL = "pip install 'ray[default]==2.60.0'"
+RAY_INSTALL = install_line("ray")  # ray[default]==2.60.0, the version the client is tested with
 LIVE = frozenset({"PENDING", "RUNNING"})
 STOP_SIGNAL = signal.SIGINT  # what stop_job sends first (RAY_JOB_STOP_SIGNAL); a STOPPED job reads as killed by it
 POLL_S = 0.2
@@ -82,8 +83,12 @@ def connect(address: str, *, timeout_s: float = RAY_REQUEST_TIMEOUT_S) -> JobsCl
     ``timeout_s`` (``ray.request_timeout_s``). Raises ``RayJobsError`` when ray is not installed or the cluster's
     dashboard does not answer."""
     try:
+        need("ray", "--ray-address")
+    except MissingExtra as exc:
+        raise RayJobsError(str(exc)) from None
+    try:
         from guardian.rescue.ray_client import BoundedJobsClient
-    except ImportError as exc:
+    except ImportError as exc:  # ray is there but its Jobs API does not import (a partial or broken install)
         raise RayJobsError(f"--ray-address needs ray with its Jobs API: {RAY_INSTALL} ({exc})") from exc
     try:
         client: JobsClient = BoundedJobsClient(address, timeout_s=timeout_s)
