@@ -8,6 +8,7 @@ BIN := $(VENV)/bin
 $(BIN)/guardian: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
+	# .[dev]: the test and lint tools and every extra (.[all]: postgres, grafana, wandb, ray, recipe)
 	$(BIN)/pip install --quiet -e '.[dev]'
 	# verl's own code and config for contract tests; --no-deps: it would pull torch, ray, vllm
 	$(BIN)/pip install --quiet --no-deps verl==0.9.1
