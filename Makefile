@@ -1,9 +1,10 @@
-# Two entry points (see README): `make demo` runs the main job on embedded defaults, `make test` runs the suite.
+# Two entry points (see README): `make demo` runs the main job on embedded defaults, `make test` runs the suite
+# (lint, then tests/unit, tests/integration, tests/e2e and gpu/tests). `make unit`: the pure tier alone, under a minute.
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test lint bench install gpu-test-deps
+.PHONY: demo test unit lint bench install gpu-test-deps
 
 $(BIN)/guardian: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -20,7 +21,7 @@ install: $(BIN)/guardian
 # tests are not collected): the CPU build of torch, transformers in verl 0.9.1's range, Ray and the rest of verl's
 # import chain (the agent loop's: pillow, datasets, cachetools)
 gpu-test-deps: install
-	# ray[default]: the dashboard and its Jobs API (tests/test_ray_jobs.py, guardian run --ray-address);
+	# ray[default]: the dashboard and its Jobs API (tests/e2e/test_ray_jobs.py, guardian run --ray-address);
 	# packaging<26: tensordict's pyvers refuses the newer one ray[default]'s virtualenv pulls in
 	$(BIN)/pip install --quiet torch==2.13.0 'transformers>=5.5.3,<5.11' pyarrow 'ray[default]==2.60.0' 'packaging>=25,<26' tensordict==0.10.0 codetiming \
 		pillow 'datasets==5.2.0' cachetools
@@ -37,6 +38,10 @@ lint: install
 
 test: lint
 	$(BIN)/pytest -q
+
+# no processes, servers or browsers: checks, decisions, policy, trend, pins plan, parsers
+unit: install
+	$(BIN)/pytest -q tests/unit
 
 bench: install
 	$(BIN)/python bench/detection.py

@@ -1,6 +1,6 @@
 """SQLAlchemy 2 declarative models: the guardian's persistent schema.
 
-Any change needs a new Alembic revision in ``migrations/`` (``tests/test_store.py`` checks they agree).
+Any change needs a new Alembic revision in ``migrations/`` (``tests/integration/test_store.py`` checks they agree).
 Timestamps are aware UTC; a step's values are one orjson blob, checked keys only. Only values the code bounds are
 ``String(n)``; anything chosen outside is ``StoredText`` (NUL becomes U+FFFD). Steps are ``BigInteger``; a
 checkpoint is unique by ``(run_id, path_key)``, a digest of its path. Why: docs/ARCHITECTURE.md §8."""
