@@ -1,8 +1,8 @@
 """Write the dashboards to ``DIR/<uid>.json``, or check that the files there are current.
 
 ``render`` is deterministic (the builders' key order, two-space indent, one trailing newline), so ``check`` compares
-bytes (tests/integration/test_dashboards.py). Writes are atomic (``guardian.atomic``): Grafana's file provisioner never reads a
-half-written dashboard.
+bytes (tests/integration/test_dashboards.py). Writes are atomic (``guardian.atomic``): Grafana's file provisioner
+never reads a half-written dashboard.
 """
 
 from __future__ import annotations

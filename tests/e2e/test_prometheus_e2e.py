@@ -5,8 +5,8 @@ receivers pointed at a loopback receiver). The tests then ask Prometheus's HTTP 
 dashboards/guardian-training.json has data for the demo's run (or is exempt, with the reason), the
 entropy-collapse alert fired during its incident with the run's labels, GuardianGaveUp never fired, a clean end
 does not page; and the receiver: critical alerts reached the pager route, the rest the webhook. The KL-drift
-alert's expression is covered by promtool's unit tests (tests/integration/test_alert_rules.py): the demo trains without a
-KL loss.
+alert's expression is covered by promtool's unit tests (tests/integration/test_alert_rules.py): the demo trains
+without a KL loss.
 
 One Prometheus, one Alertmanager and one demo (~40 s) serve every test in the module. Skips locally without the
 servers on PATH, fails under CI (.ci/run installs them).
@@ -46,7 +46,8 @@ DASHBOARD = REPO / "dashboards" / "guardian-training.json"
 # a check's status stays critical only until the resumed trainer logs its first step (well under a second here,
 # minutes in a real run). So the scrape and rule evaluation run every 200 ms instead of 1 s, and the rules'
 # copy has every `for:` set to 0s (fire on the first evaluation that sees the condition); the rules are otherwise
-# unchanged. The `for:` durations themselves are covered by promtool's unit tests (tests/integration/test_alert_rules.py).
+# unchanged. The `for:` durations themselves are covered by promtool's unit tests
+# (tests/integration/test_alert_rules.py).
 SCRAPE_MS = 200
 SCRAPE = SCRAPE_MS / 1000
 HOLD = "0s"
