@@ -64,8 +64,9 @@ from pathlib import Path
 
 from common import json_safe
 
+from guardian.commands.compose import supervisor as local_supervisor
 from guardian.commands.demo import FINAL_STEPS, demo_config
-from guardian.commands.run import local_supervisor, register_run
+from guardian.commands.run import register_run
 from guardian.config import GuardianConfig
 from guardian.demo.scenarios import SCENARIOS, RunFiles, Scenario
 from guardian.exits import EXIT_GAVE_UP, EXIT_OK
@@ -188,7 +189,8 @@ def run_one(scenario: Scenario, *, timeout_s: float = RUN_TIMEOUT_S) -> RunRecor
         started = time.monotonic()
         with Store.open(config.database_url()) as store:
             supervisor = local_supervisor(config, store, run_id=run_id, command=command, cwd=files.root)
-            register_run(store, supervisor, name=f"bench {scenario.name} seed {scenario.seed}")
+            name = f"bench {scenario.name} seed {scenario.seed}"
+            register_run(store, supervisor.layout, mode=config.mode, name=name)
             supervisor.start()
             wait = threading.Event()
             code: int | None = None
@@ -226,7 +228,7 @@ def unguarded_final_reward(scenario: Scenario) -> float | None:
 def _stop(supervisor: Supervisor) -> None:
     attempt = supervisor.trainer.attempt
     if attempt is not None and attempt.handle is not None:
-        supervisor.control.stop(attempt.handle, supervisor.trainer.stop_policy())
+        supervisor.trainer.control.stop(attempt.handle, supervisor.trainer.stop_policy())
 
 
 def _record(

@@ -19,6 +19,7 @@ from guardian.core import Finding, Severity
 from guardian.ladder import Rung
 from guardian.rescue.executor import Executor
 from guardian.rescue.outcome import Comparison, Outcome
+from guardian.rescue.ports import Launched
 from guardian.rescue.snapshot import RescueSnapshot, StandingFinding, TrainerFacts
 from guardian.states import Kind, Mode, State
 from guardian.store import AttemptView, ConfigChange, IncidentView, InterventionView, StateDetail, Store, StoredPlan
@@ -44,7 +45,7 @@ class Trainer:
         if self.world.attempt_id is not None and self.world.exit_status is None:
             self.world.exit_status = ExitStatus(None, 2)  # SIGINT
 
-    def launch(self, attempt: AttemptView, plan: StoredPlan) -> None:
+    def launch(self, attempt: AttemptView, plan: StoredPlan) -> Launched:
         if attempt.id in self.launched:  # as launcher.launch_attempt: attach, never a second trainer
             self.world.calls.append(f"attach attempt {attempt.number}")
         else:
@@ -52,6 +53,7 @@ class Trainer:
             self.launched.add(attempt.id)
             self.world.exit_status, self.world.attempt_steps = None, []
         self.world.attempt_id, self.world.launched_at = attempt.id, self.world.clock()
+        return Launched(attempt.id, attempt.number, plan.argv)
 
     def output_tail(self) -> str:
         if isinstance(self.tail, OSError):

@@ -4,36 +4,26 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import os
 import re
 import signal
 import sys
 import threading
-import time
 from collections.abc import Iterator
-from contextlib import AbstractContextManager, contextmanager, nullcontext
+from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-from sqlalchemy.exc import DBAPIError
-
-from guardian.checks.policy import too_little_to_judge
 from guardian.cli.common import AddCommand, dir_problem, file_problem, log, open_store, resolved_config
 from guardian.commands.watch.end import EndReason
-from guardian.commands.watch.summary import IncidentLine, Verdict, VerdictTracker, WatchSummary, summary_lines
+from guardian.commands.watch.request import WatchRequest
+from guardian.commands.watch.summary import Verdict, WatchSummary
 from guardian.commands.watch.trainer import TrainerLiveness
 from guardian.config import GuardianConfig
 from guardian.exits import EXIT_ERROR, EXIT_OK, EXIT_TOO_LITTLE, EXIT_UNHEALTHY
 from guardian.ids import MAX_RUN_ID, checked_run_id
-from guardian.keys import CHECKED_KEYS, Signal, signals_present
 from guardian.logs import event
 from guardian.regular_files import regular_file_problem
 from guardian.sources.hydra_config import config_beside, total_training_steps
 from guardian.store import Store
-from guardian.store.engine import reason as store_error_text
-
-if TYPE_CHECKING:  # the guard loop's modules load when a watch starts, not with the CLI
-    from guardian.incidents.tick import IncidentTick
 
 EXIT_CODES = {
     Verdict.HEALTHY: EXIT_OK,
@@ -158,9 +148,21 @@ def cmd_watch(args: argparse.Namespace) -> int:
     trainer = TrainerLiveness(args.pid)
     if args.pid is not None and not trainer.sample():
         log.warning(event("watch_trainer_gone", {"pid": args.pid, "message": "not running: reading to the end"}))
+    request = WatchRequest(
+        path,
+        run_id,
+        console=not args.metrics,
+        rollouts=Path(args.rollouts) if args.rollouts else None,
+        checkpoints=Path(args.checkpoints) if args.checkpoints else None,
+        follow=not args.no_follow,
+        pid=args.pid,
+        total_steps=total_steps,
+        live=sys.stdout.isatty() and not args.no_live,
+        max_ticks=args.max_ticks,
+    )
     stop = threading.Event()
     with open_store(config) as store, _stopped_by_signals(stop):
-        summary = _watch(args, config, store, path, run_id, trainer, total_steps, stop)
+        summary = _watch(config, store, request, trainer, stop)
     if summary.reason is EndReason.TICK_FAILURES:
         return EXIT_ERROR  # the guardian cannot continue
     if summary.reason is EndReason.UNREADABLE and summary.verdict is not Verdict.UNHEALTHY:
@@ -169,154 +171,11 @@ def cmd_watch(args: argparse.Namespace) -> int:
 
 
 def _watch(
-    args: argparse.Namespace,
-    config: GuardianConfig,
-    store: Store,
-    path: Path,
-    run_id: str,
-    trainer: TrainerLiveness,
-    total_steps: int | None,
-    stop: threading.Event,
+    config: GuardianConfig, store: Store, request: WatchRequest, trainer: TrainerLiveness, stop: threading.Event
 ) -> WatchSummary:
-    from guardian.commands.outlets import outlets
-    from guardian.commands.view import Header
-    from guardian.commands.watch.display import Display, LiveView, PlainProgress
-    from guardian.commands.watch.loop import FollowedFile, WatchLoop
-    from guardian.incidents.tick import IncidentTick
-    from guardian.sources.console import ConsoleFile
-    from guardian.sources.jsonl import MetricsFile
-    from guardian.sources.rollouts import RolloutDir
+    from guardian.commands.watch.session import run_watch  # the guard loop's modules load when a watch starts
 
-    limits = config.sources
-    source = (
-        # the keys the checks read, as a replay reads them: a 300-key line costs a third as much to take in
-        MetricsFile(path, keys=CHECKED_KEYS, max_keys=limits.max_keys_per_step, max_line_bytes=limits.max_line_bytes)
-        if args.metrics
-        else ConsoleFile(path, max_line_bytes=limits.max_line_bytes)
-    )
-    followed = FollowedFile(source)
-    store.ensure_run(
-        run_id,
-        name=run_id,
-        metrics_path=str(path.resolve()),
-        rollouts_dir=str(Path(args.rollouts).resolve()) if args.rollouts else "",
-        checkpoints_dir=str(Path(args.checkpoints).resolve()) if args.checkpoints else None,
-        mode="observe",
-        now=time.time(),
-    )
-    tracker = VerdictTracker()
-    guardian = IncidentTick(
-        config=config,
-        store=store,
-        run_id=run_id,
-        metrics=followed,
-        clock=time.time,
-        rollouts=RolloutDir(Path(args.rollouts), max_line_bytes=limits.max_line_bytes) if args.rollouts else None,
-        checkpoints_dir=Path(args.checkpoints) if args.checkpoints else None,
-        trainer_alive=trainer,
-        tracker=tracker,
-    )
-    fields = {"run": run_id, "metrics": path, "db": store.url, "follow": not args.no_follow}
-    log.info(event("watch", {**fields, "pid": args.pid, "total_steps": total_steps}))
-    live = sys.stdout.isatty() and not args.no_live
-    # the live view's header shows the attempt, which the store holds
-    with outlets(config, store, guardian, time.time, stop, views_read_store=live) as out:
-        header = Header("guardian watch", mode="observe", trainer_pid=args.pid, total_steps=total_steps)
-        display: Display = (
-            LiveView(guardian, out.snapshots.latest, header) if live else PlainProgress(guardian, _print, time.time)
-        )
-        loop = WatchLoop(
-            guardian,
-            followed,
-            trainer,
-            display,
-            follow=not args.no_follow,
-            total_steps=total_steps,
-            wait=stop.wait,
-            max_ticks=args.max_ticks,
-            snapshots=out.snapshots,
-            announce=out.announce,
-        )
-        view: AbstractContextManager[object] = display if isinstance(display, LiveView) else nullcontext()
-        with view:
-            reason = loop.run()
-        summary = _summary(
-            guardian, store, tracker, reason, guardian.steps_judged, pid=args.pid, total_steps=total_steps
-        )
-        for line in summary_lines(summary):
-            _print(line)
-        log.info(
-            event(
-                "watch_stopped",
-                {
-                    "run": run_id,
-                    "reason": reason.value,
-                    "verdict": summary.verdict.value,
-                    "steps": summary.steps_read,
-                    "last_step": summary.last_step,
-                },
-            )
-        )
-    return summary
-
-
-def _summary(
-    guardian: IncidentTick,
-    store: Store,
-    tracker: VerdictTracker,
-    reason: EndReason,
-    steps_read: int,
-    *,
-    pid: int | None,
-    total_steps: int | None,
-) -> WatchSummary:
-    signals = tuple(s.value for s in signals_present(frozenset(guardian.history.keys_seen)))
-    if guardian.history.has(Signal.VAL_SCORE):
-        signals += (Signal.VAL_SCORE.value,)
-    return WatchSummary(
-        run_id=guardian.run_id,
-        path=str(guardian.metrics.path),
-        reason=reason,
-        steps_read=steps_read,
-        last_step=guardian.history.last_step,
-        signals=signals,
-        too_little=too_little_to_judge(len(guardian.history.steps), signals, guardian.config.checks.policy),
-        bad_lines=guardian.bad_lines_total,
-        incidents=_incidents(guardian, store),
-        first_critical=tracker.first_critical,
-        store_url=store.url,
-        pid=pid,
-        total_steps=total_steps,
-    )
-
-
-def _incidents(guardian: IncidentTick, store: Store) -> tuple[IncidentLine, ...]:
-    """The run's incidents, oldest first, as the store holds them; what the store could not take is said."""
-    if guardian.store_pending_writes:
-        log.error(
-            event(
-                "watch_writes_lost",
-                {
-                    "run": guardian.run_id,
-                    "pending": guardian.store_pending_writes,
-                    "fix": "run the same guardian watch again once the store takes writes: it reads the file from "
-                    "its start and stores what is missing",
-                },
-            )
-        )
-    try:
-        stored = store.list_incidents(guardian.run_id)
-    except DBAPIError as exc:
-        log.error(event("watch_store_unreadable", {"run": guardian.run_id, "error": store_error_text(exc)}))
-        return ()
-    return tuple(IncidentLine(i.id, i.check, i.severity.label, i.status, i.onset_step) for i in reversed(stored))
-
-
-def _print(line: str) -> None:
-    try:
-        print(line, flush=True)
-    except BrokenPipeError:  # `guardian watch ... | head`: the reader left; the watch goes on, quietly
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return run_watch(config, store, request, trainer, stop)
 
 
 @contextmanager

@@ -21,8 +21,8 @@ import orjson
 from rich.console import Console
 from rich.markup import escape
 
-from guardian.commands.outlets import outlets
-from guardian.commands.run import guard_loop, local_supervisor, register_run
+from guardian.commands.compose import guarded_run, local_site
+from guardian.commands.run import guard_loop, register_run
 from guardian.config import GuardianConfig
 from guardian.core import Severity
 from guardian.demo.scenarios import SCENARIOS, RunFiles
@@ -30,6 +30,7 @@ from guardian.exits import EXIT_INTERRUPTED
 from guardian.keys import Signal
 from guardian.logs import logging_to_file
 from guardian.notify.compose import at_step, format_setting, format_value
+from guardian.rescue.layout import run_layout
 from guardian.rescue.policy import CRASH_OUTPUT_EVIDENCE
 from guardian.rescue.supervisor import Supervisor
 from guardian.sinks.snapshot import RunSnapshot
@@ -190,8 +191,8 @@ def _demo(config: GuardianConfig, *, scenario: str, json_output: bool, stop: thr
         console.print(f"  every event line: {log_file}")
         if config.exporter.enabled:
             console.print(f"  metrics: {metrics_url(config)} while the demo runs")
-        supervisor = local_supervisor(config, store, run_id=run_id, command=command, cwd=files.root)
-        register_run(store, supervisor, name=f"demo {scenario}")
+        layout = run_layout(config.home, run_id, command, files.root)
+        register_run(store, layout, mode=config.mode, name=f"demo {scenario}")
         narrate = Narrator(console, store, run_id)
 
         def lingering(url: str, seconds: float) -> None:
@@ -200,8 +201,7 @@ def _demo(config: GuardianConfig, *, scenario: str, json_output: bool, stop: thr
                 "(exporter.linger_s); Ctrl-C to stop now"
             )
 
-        with outlets(config, store, supervisor.incident_tick, time.time, stop, on_linger=lingering) as out:
-            supervisor.announce = out.announce
+        with guarded_run(config, store, layout, local_site(), stop, on_linger=lingering) as (supervisor, out):
             supervisor.start()
             code = guard_loop(
                 supervisor,

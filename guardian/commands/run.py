@@ -11,8 +11,8 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
-from contextlib import ExitStack
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -24,8 +24,9 @@ from guardian.actions.dirlock import DirLockedError, holding
 from guardian.actions.launcher import holding_dumps
 from guardian.actions.patch import AttemptFiles
 from guardian.actions.preview import launch_preview
-from guardian.actions.process import LocalProcessControl, read_runner_start
-from guardian.commands.outlets import Outlets, outlets
+from guardian.actions.process import read_runner_start
+from guardian.commands.compose import TrainerSite, guarded_run, local_site
+from guardian.commands.outlets import Outlets
 from guardian.commands.screen import LiveScreen
 from guardian.commands.view import Frame, Header, render, run_footer
 from guardian.config import GuardianConfig
@@ -37,9 +38,10 @@ from guardian.loop.guard import guard
 from guardian.loop.pace import PollPace
 from guardian.notify.setup import check_sinks
 from guardian.overrides import effective_value
+from guardian.rescue.layout import RunLayout, run_layout
 from guardian.rescue.local import LocalTrainer
-from guardian.rescue.ray_jobs import JobsClient, RayJobsError, connect
-from guardian.rescue.ray_survivors import ClusterState, StateApi
+from guardian.rescue.ray_jobs import RayJobsError, connect
+from guardian.rescue.ray_survivors import StateApi
 from guardian.rescue.supervisor import Supervisor
 from guardian.sinks.snapshot import GuardianSource, RunSnapshot
 from guardian.states import IncidentStatus, RunStatus, State
@@ -99,40 +101,6 @@ def _die_after(state: str) -> Callable[[str], None]:
     return hook
 
 
-# VERL_FILE_LOGGER_PATH: every attempt gets its own; GUARDIAN_DB_URL: the guardian's store, whose URL may hold a
-# password the trainer has no use for
-NOT_FOR_THE_TRAINER = frozenset({"VERL_FILE_LOGGER_PATH", "GUARDIAN_DB_URL"})
-
-
-def local_supervisor(
-    config: GuardianConfig,
-    store: Store,
-    *,
-    run_id: str,
-    command: Sequence[str],
-    cwd: Path,
-    after_commit: Callable[[str], None] = lambda state: None,
-    jobs: JobsClient | None = None,
-    cluster: ClusterState | None = None,
-) -> Supervisor:
-    """A supervisor for a trainer launched as a local process group, in this process's environment less
-    ``NOT_FOR_THE_TRAINER``; or, given ``jobs``, submitted as Ray jobs (the cluster's environment, plus the
-    attempt's own variables)."""
-    return Supervisor(
-        config=config,
-        store=store,
-        run_id=run_id,
-        command=tuple(command),
-        cwd=cwd,
-        env={k: v for k, v in os.environ.items() if k not in NOT_FOR_THE_TRAINER},
-        control=LocalProcessControl(),
-        clock=time.time,
-        after_commit=after_commit,
-        jobs=jobs,
-        cluster=cluster,
-    )
-
-
 def ray_address_of(asked: str | None, saved: Mapping[str, object] | None, config: GuardianConfig) -> str | None:
     """The Ray dashboard a run's attempts go to: ``--ray-address`` (a fleet run's own ``ray_address``) first; a run
     the store knows keeps the address it started with, and one started without stays local (its trainer is a
@@ -145,18 +113,18 @@ def ray_address_of(asked: str | None, saved: Mapping[str, object] | None, config
     return config.ray.address
 
 
-def register_run(store: Store, supervisor: Supervisor, *, name: str, ray_address: str | None = None) -> None:
+def register_run(store: Store, layout: RunLayout, *, mode: str, name: str, ray_address: str | None = None) -> None:
     """Record a new run with what a later ``guardian run --attach`` needs: its command, cwd and Ray address."""
-    saved: dict[str, object] = {"command": list(supervisor.command), "cwd": str(supervisor.cwd)}
+    saved: dict[str, object] = {"command": list(layout.command), "cwd": str(layout.cwd)}
     if ray_address is not None:
         saved["ray_address"] = ray_address
     store.ensure_run(
-        supervisor.run_id,
+        layout.run_id,
         name=name,
-        metrics_path=str(supervisor.folder.root),
-        rollouts_dir=str(supervisor.files.prepare(supervisor.command).rollout_dir),
-        checkpoints_dir=str(supervisor.checkpoint_dir),
-        mode=supervisor.config.mode,
+        metrics_path=str(layout.folder.root),
+        rollouts_dir=str(layout.first.rollout_dir),
+        checkpoints_dir=str(layout.checkpoint_dir),
+        mode=mode,
         now=time.time(),
         config_json=orjson.dumps(saved).decode(),
     )
@@ -292,6 +260,18 @@ def run_guarded(config: GuardianConfig, request: RunRequest, *, stop: threading.
             signal.signal(sig, handler)
 
 
+@dataclass(frozen=True, slots=True)
+class Target:
+    """The run a request guards: its command and cwd (a known run's, as stored), its Ray dashboard, and whether the
+    store knows it already."""
+
+    request: RunRequest
+    command: tuple[str, ...]
+    cwd: Path
+    ray_address: str | None
+    known: bool
+
+
 def guard_request(
     config: GuardianConfig,
     request: RunRequest,
@@ -308,126 +288,165 @@ def guard_request(
     A run the store records as over (finished, or given up: 93, do not requeue) is not launched again: one line
     says so, ``over`` hears how it ended and its recorded exit code is returned; ``request.new`` starts a new run
     under a fresh id instead."""
-    fleet = join_fleet is not None
     check_sinks(config, os.environ)  # a missing webhook URL or token refuses before anything is written
     with Store.open(
         config.database_url(),
         busy_timeout_s=config.store.busy_timeout_s,
         statement_timeout_s=config.store.statement_timeout_s,
     ) as store:
-        known = store.get_run(request.run_id)
-        command, cwd, ray_address = request.command, request.cwd, request.ray_address
-        # --attach too: a run that finished, gave up or was stopped by `guardian stop` has no trainer to guard
-        ended = recorded_end(store, known) if known is not None else None
-        if ended is not None and not request.new:
-            _say_already_over(request.run_id, ended, fleet=fleet)
-            over(ended)
-            return ended.code
-        if known is not None and request.new and not request.attach:
-            # asked for: a new run under a fresh id; the request's flags (--dry-run above all) stay as asked
-            fresh = f"{request.run_id[: MAX_RUN_ID - 15]}-{time.strftime('%Y%m%d%H%M%S')}"
-            request = replace(request, run_id=checked_run_id(fresh))
-            known = None
-        saved: dict[str, Any] | None = None  # what register_run stored of a known run
-        if known is not None:
-            saved = orjson.loads(known.config_json or "{}")
-            command, cwd = tuple(saved.get("command") or command), Path(saved.get("cwd") or cwd)
-        elif request.attach:
-            log.error(event("error", {"message": f"no run {request.run_id!r} in {store.url}"}))
+        target = find_target(store, request, config, fleet=join_fleet is not None)
+        if isinstance(target, RunEnd):
+            over(target)
+            return target.code
+        if target is None:
             return 1
-        ray_address = ray_address_of(request.ray_address, saved, config)
-        hook = _die_after(os.environ[DIE_AFTER_ENV]) if os.environ.get(DIE_AFTER_ENV) else (lambda s: None)
-        timeout_s = config.ray.request_timeout_s
-        try:
-            jobs = connect(ray_address, timeout_s=timeout_s) if ray_address else None
-        except RayJobsError as exc:
-            log.error(event("ray_unavailable", {"run": request.run_id, "address": ray_address, "message": str(exc)}))
+        return guard_target(config, store, target, stop, join_fleet)
+
+
+def find_target(store: Store, request: RunRequest, config: GuardianConfig, *, fleet: bool) -> Target | RunEnd | None:
+    """The run ``request`` guards; how it ended when the store records it as over (one line says so); None when
+    ``--attach`` names a run the store does not know."""
+    known = store.get_run(request.run_id)
+    # --attach too: a run that finished, gave up or was stopped by `guardian stop` has no trainer to guard
+    ended = recorded_end(store, known) if known is not None else None
+    if ended is not None and not request.new:
+        _say_already_over(request.run_id, ended, fleet=fleet)
+        return ended
+    if known is not None and request.new and not request.attach:
+        # asked for: a new run under a fresh id; the request's flags (--dry-run above all) stay as asked
+        fresh = f"{request.run_id[: MAX_RUN_ID - 15]}-{time.strftime('%Y%m%d%H%M%S')}"
+        request = replace(request, run_id=checked_run_id(fresh))
+        known = None
+    if known is None and request.attach:
+        log.error(event("error", {"message": f"no run {request.run_id!r} in {store.url}"}))
+        return None
+    saved: dict[str, Any] | None = orjson.loads(known.config_json or "{}") if known is not None else None
+    command, cwd = request.command, request.cwd
+    if saved is not None:  # what register_run stored of a known run
+        command, cwd = tuple(saved.get("command") or command), Path(saved.get("cwd") or cwd)
+    return Target(request, command, cwd, ray_address_of(request.ray_address, saved, config), known is not None)
+
+
+def trainer_site(target: Target, config: GuardianConfig) -> TrainerSite | None:
+    """Where the target's trainer runs: this machine, or its Ray cluster; None (one line says why) when the cluster
+    does not answer."""
+    address, timeout_s = target.ray_address, config.ray.request_timeout_s
+    if not address:
+        return local_site()
+    try:
+        jobs = connect(address, timeout_s=timeout_s)
+    except RayJobsError as exc:
+        log.error(event("ray_unavailable", {"run": target.request.run_id, "address": address, "message": str(exc)}))
+        return None
+    return local_site(jobs, StateApi(address, timeout_s))
+
+
+def guard_target(
+    config: GuardianConfig,
+    store: Store,
+    target: Target,
+    stop: threading.Event,
+    join_fleet: Callable[[Outlets], None] | None,
+) -> int:
+    """Lay the run out, hold its folders, register it and guard it (see ``guard_request``)."""
+    request = target.request
+    site = trainer_site(target, config)
+    if site is None:
+        return 1
+    layout = run_layout(config.home, request.run_id, target.command, target.cwd)
+    if request.dry_run:
+        preview = launch_preview(target.command, layout.first, target.cwd)
+        sys.stdout.write(orjson.dumps(preview, option=orjson.OPT_INDENT_2).decode() + "\n")
+        return 0
+    with ExitStack() as held:
+        if not hold_folders(held, layout):
             return 1
-        supervisor = local_supervisor(
-            config,
-            store,
-            run_id=request.run_id,
-            command=command,
-            cwd=cwd,
-            after_commit=hook,
-            jobs=jobs,
-            cluster=StateApi(ray_address, timeout_s) if ray_address else None,
-        )
-        if request.dry_run:
-            files = supervisor.files.prepare(command)
-            preview = launch_preview(command, files, cwd)
-            sys.stdout.write(orjson.dumps(preview, option=orjson.OPT_INDENT_2).decode() + "\n")
-            return 0
-        with ExitStack() as held:
-            try:  # one guardian per checkpoint dir, taken before the run is registered or anything starts
-                held.enter_context(holding(Path(supervisor.checkpoint_dir), request.run_id, supervisor.folder.root))
-            except DirLockedError as exc:
-                log.error(event("checkpoint_dir_locked", {"run": request.run_id, "message": str(exc)}))
-                return 1
-            dumps = users_dump_dir(supervisor.files.prepare(command), Path(supervisor.checkpoint_dir))
-            try:  # a dump folder the command names itself is one run's: a rollback quarantines what lies there
-                if dumps is not None:
-                    held.enter_context(holding_dumps(dumps, request.run_id, supervisor.folder.root))
-            except DirLockedError as exc:
-                log.error(event("rollout_dir_locked", {"run": request.run_id, "message": str(exc)}))
-                return 1
-            if known is None:
-                register_run(store, supervisor, name=" ".join(command)[:200], ray_address=ray_address)
-            # with the live view a person reads the terminal: warnings there, every line in the run's guardian.log
-            log_file = held.enter_context(
-                logging_to_file(
-                    supervisor.folder.root / "guardian.log",
-                    quiet_terminal=request.live,
-                    only_run=request.run_id if fleet else None,
-                )
-            )
-            if request.live:
-                sys.stderr.write(f"guardian: every event line of run {request.run_id} goes to {log_file}\n")
-            log.info(
-                event(
-                    "run",
-                    {
-                        "run": request.run_id,
-                        "mode": config.mode,
-                        "folder": supervisor.folder.root,
-                        "checkpoints": supervisor.checkpoint_dir,
-                        "db": store.url,
-                        "log": log_file,
-                    },
-                )
-            )
-            # the outlets first: a bad webhook setting or a busy port fails before the trainer starts; a fleet's run
-            # serves no exporter of its own (the fleet's serves its snapshots)
-            without_exporter = config.model_copy(
-                update={"exporter": config.exporter.model_copy(update={"enabled": False})}
-            )
-            with outlets(
-                without_exporter if fleet else config,
-                store,
-                supervisor.incident_tick,
-                time.time,
-                stop,
-                views_read_store=request.live or fleet,
-            ) as out:
-                if join_fleet is not None:
-                    join_fleet(out)
-                supervisor.announce = out.announce
-                supervisor.start()
-                code = guard_loop(
-                    supervisor, stop, config.sources.poll_interval_s, live=request.live, snapshots=out.snapshots
-                )
-                if code is not None:  # before the outlets' linger: a guardian killed then still left its answer
-                    _record_exit(store, request.run_id, code)
-            if code is not None:
-                return code
-            log.warning(
-                event(
-                    "guardian_stopped",
-                    {
-                        "run": request.run_id,
-                        "trainer": "left running",
-                        "reattach": f"guardian run --attach {request.run_id}",
-                    },
-                )
-            )
-            return EXIT_INTERRUPTED
+        if not target.known:
+            name = " ".join(target.command)[:200]
+            register_run(store, layout, mode=config.mode, name=name, ray_address=target.ray_address)
+        log_file = held.enter_context(_run_log(layout, request, fleet=join_fleet is not None))
+        _say_run(config, store, layout, log_file)
+        code = _guard_with_outlets(config, store, layout, site, stop, request, join_fleet)
+    if code is not None:
+        return code
+    fields = {"run": request.run_id, "trainer": "left running", "reattach": f"guardian run --attach {request.run_id}"}
+    log.warning(event("guardian_stopped", fields))
+    return EXIT_INTERRUPTED
+
+
+def hold_folders(held: ExitStack, layout: RunLayout) -> bool:
+    """One guardian per checkpoint dir, and per dump folder the command names itself (a rollback quarantines what
+    lies there), held while ``held`` is, before the run is registered or anything starts; False (one line says
+    which) when another guardian holds one."""
+    run_id, root = layout.run_id, layout.folder.root
+    try:
+        held.enter_context(holding(Path(layout.checkpoint_dir), run_id, root))
+    except DirLockedError as exc:
+        log.error(event("checkpoint_dir_locked", {"run": run_id, "message": str(exc)}))
+        return False
+    dumps = users_dump_dir(layout.first, Path(layout.checkpoint_dir))
+    try:
+        if dumps is not None:
+            held.enter_context(holding_dumps(dumps, run_id, root))
+    except DirLockedError as exc:
+        log.error(event("rollout_dir_locked", {"run": run_id, "message": str(exc)}))
+        return False
+    return True
+
+
+@contextmanager
+def _run_log(layout: RunLayout, request: RunRequest, *, fleet: bool) -> Iterator[Path]:
+    """The run's guardian.log; with the live view a person reads the terminal: warnings there, every line in the
+    file; a fleet's run logs its own lines only."""
+    with logging_to_file(
+        layout.folder.root / "guardian.log", quiet_terminal=request.live, only_run=request.run_id if fleet else None
+    ) as log_file:
+        if request.live:
+            sys.stderr.write(f"guardian: every event line of run {request.run_id} goes to {log_file}\n")
+        yield log_file
+
+
+def _say_run(config: GuardianConfig, store: Store, layout: RunLayout, log_file: Path) -> None:
+    fields = {
+        "run": layout.run_id,
+        "mode": config.mode,
+        "folder": layout.folder.root,
+        "checkpoints": layout.checkpoint_dir,
+        "db": store.url,
+        "log": log_file,
+    }
+    log.info(event("run", fields))
+
+
+def _guard_with_outlets(
+    config: GuardianConfig,
+    store: Store,
+    layout: RunLayout,
+    site: TrainerSite,
+    stop: threading.Event,
+    request: RunRequest,
+    join_fleet: Callable[[Outlets], None] | None,
+) -> int | None:
+    """Start the run and guard it until it ends (its exit code, recorded) or ``stop`` (None). The outlets first: a
+    bad webhook setting or a busy port fails before the trainer starts; a fleet's run serves no exporter of its own
+    (the fleet's serves its snapshots)."""
+    fleet = join_fleet is not None
+    hook = _die_after(os.environ[DIE_AFTER_ENV]) if os.environ.get(DIE_AFTER_ENV) else (lambda s: None)
+    run = guarded_run(
+        config,
+        store,
+        layout,
+        site,
+        stop,
+        after_commit=hook,
+        serves_exporter=not fleet,
+        views_read_store=request.live or fleet,
+    )
+    with run as (supervisor, out):
+        if join_fleet is not None:
+            join_fleet(out)
+        supervisor.start()
+        code = guard_loop(supervisor, stop, config.sources.poll_interval_s, live=request.live, snapshots=out.snapshots)
+        if code is not None:  # before the outlets' linger: a guardian killed then still left its answer
+            _record_exit(store, request.run_id, code)
+    return code

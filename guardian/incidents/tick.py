@@ -91,8 +91,6 @@ class IncidentTick:
     # observe mode closes an incident when its check clears; under `guardian run --mode enforce` the
     # intervention owns the incident's end (a rollback clears checks without anything being fixed)
     close_on_clear: bool = True
-    # whether the trainer process still runs (None: no process known - `watch` without --pid)
-    trainer_alive: Callable[[], bool | None] = lambda: None
     # what the checks' findings update; `watch` passes one that also remembers the first critical finding
     tracker: StatusTracker = field(default_factory=StatusTracker)
     # the steps verl saves and validates at (the run's trainer.save_freq/test_freq), for the stall check
@@ -128,6 +126,8 @@ class IncidentTick:
         self.bad_lines_total = 0
         self.steps_judged = 0  # steps read and judged since this guardian started (a failed tick's too)
         self._carried: MetricsBatch | None = None  # read, not yet judged: a tick failed before it got there
+        # whether the trainer process runs, as the caller sampled it for this tick (None: unknown, or no process)
+        self._trainer_alive: bool | None = None
         self.writes = WriteBehind(self.store, self.clock, limit=self.config.store.max_pending_writes)
 
     # -- the store's health, for the exporter ---------------------------------------------------
@@ -147,9 +147,11 @@ class IncidentTick:
         return self.writes.dropped
 
     # -- one pass -----------------------------------------------------------------------------
-    def tick(self, on_disk: CheckpointsView | None = None) -> TickResult:
-        """One pass. ``on_disk``: the checkpoint dir as the caller read it this tick (None: read here)."""
+    def tick(self, on_disk: CheckpointsView | None = None, *, trainer_alive: bool | None = None) -> TickResult:
+        """One pass. ``on_disk``: the checkpoint dir as the caller read it this tick (None: read here);
+        ``trainer_alive``: whether the trainer process runs, sampled before the read (None: not known)."""
         now = self.clock()
+        self._trainer_alive = trainer_alive
         self.writes.retry()
         result = TickResult()
         batch, self._carried = self._carried or self.metrics.poll(), None
@@ -304,7 +306,7 @@ class IncidentTick:
             self.config.checks.baseline,
             now=now,
             started_at=self.started_at,
-            trainer_alive=self.trainer_alive(),
+            trainer_alive=self._trainer_alive,
             schedule=self.schedule,
             life_signs=self.life_signs,
             first_startup_s=self.first_startup_s,

@@ -41,7 +41,7 @@ from guardian.rescue.effects import (
     Wait,
 )
 from guardian.rescue.policy import CRASH_OUTPUT_EVIDENCE, SETUP_FAILURE, check_transition
-from guardian.rescue.ports import CheckpointPort, PlannerPort, TrainerPort
+from guardian.rescue.ports import CheckpointPort, Launched, PlannerPort, TrainerPort
 from guardian.rescue.snapshot import RescueSnapshot
 from guardian.states import IncidentStatus, Kind, RunStatus, State
 from guardian.store import IncidentView, InterventionView, StateDetail, Store
@@ -67,6 +67,12 @@ class Executor:
 
     def __post_init__(self) -> None:
         self.advised: set[int] = set()  # incidents advise mode spoke of (told once per guardian)
+        self._launched: list[Launched] = []  # launches since the supervisor last took them (it follows their files)
+
+    def take_launches(self) -> list[Launched]:
+        """The launches (and re-attaches) carried out since the last call, oldest first."""
+        taken, self._launched = self._launched, []
+        return taken
 
     def run_pass(self, snapshot: Callable[[], RescueSnapshot]) -> int | None:
         for _ in range(MAX_EFFECTS_PER_PASS):
@@ -197,13 +203,13 @@ class Executor:
             check_transition(iv.state, State.RESUMING)
             store.advance(iv.id, State.RESUMING, now=self.clock(), to_attempt_id=attempt.id)
         self._committed(iv, State.RESUMING)
-        self.trainer.launch(attempt, plan)
+        self._launched.append(self.trainer.launch(attempt, plan))
 
     def _reattach(self, iv: InterventionView) -> None:
         """RESUMING after a guardian restart: the attempt row exists; launch it unless it already was."""
         assert iv.to_attempt_id is not None and iv.plan is not None, f"{iv.name} is RESUMING without its attempt"
         attempt = next(a for a in self.store.attempts(self.run_id) if a.id == iv.to_attempt_id)
-        self.trainer.launch(attempt, iv.plan)
+        self._launched.append(self.trainer.launch(attempt, iv.plan))
 
     def _relapse(self, effect: Relapse) -> None:
         iv = effect.iv

@@ -19,6 +19,7 @@ from guardian.config import GuardianConfig
 from guardian.faults import fault_fields
 from guardian.ladder import Rung
 from guardian.logs import event, get_logger
+from guardian.rescue.ports import Launched
 from guardian.states import Kind, Mode
 from guardian.store import AttemptView, ConfigChange, StateDetail, Store, StoredPlan
 
@@ -53,8 +54,6 @@ class LocalTrainer:
     env: Mapping[str, str]
     cwd: Path
     clock: Callable[[], float]
-    # the guard loop follows a new launch: (attempt id, number, argv)
-    on_launch: Callable[[int, int, tuple[str, ...]], None] = lambda attempt_id, number, argv: None
     attempt: Attempt | None = None
     stopped_in_outage: int | None = None  # the attempt this guardian stopped while the store refused writes
 
@@ -78,15 +77,15 @@ class LocalTrainer:
         return self.attempt.argv if self.attempt is not None else tuple(default)
 
     # -- launching -------------------------------------------------------------------------------------
-    def launch(self, attempt: AttemptView, plan: StoredPlan) -> None:
-        self.start(attempt.id, attempt.number, plan.argv, plan.env)
+    def launch(self, attempt: AttemptView, plan: StoredPlan) -> Launched:
+        return self.start(attempt.id, attempt.number, plan.argv, plan.env)
 
-    def start(self, attempt_id: int, number: int, argv: Sequence[str], extra_env: Mapping[str, str]) -> None:
+    def start(self, attempt_id: int, number: int, argv: Sequence[str], extra_env: Mapping[str, str]) -> Launched:
         handle = launch_attempt(
             self.control, self.folder, number, argv=argv, env=self.env, extra_env=extra_env, cwd=self.cwd
         )
         self.attempt = Attempt(attempt_id, number, tuple(argv), handle, self.clock())
-        self.on_launch(attempt_id, number, tuple(argv))
+        return Launched(attempt_id, number, tuple(argv))
 
     def attach(self, attempt: AttemptView, argv: Sequence[str]) -> None:
         """Follow the trainer an earlier guardian launched for ``attempt`` (a handle even when it is gone: how it

@@ -7,6 +7,7 @@ directory, verl's Hydra config); the unit tests provide recording ones, and a Ra
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 from guardian.actions.process import ExitStatus
@@ -15,12 +16,21 @@ from guardian.states import Kind
 from guardian.store import AttemptView, StateDetail, StoredPlan
 
 
+@dataclass(frozen=True, slots=True)
+class Launched:
+    """A trainer launch (or a re-attach to one an earlier guardian launched): the guard loop follows its files."""
+
+    attempt_id: int
+    number: int
+    argv: tuple[str, ...]
+
+
 class TrainerPort(Protocol):
     def stop(self, *, reason: str) -> None:
         """Stop every process of the current attempt and record its end; nothing running is fine. Raises when
         processes survive SIGKILL (never two trainers at once)."""
 
-    def launch(self, attempt: AttemptView, plan: StoredPlan) -> None:
+    def launch(self, attempt: AttemptView, plan: StoredPlan) -> Launched:
         """Launch ``attempt`` with ``plan``, or attach to it when an earlier guardian already launched it."""
 
     def output_tail(self) -> str:

@@ -22,6 +22,7 @@ from guardian.config import RAY_REQUEST_TIMEOUT_S, GuardianConfig
 from guardian.extras import MissingExtra, install_line, need
 from guardian.logs import event, get_logger
 from guardian.rescue.local import OUTPUT_TAIL_BYTES, StopFailedError
+from guardian.rescue.ports import Launched
 from guardian.rescue.ray_logs import JobLogMirror
 from guardian.rescue.ray_survivors import (
     ClusterState,
@@ -171,7 +172,6 @@ class RayJobsTrainer:
     folder: RunFolder
     cwd: Path
     clock: Callable[[], float]
-    on_launch: Callable[[int, int, tuple[str, ...]], None] = lambda attempt_id, number, argv: None
     wait: Callable[[float], None] = time.sleep
     monotonic: Callable[[], float] = time.monotonic
     # the cluster's State API (survivors of a stopped job); None: not looked for
@@ -200,10 +200,10 @@ class RayJobsTrainer:
         return self.attempt.argv if self.attempt is not None else tuple(default)
 
     # -- launching -------------------------------------------------------------------------------------
-    def launch(self, attempt: AttemptView, plan: StoredPlan) -> None:
-        self.start(attempt.id, attempt.number, plan.argv, plan.env)
+    def launch(self, attempt: AttemptView, plan: StoredPlan) -> Launched:
+        return self.start(attempt.id, attempt.number, plan.argv, plan.env)
 
-    def start(self, attempt_id: int, number: int, argv: Sequence[str], extra_env: Mapping[str, str]) -> None:
+    def start(self, attempt_id: int, number: int, argv: Sequence[str], extra_env: Mapping[str, str]) -> Launched:
         """Submit the attempt's job, or follow it when the cluster already has it (an earlier guardian submitted it)."""
         sid = submission_id(self.run_id, number)
         fields: dict[str, object] = {"run": self.run_id, "attempt": number, "job": sid}
@@ -230,7 +230,7 @@ class RayJobsTrainer:
             self._check_owner(sid, info, attempt_id)
             log.warning(event("job_attached", {**fields, "status": str(info.status)}))
         self.attempt = JobAttempt(attempt_id, number, tuple(argv), sid, self.clock())
-        self.on_launch(attempt_id, number, tuple(argv))
+        return Launched(attempt_id, number, tuple(argv))
 
     def attach(self, attempt: AttemptView, argv: Sequence[str]) -> None:
         """Follow the job an earlier guardian submitted for ``attempt``; a job the cluster no longer knows (the cluster

@@ -7,14 +7,13 @@ docs/decisions/0050-hold-during-store-outage.md."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from guardian.actions.launcher import RunFolder
-from guardian.actions.patch import RunFiles
-from guardian.actions.process import ExitStatus, TrainerControl
-from guardian.actions.schedule import read_saves, retention_problem
+from guardian.actions.process import ExitStatus
+from guardian.actions.schedule import retention_problem
 from guardian.checkpoints.pinner import Pinner
 from guardian.checkpoints.view import CheckpointsView, read_checkpoints
 from guardian.checks.stall import typical_step_seconds
@@ -22,25 +21,20 @@ from guardian.config import GuardianConfig
 from guardian.core import Clock, Severity
 from guardian.exits import EXIT_ERROR
 from guardian.faults import failure_text, fault_fields, is_outage, unavailable
-from guardian.incidents.tick import IncidentTick, MetricsSource
-from guardian.keys import CHECKED_KEYS
+from guardian.incidents.tick import IncidentTick
 from guardian.logs import event, get_logger
 from guardian.loop.outage import CannotContinue, StoreWait, stop_while_store_down, trainer_fate
 from guardian.loop.ticks import aside
-from guardian.overrides import parse_command
 from guardian.rescue.executor import Executor
-from guardian.rescue.local import LocalCheckpoints, LocalPlanner, LocalTrainer
+from guardian.rescue.layout import RunLayout
+from guardian.rescue.local import LocalTrainer
 from guardian.rescue.outcome import Outcome, measure_outcome
+from guardian.rescue.ports import Launched
 from guardian.rescue.pruner import DumpPruner
-from guardian.rescue.ray_jobs import JobsClient, RayJobsTrainer
-from guardian.rescue.ray_logs import JOB_LOG, JobLogsSource
-from guardian.rescue.ray_survivors import ClusterState
+from guardian.rescue.ray_jobs import RayJobsTrainer
+from guardian.rescue.readers import AttemptReaders
 from guardian.rescue.snapshot import RescueSnapshot, StandingFinding, TrainerFacts
-from guardian.sources.console import ConsoleFile
 from guardian.sources.forwarding import ForwardingWatch, dropped_fields
-from guardian.sources.jsonl import MetricsFile
-from guardian.sources.printed_config import read_printed_config
-from guardian.sources.rollouts import RolloutDir
 from guardian.states import Kind, Mode, State
 from guardian.store import IncidentView, InterventionView, Store
 from guardian.store.writebehind import outage_fix
@@ -50,110 +44,49 @@ log = get_logger("supervisor")
 
 @dataclass
 class Supervisor:
+    """A guarded run's loop, given its parts (``commands.compose`` builds them): each ``tick`` judges what the trainer
+    logged, carries out the rescue's pass, then the pin and dump passes."""
+
     config: GuardianConfig
     store: Store
-    run_id: str
-    command: tuple[str, ...]  # the user's command, as given
-    cwd: Path
-    env: Mapping[str, str]
-    control: TrainerControl
     clock: Clock
-    # called right after each state is committed (tests kill the guardian here: chaos tests)
-    after_commit: Callable[[str], None] = lambda state: None
+    layout: RunLayout
+    trainer: LocalTrainer | RayJobsTrainer  # the trainer adapter: a local process group, or a Ray job, per attempt
+    readers: AttemptReaders
+    incident_tick: IncidentTick
+    executor: Executor
+    pinner: Pinner | None  # None: observe mode, or no pins kept
+    pruner: DumpPruner | None  # the attempts' own rollout dumps kept under rollouts.keep_gib
     # tells the notifiers straight, bypassing the store, that the guardian gives up (commands.outlets)
     announce: Callable[[CannotContinue], None] = lambda ending: None
-    # the Jobs API of a Ray cluster: each attempt is submitted there as a Ray job instead of a local process group
-    jobs: JobsClient | None = None
-    # the cluster's State API beside the Jobs API: what a stopped job left alive
-    cluster: ClusterState | None = None
+    busy: bool = field(default=False, init=False)  # the last tick saw something move (a line, a transition, a state)
+    _forwarding: ForwardingWatch | None = field(default=None, init=False)  # the followed attempt got our arguments
+    _latest: RescueSnapshot | None = field(default=None, init=False)  # the rescue pass's last snapshot (the pin pass)
+    _on_disk: CheckpointsView = field(default_factory=CheckpointsView, init=False)  # the checkpoint dir this tick
+    _store_wait: StoreWait = field(init=False)
 
     def __post_init__(self) -> None:
-        self.folder = RunFolder(self.config.home.resolve() / "runs" / self.run_id)
-        self.files = self._run_files(1)
-        first = self.files.prepare(self.command)
-        self.checkpoint_dir = first.checkpoint_dir
-        self.saves = read_saves(first.argv, self.cwd)  # the steps verl saves and validates at, and its retention
-        self.trainer: LocalTrainer | RayJobsTrainer
-        if self.jobs is None:
-            self.trainer = LocalTrainer(
-                self.config,
-                self.store,
-                self.run_id,
-                self.control,
-                self.folder,
-                self.env,
-                self.cwd,
-                self.clock,
-                on_launch=self._follow,
-            )
-        else:
-            self.trainer = RayJobsTrainer(
-                self.config,
-                self.store,
-                self.run_id,
-                self.jobs,
-                self.folder,
-                self.cwd,
-                self.clock,
-                on_launch=self._follow,
-                cluster=self.cluster,
-            )
-        self.incident_tick = IncidentTick(
-            config=self.config,
-            store=self.store,
-            run_id=self.run_id,
-            metrics=self._metrics_source(first.metrics_path, 1),
-            clock=self.clock,
-            rollouts=RolloutDir(first.rollout_dir, max_line_bytes=self.config.sources.max_line_bytes),
-            checkpoints_dir=self.checkpoint_dir,
-            close_on_clear=Mode(self.config.mode) is not Mode.ENFORCE,
-            trainer_alive=self._trainer_alive,
-            schedule=self.saves.schedule,
-            validation_dir=self.saves.validation_dir,
-        )
-        users_dumps = first.rollout_dir_is_users
-        self.executor = Executor(
-            self.config,
-            self.store,
-            self.run_id,
-            self.folder,
-            self.clock,
-            trainer=self.trainer,
-            checkpoints=LocalCheckpoints(
-                self.run_id,
-                self.checkpoint_dir,
-                lambda: self.incident_tick.rollouts.path if users_dumps and self.incident_tick.rollouts else None,
-                copy_min_free_bytes=self.config.checkpoints.copy_min_free_bytes,
-            ),
-            planner=LocalPlanner(self.config, self._current_argv, self._planned_files),
-            after_commit=self.after_commit,
-        )
-        self._forwarding: ForwardingWatch | None = None  # the followed attempt's check that it got our arguments
-        self.busy = False  # the last tick saw something move (a line, a transition, an intervention state to act in)
         self._store_wait = StoreWait(limit_s=self.config.store.outage_wait_s)
-        self._latest: RescueSnapshot | None = None  # the rescue pass's last snapshot (the pin pass reads it)
-        self._on_disk = CheckpointsView()  # the checkpoint dir as this tick read it (again after an effect)
-        # observe mode changes nothing on disk; advise and enforce keep healthy rollback targets out of verl's retention
-        pins = self.config.checkpoints
-        pinning = Mode(self.config.mode) is not Mode.OBSERVE and pins.pin_keep > 0
-        self.pinner = Pinner(pins, self.store, self.run_id, self.checkpoint_dir, self.clock) if pinning else None
-        # the attempts' own rollout dumps kept under rollouts.keep_gib (never a folder the command names)
-        self.pruner = DumpPruner.of(self.config, self.run_id, self.folder, users_dumps=users_dumps)
 
-    def _metrics_file(self, path: Path) -> MetricsFile:
-        limits = self.config.sources
-        return MetricsFile(  # the keys the checks read, as a replay and guardian watch read them
-            path, keys=CHECKED_KEYS, max_keys=limits.max_keys_per_step, max_line_bytes=limits.max_line_bytes
-        )
+    @property
+    def run_id(self) -> str:
+        return self.layout.run_id
 
-    def _metrics_source(self, path: Path, number: int) -> MetricsSource:
-        """Attempt ``number``'s metrics: its metrics file, or for a Ray job also its mirrored logs (``ray_logs``)."""
-        mode = self.config.sources.ray_job_logs
-        if not isinstance(self.trainer, RayJobsTrainer) or mode == "never":
-            return self._metrics_file(path)
-        console = ConsoleFile(path.parent / JOB_LOG, max_line_bytes=self.config.sources.max_line_bytes)
-        mirror = self.trainer.log_mirror(number, console.path)
-        return JobLogsSource(self._metrics_file(path), console, mirror, mode, self.run_id)
+    @property
+    def command(self) -> tuple[str, ...]:
+        return self.layout.command
+
+    @property
+    def cwd(self) -> Path:
+        return self.layout.cwd
+
+    @property
+    def folder(self) -> RunFolder:
+        return self.layout.folder
+
+    @property
+    def checkpoint_dir(self) -> Path:
+        return self.layout.checkpoint_dir
 
     # -- start or re-attach -----------------------------------------------------------------------
     def start(self) -> None:
@@ -161,7 +94,7 @@ class Supervisor:
         self._check_retention()
         latest = self.store.latest_attempt(self.run_id)
         if latest is None:
-            files = self.files.prepare(self.command)
+            files = self.layout.files.prepare(self.command)
             attempt = self.store.start_attempt(
                 self.run_id,
                 metrics_path=str(self.folder.metrics(1)),
@@ -169,19 +102,19 @@ class Supervisor:
                 command=list(files.argv),
                 launch=True,
             )
-            self.trainer.start(attempt.id, attempt.number, files.argv, files.env)
+            self._follow(self.trainer.start(attempt.id, attempt.number, files.argv, files.env))
             return
         for attempt in self.store.attempts(self.run_id)[:-1]:
-            dumps = self._rollouts_of(attempt.number, stored_argv(attempt.command) or self.command)
-            self.incident_tick.rebuild(self._metrics_source(Path(attempt.metrics_path), attempt.number), dumps)
+            dumps = self.readers.rollouts(attempt.number, stored_argv(attempt.command) or self.command)
+            self.incident_tick.rebuild(self.readers.metrics(Path(attempt.metrics_path), attempt.number), dumps)
         argv = stored_argv(latest.command) or self.command
         self.trainer.attach(latest, argv)
-        self._watch_forwarding(latest.number)
+        self._forwarding = self.readers.forwarding(latest.number)
         stored = self.store.latest_step_of_attempt(latest.id)
         self.incident_tick.switch_attempt(
             latest.id,
-            self._metrics_source(Path(latest.metrics_path), latest.number),
-            self._rollouts_of(latest.number, argv),
+            self.readers.metrics(Path(latest.metrics_path), latest.number),
+            self.readers.rollouts(latest.number, argv),
             judged_through=stored,
         )
         log.warning(event("run_attached", {"run": self.run_id, "attempt": latest.number, "through_step": stored}))
@@ -190,39 +123,35 @@ class Supervisor:
         """Say so when verl's retention deletes checkpoints before they can be pinned (a warning: the run is guarded
         all the same, only its rollback targets are at risk)."""
         pins = self.config.checkpoints
-        schedule = self.saves.schedule
-        problem = retention_problem(pins.healthy_window_steps, schedule.save_freq, self.saves.keep)
+        saves = self.layout.saves
+        problem = retention_problem(pins.healthy_window_steps, saves.schedule.save_freq, saves.keep)
         if self.pinner is None or problem is None:
             return
         fields = {
             "run": self.run_id,
             "healthy_window_steps": pins.healthy_window_steps,
-            "save_freq": schedule.save_freq,
-            "max_actor_ckpt_to_keep": self.saves.keep,
+            "save_freq": saves.schedule.save_freq,
+            "max_actor_ckpt_to_keep": saves.keep,
             "message": problem,
         }
         log.warning(event("healthy_window_too_wide", fields))
 
-    def _follow(self, attempt_id: int, number: int, argv: tuple[str, ...]) -> None:
-        """A new launch: the guard loop reads its own metrics file and rollout dumps from now on."""
+    def _follow(self, launched: Launched) -> None:
+        """A new launch: the guard loop reads its own metrics file and rollout dumps from now on, and checks that a
+        local trainer got the guardian's arguments (``sources.forwarding``)."""
+        number = launched.number
         self.incident_tick.switch_attempt(
-            attempt_id,
-            self._metrics_source(self.folder.metrics(number), number),
-            self._rollouts_of(number, argv),
+            launched.attempt_id,
+            self.readers.metrics(self.folder.metrics(number), number),
+            self.readers.rollouts(number, launched.argv),
             first_launch=number == 1,
         )
-        self._watch_forwarding(number)
+        self._forwarding = self.readers.forwarding(number)
 
-    def _watch_forwarding(self, number: int) -> None:
-        """Check that attempt ``number`` of a local trainer got the guardian's arguments (``sources.forwarding``)."""
-        if self.jobs is None:
-            self._forwarding = ForwardingWatch(
-                self.folder.stdout(number),
-                self.folder.metrics(number),
-                self.config.sources.forwarding_grace_s,
-                self.clock,
-                self.config.sources.max_line_bytes,
-            )
+    def _follow_launches(self) -> None:
+        """Follow what the rescue's effects launched (a relaunch, a re-attach), in order."""
+        for launched in self.executor.take_launches():
+            self._follow(launched)
 
     def _check_forwarding(self) -> None:
         """The one error line when the followed attempt prints steps but its metrics file stays empty."""
@@ -242,9 +171,9 @@ class Supervisor:
                 raise
             # the trainer's control does not answer (a Ray cluster's Jobs API): the metrics are still read and judged
             # (findings, incidents, alerts), the rescue waits, and the tick fails as an outage (outage_limit_s)
-            self.incident_tick.tick(self._read_disk())
+            self.incident_tick.tick(self._read_disk(), trainer_alive=None)
             raise
-        moved = self.incident_tick.tick(self._read_disk())
+        moved = self.incident_tick.tick(self._read_disk(), trainer_alive=self._trainer_alive())
         self.busy = bool(moved.new_steps or moved.transitions or moved.bad_lines)
         aside(self.run_id, "forwarding", self._check_forwarding)
         if not self.incident_tick.store_degraded:
@@ -314,12 +243,16 @@ class Supervisor:
         unused = [first]
 
         def next_snapshot() -> RescueSnapshot:
+            self._follow_launches()  # an effect's launch is followed before the next decision reads the attempt
             if not unused:  # after an effect, which may have moved checkpoints (a rollback, a restored pin)
                 self._read_disk()
             self._latest = unused.pop() if unused else self.snapshot(self.trainer.exit_status())
             return self._latest
 
-        return self.executor.run_pass(next_snapshot)
+        try:
+            return self.executor.run_pass(next_snapshot)
+        finally:
+            self._follow_launches()
 
     def snapshot(self, exit_status: ExitStatus | None) -> RescueSnapshot:
         """The run now, frozen: the guard loop's memory and the store's incidents, interventions and checkpoints."""
@@ -427,31 +360,6 @@ class Supervisor:
             f.severity == Severity.CRITICAL and f.step is not None and f.step >= first
             for f in self.incident_tick.tracker.latest.values()
         )
-
-    # -- the run's attempts ---------------------------------------------------------------------------
-    def _next_attempt_number(self) -> int:
-        latest = self.store.latest_attempt(self.run_id)
-        return (latest.number if latest else 0) + 1
-
-    def _planned_files(self) -> RunFiles:
-        """The files of the attempt a plan would launch; for a launch script, with the config the current attempt
-        printed (``sources.printed_config``): the script's own values, which its command line does not show."""
-        files = self._run_files(self._next_attempt_number())
-        attempt = self.trainer.attempt
-        if self.jobs is not None or attempt is None or not parse_command(self._current_argv()).script:
-            return files
-        return replace(files, recorded=read_printed_config(self.folder.stdout(attempt.number)))
-
-    def _run_files(self, number: int) -> RunFiles:
-        return RunFiles(self.folder.metrics(number), self.folder.rollouts(number), self.cwd, self.command)
-
-    def _rollouts_of(self, number: int, argv: Sequence[str]) -> RolloutDir:
-        """Attempt ``number``'s rollout dumps: its own folder, or the folder the user's command names."""
-        rollout_dir = self._run_files(number).prepare(argv).rollout_dir
-        return RolloutDir(rollout_dir, max_line_bytes=self.config.sources.max_line_bytes)
-
-    def _current_argv(self) -> tuple[str, ...]:
-        return self.trainer.argv(self.command)
 
 
 def stored_argv(value: object) -> tuple[str, ...]:

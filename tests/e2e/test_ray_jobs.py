@@ -186,17 +186,16 @@ def _supervisor(
     config: GuardianConfig, store: Store, tmp_path: Path, jobs: JobsClient, clock: Callable[[], float]
 ) -> Supervisor:
     """``guardian run``'s supervisor submitting to ``jobs`` (its trainer a Ray job), on ``clock``."""
-    return Supervisor(
-        config=config,
-        store=store,
+    from guardian.commands.compose import TrainerSite, supervisor
+
+    return supervisor(
+        config,
+        store,
         run_id=RUN,
         command=(sys.executable, "-m", "verl.trainer.main_ppo", f"trainer.default_local_dir={tmp_path / 'ckpt'}"),
         cwd=tmp_path,
-        env={},
-        control=LocalProcessControl(),
+        site=TrainerSite({}, LocalProcessControl(), jobs, FakeCluster()),
         clock=clock,
-        jobs=jobs,
-        cluster=FakeCluster(),
     )
 
 
@@ -900,7 +899,7 @@ def _healthy_steps_then_nan_with_the_api_down(
     logs NaN steps 4-6 (nobody can reach its control)."""
     from guardian.commands.run import register_run
 
-    register_run(store, supervisor, name="ray")
+    register_run(store, supervisor.layout, mode=supervisor.config.mode, name="ray")
     supervisor.start()
     metrics = supervisor.folder.metrics(1)
     with metrics.open("a") as out:

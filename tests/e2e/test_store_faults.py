@@ -28,6 +28,7 @@ from sqlalchemy.engine import URL
 from sqlalchemy.exc import OperationalError
 
 from guardian.actions.process import LocalProcessControl
+from guardian.commands.compose import TrainerSite, supervisor
 from guardian.commands.run import guard_loop, register_run
 from guardian.config import GuardianConfig
 from guardian.core import Severity, StepRecord
@@ -97,19 +98,18 @@ def command(ckpt: Path) -> list[str]:
 def supervisor_for(
     tmp_path: Path, store: Store, url: str, after_commit: Callable[[str], None] = lambda s: None
 ) -> Supervisor:
-    supervisor = Supervisor(
-        config=config_for(tmp_path / "home", url),
-        store=store,
+    made = supervisor(
+        config_for(tmp_path / "home", url),
+        store,
         run_id=RUN,
         command=tuple(command(tmp_path / "ckpt")),
         cwd=tmp_path,
-        env={k: v for k, v in os.environ.items() if k != "VERL_FILE_LOGGER_PATH"},
-        control=LocalProcessControl(),
+        site=TrainerSite({k: v for k, v in os.environ.items() if k != "VERL_FILE_LOGGER_PATH"}, LocalProcessControl()),
         clock=Clock(),
         after_commit=after_commit,
     )
-    register_run(store, supervisor, name="faults")
-    return supervisor
+    register_run(store, made.layout, mode=made.config.mode, name="faults")
+    return made
 
 
 def tick_until(supervisor: Supervisor, done: Callable[[], bool], timeout_s: float = 60.0) -> int | None:
@@ -125,7 +125,7 @@ def tick_until(supervisor: Supervisor, done: Callable[[], bool], timeout_s: floa
 def stopped(supervisor: Supervisor) -> bool:
     return (
         supervisor.trainer.attempt is not None
-        and supervisor.control.exit_status(supervisor.trainer.attempt.handle) is not None
+        and supervisor.trainer.control.exit_status(supervisor.trainer.attempt.handle) is not None
     )  # type: ignore[arg-type]
 
 

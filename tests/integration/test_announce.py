@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from webhook_receiver import Receiver
 
-from guardian.commands.run import local_supervisor
+from guardian.commands.compose import supervisor
 from guardian.config import GuardianConfig
 from guardian.loop.outage import CannotContinue
 from guardian.notify.compose import Alert, cannot_continue_alert
@@ -59,9 +59,8 @@ def test_the_supervisor_announces_that_it_cannot_continue(tmp_path: Path) -> Non
     config = GuardianConfig(home=tmp_path / "home")
     sent: list[CannotContinue] = []
     with Store.open(config.database_url()) as store:
-        supervisor = local_supervisor(config, store, run_id="r1", command=command, cwd=tmp_path)
-        supervisor.announce = sent.append
-        code = supervisor.cannot_continue(cause="the store refused writes for 600 s", fix="free space on /data")
+        guarding = supervisor(config, store, run_id="r1", command=command, cwd=tmp_path, announce=sent.append)
+        code = guarding.cannot_continue(cause="the store refused writes for 600 s", fix="free space on /data")
     (ending,) = sent
     alert = cannot_continue_alert(ending)
     assert code == 1 and alert.level is Level.CRITICAL and alert.run_id == "r1"

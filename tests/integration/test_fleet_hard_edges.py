@@ -140,16 +140,16 @@ def test_a_fleet_whose_store_is_locked_while_its_runs_register_guards_every_run(
     config = config_for(home, busy_timeout_s=0.05)
     runs = {f"r{k}": quick_command(tmp_path, f"r{k}") for k in range(4)}
     fleet = load_fleet(fleet_file(tmp_path, runs), config)
-    real = run_command.local_supervisor
+    real = run_command.run_layout
     taken = threading.Lock()
 
-    def supervisor_then_lock(*args: object, **kwargs: object) -> object:
+    def layout_then_lock(*args: object, **kwargs: object) -> object:
         made = real(*args, **kwargs)  # type: ignore[arg-type]
         if taken.acquire(blocking=False):  # the first run to get here: its registration and the others' wait
             hold_write_lock(home / "guardian.db", 1.0)
         return made
 
-    monkeypatch.setattr(run_command, "local_supervisor", supervisor_then_lock)
+    monkeypatch.setattr(run_command, "run_layout", layout_then_lock)
     codes = guard_fleet(config, fleet, threading.Event())
     assert codes == dict.fromkeys(runs, EXIT_OK), "\n".join(lines.lines)
     assert not any("Traceback" in line or "fleet_run_failed" in line for line in lines.lines)

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from guardian.commands.run import _render, guard_loop, local_supervisor, register_run
+from guardian.commands.compose import supervisor as local_supervisor
+from guardian.commands.run import _render, guard_loop, register_run
 from guardian.config import GuardianConfig
 from guardian.store import Store
 
@@ -92,7 +93,7 @@ def test_the_live_view_says_when_the_store_cannot_be_read(tmp_path: Path) -> Non
     config = GuardianConfig(home=tmp_path / "home")
     with Store.open(config.database_url()) as store:
         supervisor = local_supervisor(config, store, run_id="r1", command=command, cwd=tmp_path)
-        register_run(store, supervisor, name="r1")
+        register_run(store, supervisor.layout, mode=config.mode, name="r1")
         store.close()
         with (config.home / "guardian.db").open("r+b") as damaged:  # the schema page: no query can be planned
             damaged.write(b"\xa5" * 4096)
@@ -111,8 +112,9 @@ def test_the_trainer_gets_neither_the_guardians_database_url_nor_a_metrics_path_
     config = GuardianConfig(home=tmp_path / "home")
     with Store.open(config.database_url()) as store:
         supervisor = local_supervisor(config, store, run_id="r1", command=command, cwd=tmp_path)
-    assert "GUARDIAN_DB_URL" not in supervisor.env and "VERL_FILE_LOGGER_PATH" not in supervisor.env
-    assert supervisor.env["WANDB_API_KEY"] == "the trainer's own"
+    env = supervisor.trainer.env  # type: ignore[union-attr]
+    assert "GUARDIAN_DB_URL" not in env and "VERL_FILE_LOGGER_PATH" not in env
+    assert env["WANDB_API_KEY"] == "the trainer's own"
 
 
 def test_a_streak_of_outages_is_given_its_time_a_streak_with_a_bug_is_not() -> None:

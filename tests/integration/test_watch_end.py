@@ -189,7 +189,6 @@ class Harness:
             run_id="r",
             metrics=self.file,
             clock=self.clock,
-            trainer_alive=self.trainer,
             tracker=self.tracker,
         )
 

@@ -64,7 +64,7 @@ class WatchLoop:
 
     guardian: IncidentTick
     file: FollowedFile  # the guardian's metrics source
-    trainer: TrainerLiveness  # the guardian's trainer_alive
+    trainer: TrainerLiveness  # sampled before each tick's read
     display: Display
     follow: bool
     total_steps: int | None
@@ -116,7 +116,7 @@ class WatchLoop:
         self._ticks += 1
         alive = self.trainer.sample()
         self.file.final = not self.follow or alive is False  # the writer is done: take a last partial line
-        self._result = self.guardian.tick()
+        self._result = self.guardian.tick(trainer_alive=alive)
         return end_reason(
             WatchState(self.follow, self.file.state, self.guardian.history.last_step, self.total_steps, alive)
         )
