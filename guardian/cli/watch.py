@@ -148,7 +148,19 @@ def cmd_watch(args: argparse.Namespace) -> int:
     trainer = TrainerLiveness(args.pid)
     if args.pid is not None and not trainer.sample():
         log.warning(event("watch_trainer_gone", {"pid": args.pid, "message": "not running: reading to the end"}))
-    request = WatchRequest(
+    request = watch_request(args, path, run_id, total_steps)
+    stop = threading.Event()
+    with open_store(config) as store, _stopped_by_signals(stop):
+        summary = _watch(config, store, request, trainer, stop)
+    if summary.reason is EndReason.TICK_FAILURES:
+        return EXIT_ERROR  # the guardian cannot continue
+    if summary.reason is EndReason.UNREADABLE and summary.verdict is not Verdict.UNHEALTHY:
+        return EXIT_ERROR
+    return EXIT_CODES[summary.verdict]
+
+
+def watch_request(args: argparse.Namespace, path: Path, run_id: str, total_steps: int | None) -> WatchRequest:
+    return WatchRequest(
         path,
         run_id,
         console=not args.metrics,
@@ -160,14 +172,6 @@ def cmd_watch(args: argparse.Namespace) -> int:
         live=sys.stdout.isatty() and not args.no_live,
         max_ticks=args.max_ticks,
     )
-    stop = threading.Event()
-    with open_store(config) as store, _stopped_by_signals(stop):
-        summary = _watch(config, store, request, trainer, stop)
-    if summary.reason is EndReason.TICK_FAILURES:
-        return EXIT_ERROR  # the guardian cannot continue
-    if summary.reason is EndReason.UNREADABLE and summary.verdict is not Verdict.UNHEALTHY:
-        return EXIT_ERROR
-    return EXIT_CODES[summary.verdict]
 
 
 def _watch(

@@ -164,23 +164,38 @@ def run_demo(config: GuardianConfig, *, scenario: str, json_output: bool) -> int
             signal.signal(sig, handler)
 
 
-def _demo(config: GuardianConfig, *, scenario: str, json_output: bool, stop: threading.Event) -> int:
-    config = demo_config(config)
+@dataclass(frozen=True, slots=True)
+class DemoRun:
+    """A scenario laid out as a run: its id, the trainer's files under the run's folder, its command."""
+
+    scenario: str
+    run_id: str
+    files: RunFiles
+    command: tuple[str, ...]
+    notes: str
+
+
+def demo_run(config: GuardianConfig, scenario: str) -> DemoRun:
+    """Scenario ``scenario`` at the demo's pace, its trainer's folder created."""
     run_id = f"demo-{scenario}-{time.strftime('%Y%m%d-%H%M%S')}"
-    root = config.home.resolve() / "runs" / run_id
-    files = RunFiles(root / "trainer")
+    files = RunFiles(config.home.resolve() / "runs" / run_id / "trainer")
     files.root.mkdir(parents=True, exist_ok=True)
     extra = [f"+trainer.fault.slow_steps={PACE_S}"]
     if scenario in TRANSIENT:
         extra.append("+trainer.fault.transient=true")  # the fault spares a run resumed from a checkpoint
     chosen = SCENARIOS[scenario].with_extra(*extra)
-    command = tuple(chosen.command(files))
+    return DemoRun(scenario, run_id, files, tuple(chosen.command(files)), chosen.notes or _first_line(scenario))
+
+
+def _demo(config: GuardianConfig, *, scenario: str, json_output: bool, stop: threading.Event) -> int:
+    config = demo_config(config)
+    demo = demo_run(config, scenario)
     console = Console(stderr=json_output, soft_wrap=True)  # piped: whole lines, paths unbroken
-    console.print(f"[bold]guardian demo[/] - scenario [cyan]{scenario}[/]: {chosen.notes or _first_line(scenario)}")
+    console.print(f"[bold]guardian demo[/] - scenario [cyan]{scenario}[/]: {demo.notes}")
     with (
         # in a terminal the narration is the story; only critical log lines (the store failing, giving up) join it
         logging_to_file(
-            root / "guardian.log", quiet_terminal=console.is_terminal, quiet_level=logging.CRITICAL
+            demo.files.root.parent / "guardian.log", quiet_terminal=console.is_terminal, quiet_level=logging.CRITICAL
         ) as log_file,
         Store.open(
             config.database_url(),
@@ -191,32 +206,40 @@ def _demo(config: GuardianConfig, *, scenario: str, json_output: bool, stop: thr
         console.print(f"  every event line: {log_file}")
         if config.exporter.enabled:
             console.print(f"  metrics: {metrics_url(config)} while the demo runs")
-        layout = run_layout(config.home, run_id, command, files.root)
-        register_run(store, layout, mode=config.mode, name=f"demo {scenario}")
-        narrate = Narrator(console, store, run_id)
-
-        def lingering(url: str, seconds: float) -> None:
-            console.print(
-                f"serving the final state on {url} for {seconds:.0f} s more, so Prometheus scrapes it "
-                "(exporter.linger_s); Ctrl-C to stop now"
-            )
-
-        with guarded_run(config, store, layout, local_site(), stop, on_linger=lingering) as (supervisor, out):
-            supervisor.start()
-            code = guard_loop(
-                supervisor,
-                stop,
-                config.sources.poll_interval_s,
-                live=False,
-                after_tick=lambda ok: narrate(out.snapshots.latest),  # the tick's snapshot is published by then
-                snapshots=out.snapshots,
-            )
-            if code is None:  # Ctrl-C or SIGTERM: the demo's trainer is the demo's own, it does not outlive it
-                console.print("\n[yellow]interrupted[/]: stopping the demo's trainer")
-                supervisor.trainer.stop(reason="demo interrupted")
-            # the summary before the exporter's linger, which would otherwise hold it back
-            _summary(console, store, supervisor, run_id, scenario, code, json_output, files)
+        code = _guard_demo(config, store, console, demo, stop, json_output)
         return code if code is not None else EXIT_INTERRUPTED
+
+
+def _guard_demo(
+    config: GuardianConfig, store: Store, console: Console, demo: DemoRun, stop: threading.Event, json_output: bool
+) -> int | None:
+    """Register the demo's run and guard it, narrated, until it ends (its exit code) or is interrupted (None)."""
+    layout = run_layout(config.home, demo.run_id, demo.command, demo.files.root)
+    register_run(store, layout, mode=config.mode, name=f"demo {demo.scenario}")
+    narrate = Narrator(console, store, demo.run_id)
+
+    def lingering(url: str, seconds: float) -> None:
+        console.print(
+            f"serving the final state on {url} for {seconds:.0f} s more, so Prometheus scrapes it "
+            "(exporter.linger_s); Ctrl-C to stop now"
+        )
+
+    with guarded_run(config, store, layout, local_site(), stop, on_linger=lingering) as (supervisor, out):
+        supervisor.start()
+        code = guard_loop(
+            supervisor,
+            stop,
+            config.sources.poll_interval_s,
+            live=False,
+            after_tick=lambda ok: narrate(out.snapshots.latest),  # the tick's snapshot is published by then
+            snapshots=out.snapshots,
+        )
+        if code is None:  # Ctrl-C or SIGTERM: the demo's trainer is the demo's own, it does not outlive it
+            console.print("\n[yellow]interrupted[/]: stopping the demo's trainer")
+            supervisor.trainer.stop(reason="demo interrupted")
+        # the summary before the exporter's linger, which would otherwise hold it back
+        _summary(console, store, supervisor, demo.run_id, demo.scenario, code, json_output, demo.files)
+    return code
 
 
 def metrics_url(config: GuardianConfig) -> str:

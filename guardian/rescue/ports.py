@@ -1,7 +1,8 @@
 """What the rescue's executor needs from the world, as protocols: the trainer, the checkpoint folders, the planner.
 
-``guardian.rescue.supervisor`` provides the local implementations (a process group per attempt, the run's checkpoint
-directory, verl's Hydra config); the unit tests provide recording ones, and a Ray Jobs trainer fits the same slot.
+``rescue.local`` provides the implementations on one machine (a process group per attempt, the run's checkpoint
+directory, verl's Hydra config), ``rescue.ray_jobs`` a trainer run as Ray Jobs; the unit tests provide recording
+ones. A launch is returned as data (``Launched``), never called back.
 """
 
 from __future__ import annotations
