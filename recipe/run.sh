@@ -205,8 +205,8 @@ PROJECT=$(setting trainer.project_name)
 EXPERIMENT=$(setting trainer.experiment_name)
 [[ $N_GPUS =~ ^[0-9]+$ ]] || die "cannot read trainer.n_gpus_per_node from $CONFIG_FILE (got '$N_GPUS')"
 [[ -n $PROJECT && -n $EXPERIMENT ]] || die "cannot read trainer.project_name/experiment_name from $CONFIG_FILE"
-# The same paths the config's ${oc.env:RECIPE_OUT,...} interpolations give (tests/integration/test_recipe_configs.py compares
-# them), passed explicitly because the guardian cannot resolve ${oc.env:...}: it needs an absolute checkpoint dir
+# The same paths the config's ${oc.env:RECIPE_OUT,...} interpolations give (tests/integration/test_recipe_configs.py
+# compares them), passed explicitly because the guardian cannot resolve ${oc.env:...}: it needs an absolute checkpoint dir
 # on the command line, and reads the rollout dumps for the effective group ratio.
 CKPT_DIR=$(setting trainer.default_local_dir)
 [[ -z $CKPT_DIR || $CKPT_DIR == *"\${"* ]] && CKPT_DIR=$RECIPE_OUT/checkpoints/$PROJECT/$EXPERIMENT
