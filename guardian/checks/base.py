@@ -133,14 +133,15 @@ def conclude(
     evidence: dict[str, EvidenceValue],
     *,
     healthy: str,
-    unhealthy: str,
+    unhealthy: str | Callable[[], str],
     advice: bool = False,
 ) -> Finding:
-    """The finding for a verdict: ``unhealthy`` text for WARN/CRITICAL, ``healthy`` for OK; ``advice``
-    marks a WARN that advises rather than reports trouble."""
+    """The finding for a verdict: ``unhealthy`` text for WARN/CRITICAL (or the function that writes it, called
+    only then), ``healthy`` for OK; ``advice`` marks a WARN that advises rather than reports trouble."""
     if verdict.severity >= Severity.WARN:
         is_advice = advice and verdict.severity == Severity.WARN
-        return Finding(check, verdict.severity, step, unhealthy, verdict.onset_step, evidence, is_advice)
+        text = unhealthy if isinstance(unhealthy, str) else unhealthy()
+        return Finding(check, verdict.severity, step, text, verdict.onset_step, evidence, is_advice)
     if verdict.severity == Severity.UNKNOWN:
         return Finding(check, Severity.UNKNOWN, step, "not enough steps to judge yet", None, evidence)
     return ok(check, step, healthy, evidence)

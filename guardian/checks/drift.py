@@ -74,7 +74,9 @@ def _rise_check(
         f"{signal.value}_baseline": rounded(baseline(series, ctx.baseline)),
         "ratio_to_baseline": rounded(ratio_of(last)),
     }
-    return conclude(check, series.steps[-1], verdict, evidence, healthy=healthy, unhealthy=unhealthy(ratio_of(last)))
+    return conclude(
+        check, series.steps[-1], verdict, evidence, healthy=healthy, unhealthy=lambda: unhealthy(ratio_of(last))
+    )
 
 
 def kl_drift(ctx: CheckContext, cfg: KlDriftConfig) -> Finding:
@@ -123,8 +125,9 @@ def kl_drift(ctx: CheckContext, cfg: KlDriftConfig) -> Finding:
         verdict,
         evidence,
         healthy=f"{key} growing slowly, if at all",
-        unhealthy=f"{key} grew {rate:.1f}x in {cfg.window_steps} steps (now {smooth[last]:.3g})"
-        + KL_KEY_NOTES.get(key, ""),
+        unhealthy=lambda: (
+            f"{key} grew {rate:.1f}x in {cfg.window_steps} steps (now {smooth[last]:.3g})" + KL_KEY_NOTES.get(key, "")
+        ),
     )
 
 

@@ -82,18 +82,17 @@ def egr_collapse(ctx: CheckContext, cfg: EgrCollapseConfig) -> Finding:
         "all_zero_group_fraction": rounded(state.all_zero),
         "all_one_group_fraction": rounded(state.all_one),
     }
-    why = ""
-    if state.saturated:
-        why = (
-            " (most groups all-correct: data too easy)"
-            if (state.all_one or 0) >= (state.all_zero or 0)
-            else (" (most groups all-wrong: data too hard)")
-        )
+
+    def unhealthy() -> str:
+        why = ""
+        if state.saturated:
+            why = (
+                " (most groups all-correct: data too easy)"
+                if (state.all_one or 0) >= (state.all_zero or 0)
+                else (" (most groups all-wrong: data too hard)")
+            )
+        return f"only {state.egr:.0%} of groups have mixed rewards{why}"
+
     return conclude(
-        CHECK,
-        series.steps[-1],
-        verdict,
-        evidence,
-        healthy="groups still carry signal",
-        unhealthy=f"only {state.egr:.0%} of groups have mixed rewards{why}",
+        CHECK, series.steps[-1], verdict, evidence, healthy="groups still carry signal", unhealthy=unhealthy
     )

@@ -213,5 +213,5 @@ def entropy_explosion(ctx: CheckContext, cfg: EntropyExplosionConfig) -> Finding
         verdict,
         evidence,
         healthy=f"{key} not rising",
-        unhealthy=f"{key} rose to {ratio:.1f}x its baseline ({held(last):.3g} nats vs {base:.3g})",
+        unhealthy=lambda: f"{key} rose to {ratio:.1f}x its baseline ({held(last):.3g} nats vs {base:.3g})",
     )

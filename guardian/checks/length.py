@@ -62,7 +62,7 @@ def length_collapse(ctx: CheckContext, cfg: LengthConfig) -> Finding:
         verdict,
         evidence,
         healthy="response length near its baseline",
-        unhealthy=f"responses shrank to {ratio_of(last):.0%} of their baseline length",
+        unhealthy=lambda: f"responses shrank to {ratio_of(last):.0%} of their baseline length",
     )
 
 
@@ -105,7 +105,9 @@ def length_explosion(ctx: CheckContext, cfg: LengthConfig) -> Finding:
         verdict,
         evidence,
         healthy="response length not running away",
-        unhealthy=f"{ctx.history.key_of(Signal.LENGTH_MEAN)} grew to {ratio_of(last):.1f}x its baseline" + LENGTH_FIX,
+        unhealthy=lambda: (
+            f"{ctx.history.key_of(Signal.LENGTH_MEAN)} grew to {ratio_of(last):.1f}x its baseline" + LENGTH_FIX
+        ),
     )
 
 
@@ -144,14 +146,18 @@ def truncation(ctx: CheckContext, cfg: LengthConfig) -> Finding:
         "truncated_share_baseline": rounded(base),
         "length_cap": rounded(cap),
     }
-    at_cap = f"{smooth[-1]:.0%} of responses are cut at the length cap" + (f" ({cap:.0f} tokens)" if cap else "")
+
+    def at_cap() -> str:
+        tokens = f" ({cap:.0f} tokens)" if cap else ""
+        return f"{smooth[-1]:.0%} of responses are cut at the length cap{tokens}{LENGTH_FIX}"
+
     return conclude(
         TRUNCATION,
         series.steps[-1],
         verdict,
         evidence,
         healthy="few responses hit the length cap",
-        unhealthy=at_cap + LENGTH_FIX,
+        unhealthy=at_cap,
     )
 
 

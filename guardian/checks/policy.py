@@ -134,12 +134,16 @@ def shape_of(finding: Finding) -> Shape:
 @dataclass(frozen=True, slots=True)
 class ProgressReading:
     progress: Progress
-    why: str
+    why: str | Callable[[], str]  # the text, or the function that writes it (most readings are never shown)
     since: int | None = None  # the step a sharp fall began, when the reading rests on one
     hard: bool = False  # far below the run's start for several points: acts alone
     # a stalled run: about where it stopped learning (a window before its plateau); asked only when a slow failure
     # turns critical (walking back to the plateau's start costs a pass over the reward)
     learned_until: Callable[[], int | None] | None = None
+
+    def reason(self) -> str:
+        """Why the run reads so, in words."""
+        return self.why if isinstance(self.why, str) else self.why()
 
 
 def decide(finding: Finding, reading: ProgressReading) -> Finding:
@@ -150,7 +154,7 @@ def decide(finding: Finding, reading: ProgressReading) -> Finding:
         own = Shape.HARD if reading.hard else _OUTCOME_SHAPES.get(reading.progress, Shape.IN_BAND)
         if _SHAPE_ORDER.index(own) > _SHAPE_ORDER.index(shape):
             shape = own
-            finding = replace(finding, severity=Severity.WARN, message=reading.why, onset_step=reading.since)
+            finding = replace(finding, severity=Severity.WARN, message=reading.reason(), onset_step=reading.since)
     if role is None or shape is Shape.IN_BAND:
         return finding
     cell = TABLE[role][shape][reading.progress]
@@ -159,9 +163,9 @@ def decide(finding: Finding, reading: ProgressReading) -> Finding:
     evidence = {**finding.evidence, "progress": reading.progress.value, "policy": f"{role.value}/{shape.value}"}
     message = finding.message
     if severity < finding.severity:
-        message = f"{message} - a warning, not a rollback: {reading.why}"
+        message = f"{message} - a warning, not a rollback: {reading.reason()}"
     elif severity == Severity.CRITICAL and role is Role.MECHANISM and shape in (Shape.FAILURE, Shape.FAST):
-        message = f"{message}; {reading.why}"
+        message = f"{message}; {reading.reason()}"
     onset = finding.onset_step
     slow_failure_acts = severity == Severity.CRITICAL and shape is Shape.FAILURE
     learned = reading.learned_until() if slow_failure_acts and reading.learned_until is not None else None
@@ -246,22 +250,32 @@ def _reading_at(
     if below >= cfg.sharp_fall_points or (trend is not None and trend.falling):
         return ProgressReading(Progress.FALLING, f"{key} is falling", since)
     if (trend is not None and trend.improving) or (val is not None and val.improving):
-        what = trend.describe(key) if trend is not None and trend.improving else "the validation score improves"
-        return ProgressReading(Progress.IMPROVING, f"the run is still learning ({what})")
+        learning = trend if trend is not None and trend.improving else None
+
+        def still_learning() -> str:
+            what = learning.describe(key) if learning is not None else "the validation score improves"
+            return f"the run is still learning ({what})"
+
+        return ProgressReading(Progress.IMPROVING, still_learning)
     if trend is None or trend.gain is None:
         return ProgressReading(Progress.YOUNG, f"{key} has too few steps for a trend yet")
     if val is not None and val.falling:
         return ProgressReading(Progress.FALLING, "the validation score is falling")
     if _holding(trend, cfg, reward_cfg):
-        return ProgressReading(Progress.HOLDING, f"{trend.describe(key)} holds near its best ({trend.peak:.3g})")
+        held = trend
+        return ProgressReading(Progress.HOLDING, lambda: f"{held.describe(key)} holds near its best ({held.peak:.3g})")
     if trend.long_stalled or (trend.stalled and trend.pace == 0):
 
         def learned_until() -> int | None:
             plateau = plateau_start(h, step, reward_cfg, bcfg)
             return plateau - trend.window if plateau is not None and trend.pace > 0 else None
 
-        return ProgressReading(Progress.STALLED, f"{trend.describe(key)} has stalled", learned_until=learned_until)
-    return ProgressReading(Progress.SLOWING, f"{trend.describe(key)} is not clearly improving")
+        stalled = trend
+        return ProgressReading(
+            Progress.STALLED, lambda: f"{stalled.describe(key)} has stalled", learned_until=learned_until
+        )
+    slowing = trend
+    return ProgressReading(Progress.SLOWING, lambda: f"{slowing.describe(key)} is not clearly improving")
 
 
 def _holding(t: Trend, cfg: PolicyConfig, reward_cfg: RewardCollapseConfig) -> bool:

@@ -45,7 +45,6 @@ def reward_collapse(ctx: CheckContext, cfg: RewardCollapseConfig) -> Finding:
         verdict = judge(series, level_at, for_steps=cfg.for_steps, first_position=0, departed_at=departed)
     key = h.key_of(Signal.REWARD)
     evidence: dict[str, EvidenceValue] = {"key": key}
-    message = f"{key} holding"
     if now is not None:
         evidence.update(
             {
@@ -57,8 +56,13 @@ def reward_collapse(ctx: CheckContext, cfg: RewardCollapseConfig) -> Finding:
                 "reward_scale": rounded(now.scale),
             }
         )
-        message = _fall_message(key, now)
-    return conclude(CHECK, series.steps[-1], verdict, evidence, healthy=f"{key} holding", unhealthy=message)
+    healthy = f"{key} holding"
+    trend = now
+
+    def message() -> str:
+        return healthy if trend is None else _fall_message(key, trend)
+
+    return conclude(CHECK, series.steps[-1], verdict, evidence, healthy=healthy, unhealthy=message)
 
 
 def _fall_message(key: str, t: Trend) -> str:

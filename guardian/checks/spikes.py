@@ -26,11 +26,17 @@ def grad_spike(ctx: CheckContext, cfg: GradSpikeConfig) -> Finding:
         return missing
     series = h.signal(Signal.GRAD_NORM)
 
-    def spike_ratio(i: int) -> float:
+    def reference_at(i: int, _earlier: list[tuple[int, float]]) -> tuple[int, float]:
+        """How many finite values the ``window`` steps before position ``i`` hold, and their median."""
         reference = series.finite(i - cfg.window, i)
-        if len(reference) < MIN_REFERENCE_POINTS or not math.isfinite(series.values[i]):
+        return len(reference), median(reference)
+
+    references = series.derived(("grad-reference", cfg.window), reference_at)
+
+    def spike_ratio(i: int) -> float:
+        count, ref = references[i]
+        if count < MIN_REFERENCE_POINTS or not math.isfinite(series.values[i]):
             return math.nan
-        ref = median(reference)
         return series.values[i] / ref if ref > 0 else math.nan
 
     last = len(series) - 1
@@ -45,7 +51,7 @@ def grad_spike(ctx: CheckContext, cfg: GradSpikeConfig) -> Finding:
         severity = Severity.OK if math.isfinite(now) else Severity.UNKNOWN
     evidence: dict[str, EvidenceValue] = {
         "grad_norm": rounded(series.values[last]),
-        "reference_median": rounded(median(series.finite(last - cfg.window, last))),
+        "reference_median": rounded(references[last][1]),
         "ratio_to_reference": rounded(now),
     }
     if severity < Severity.WARN:

@@ -200,7 +200,7 @@ def reward_trend_at(
         scale = reward_scale(h, at) if own else _own_scale(series, j)
         return _trend(series, j, scale, best_sample_score(h, at) if own else None, cfg, bcfg)
 
-    trend: Trend | None = series.derived(f"trend {cfg.cache_key} {bcfg.cache_key}", compute)[i]
+    trend: Trend | None = series.derived(("trend", cfg.cache_key, bcfg.cache_key), compute)[i]
     return trend
 
 

@@ -14,10 +14,20 @@ from enum import StrEnum
 from typing import Any
 
 from guardian.core import StepRecord
-from guardian.keys import ALIASES, EGR_KEY, NON_FINITE_WATCHED_KEYS, Signal, is_val_score_key, resolve
+from guardian.keys import (
+    ALIASES,
+    EGR_KEY,
+    NON_FINITE_WATCHED_KEYS,
+    VAL_CORE_PREFIX,
+    VAL_MEAN_MARKER,
+    Signal,
+    resolve,
+)
 
 # signals whose values the reward's derived judgments read (checks/trend.py: ceiling and scale)
 SCORE_RANGE_SIGNALS = frozenset({Signal.REWARD_MAX, Signal.REWARD_MIN})
+# the signals a verl key can carry, with their keys in priority order (signals without keys left out)
+_ALIAS_ITEMS = tuple((signal, aliases) for signal, aliases in ALIASES.items() if aliases)
 
 
 class Arrival(StrEnum):
@@ -90,6 +100,8 @@ class Series:
     def smoothed(self, window: int) -> list[float]:
         """Rolling median (finite values only, NaN where none) over ``window`` points, per position."""
         cached = self._smoothed.setdefault(window, [])
+        if len(cached) == len(self.values):  # asked again within a tick: nothing new
+            return cached
         for i in range(len(cached), len(self.values)):
             cached.append(median(self.finite(i - window + 1, i + 1)))
         return cached
@@ -99,6 +111,8 @@ class Series:
         position (``earlier`` holds the values already derived), cached like ``smoothed``: a rewind or a
         changed value forgets them from that position on. ``key`` names the derivation and its settings."""
         cached = self._derived.setdefault(key, [])
+        if len(cached) == len(self.values):
+            return cached
         for i in range(len(cached), len(self.values)):
             cached.append(compute(i, cached))
         return cached
@@ -199,15 +213,16 @@ class RunHistory:
         broken = frozenset(k for k in NON_FINITE_WATCHED_KEYS if k in data and not math.isfinite(data[k]))
         if broken:
             self.non_finite[step] = self.non_finite.get(step, frozenset()) | broken
-        for signal, aliases in ALIASES.items():
+        series, source_keys = self.series, self.source_keys
+        for signal, aliases in _ALIAS_ITEMS:
             for key in aliases:
                 value = data.get(key)
                 if value is not None:
-                    self.series[signal].set(step, value)
-                    self.source_keys[signal] = key
+                    series[signal].set(step, value)
+                    source_keys[signal] = key
                     if signal in SCORE_RANGE_SIGNALS:
                         # the reward's trend is judged against the best and worst sample scores so far
-                        self.series[Signal.REWARD].forget_from_step(step)
+                        series[Signal.REWARD].forget_from_step(step)
                     break
 
     def _derive(self, step: int, data: Mapping[str, float]) -> None:
@@ -219,7 +234,10 @@ class RunHistory:
         turns = resolve(Signal.NUM_TURNS, data)
         if turns is not None and resolve(Signal.TOOL_CALLS, data) is None:
             self.series[Signal.TOOL_CALLS].set(step, tool_calls_from_turns(turns[1]))
-        val = [v for k, v in data.items() if is_val_score_key(k) and math.isfinite(v)]
+        # is_val_score_key, inlined: a call per key of every line adds up
+        val = [
+            v for k, v in data.items() if k.startswith(VAL_CORE_PREFIX) and VAL_MEAN_MARKER in k and math.isfinite(v)
+        ]
         if val:
             self.series[Signal.VAL_SCORE].set(step, sum(val) / len(val))
         evicted = resolve(Signal.FILTER_EVICTED, data)
@@ -239,7 +257,8 @@ class RunHistory:
 
     def key_of(self, signal: Signal) -> str:
         """The verl key the signal was read from (or the signal's own name when it is derived)."""
-        return self.source_keys.get(signal, signal.value)
+        key = self.source_keys.get(signal)
+        return signal.value if key is None else key
 
     def has(self, signal: Signal) -> bool:
         return len(self.series[signal]) > 0
