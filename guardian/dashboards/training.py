@@ -38,6 +38,11 @@ SEVERITY_COLORS: Final = {
 
 
 def _overview() -> list[Json]:
+    return [*_health(), *_progress(), *_guardian()]
+
+
+def _health() -> list[Json]:
+    """The checks' verdicts and the open incidents, per run and check."""
     run_check = "{{run_id}} {{check}}"
     return [
         state_timeline(
@@ -64,6 +69,12 @@ def _overview() -> list[Json]:
             ),
             height=9,
         ),
+    ]
+
+
+def _progress() -> list[Json]:
+    """Where the run is: its step, incidents in range, step rate and the age of its last step."""
+    return [
         stat(
             "Current step",
             "Last training step of the run's active timeline (it goes back after a rollback).",
@@ -103,6 +114,12 @@ def _overview() -> list[Json]:
             width=9,
             height=7,
         ),
+    ]
+
+
+def _guardian() -> list[Json]:
+    """What the guardian did and how it fares: interventions, notifications, its store, pins, tick time."""
+    return [
         timeseries(
             "Interventions",
             "Interventions finished so far, by final state (resolved, relapsed, gave_up), and 1 while one is "
