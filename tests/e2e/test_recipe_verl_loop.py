@@ -21,7 +21,7 @@ NEEDED = ("torch", "transformers", "tokenizers", "hydra", "verl", "PIL", "datase
 MISSING = [name for name in NEEDED if importlib.util.find_spec(name) is None]
 if MISSING:
     if os.environ.get("CI"):
-        raise ImportError(f"tests/integration/test_recipe_verl_loop.py needs {', '.join(MISSING)} in CI")
+        raise ImportError(f"tests/e2e/test_recipe_verl_loop.py needs {', '.join(MISSING)} in CI")
     pytest.skip(f"needs {', '.join(MISSING)}", allow_module_level=True)
 
 # verl imports Ray's state API from its old place; the warning is Ray's, not the recipe's
