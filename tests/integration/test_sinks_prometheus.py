@@ -7,18 +7,14 @@ from __future__ import annotations
 import gzip
 import json
 import math
-import os
-import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
-from importlib.resources import files
 from pathlib import Path
 
 import pytest
@@ -494,46 +490,6 @@ def test_experiment_falls_back_to_the_run_name_or_id(tmp_path: Path) -> None:
             assert snap.step is None and snap.attempt is None and snap.last_step_age_seconds is None
             assert snapshot_from(guardian, store, 0.0, experiment="given").experiment == "given"
     assert experiments == {"watched": "my-watch", "launched": "launched"}
-
-
-def test_watch_serves_metrics_while_it_guards(tmp_path: Path) -> None:
-    """`guardian watch --export PORT` end to end: a real watch process, scraped over loopback."""
-    port = free_port()
-    trace = tmp_path / "metrics.jsonl"
-    trace.write_bytes(files("guardian.data").joinpath("aopd-2.jsonl").read_bytes())
-    env = {**os.environ, "GUARDIAN_HOME": str(tmp_path / "home")}
-    env.pop("GUARDIAN_DB_URL", None)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "guardian", "watch", "--metrics", str(trace), "--no-live", "--export", str(port)],
-        env=env,
-        stderr=subprocess.PIPE,
-    )
-    try:
-        text = ""
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and "guardian_step{" not in text:
-            time.sleep(0.3)
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
-                    text = response.read().decode()
-            except OSError:
-                continue
-        assert 'guardian_check_status{check="length_collapse"' in text
-        assert "guardian_up{" in text and "guardian_incidents_total{" in text
-        proc.send_signal(signal.SIGINT)  # stop watching: the exporter says so before it goes
-        deadline = time.monotonic() + 15
-
-        def up() -> list[float]:
-            text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
-            return [value for (name, _), value in series_of(text).items() if name == "guardian_up"]
-
-        while up() != [0.0]:
-            assert time.monotonic() < deadline, "guardian_up never turned 0 after SIGINT"
-            time.sleep(0.1)
-        assert proc.poll() is None  # still lingering
-    finally:
-        proc.send_signal(signal.SIGINT)  # a second signal ends the linger
-        proc.communicate(timeout=20)
 
 
 def test_a_stopped_guardian_lingers_with_up_zero_until_a_second_signal(tmp_path: Path) -> None:
