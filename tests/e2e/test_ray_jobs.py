@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from collapse_run import collapse_command, config_for
 from conftest import free_port, missing
 
 from guardian.actions.launcher import RunFolder
@@ -574,7 +575,6 @@ def test_a_real_job_submitted_stopped_and_found_again(ray_head: str, tmp_path: P
 @pytest.mark.slow
 def test_the_demo_collapse_guarded_as_ray_jobs(ray_head: str, tmp_path: Path) -> None:
     """guardian run --ray-address: the collapse is stopped with stop_job, rolled back, patched and resubmitted."""
-    from test_run_e2e import collapse_command, config_for
 
     from guardian.commands.run import RunRequest, run_guarded
     from guardian.rescue.policy import State
@@ -749,7 +749,6 @@ OTHER_NODE = (
 def test_the_collapse_guarded_from_the_job_logs_alone(ray_head: str, tmp_path: Path) -> None:
     """The metrics file is on 'another node': the guardian reads verl's console lines from the mirrored job logs
     (sources.ray_job_logs auto) and still stops, rolls back, patches and resolves the collapse."""
-    from test_run_e2e import collapse_command, config_for
 
     from guardian.commands.run import RunRequest, run_guarded
     from guardian.rescue.policy import State
@@ -779,7 +778,6 @@ def test_a_guardian_killed_while_its_job_runs_is_attached_again_and_submits_noth
 ) -> None:
     """guardian run --ray-address, SIGKILLed while attempt 1 runs; guardian run --attach finds the running job
     (event=job_attached), submits no second one for it, and guards the run to its end."""
-    from test_run_e2e import collapse_command
 
     from guardian.rescue.policy import State
 
@@ -1241,8 +1239,6 @@ def test_one_fleet_guards_a_local_run_and_a_collapse_run_as_ray_jobs(ray_head: s
     """guardian fleet: one run a local process group, one run submitted to the cluster (its ray_address); the
     collapse on the cluster is rescued through the Jobs API while the local run goes on, both in one store."""
     import threading
-
-    from test_run_e2e import collapse_command, config_for
 
     from guardian.commands.fleet import guard_fleet
     from guardian.fleet.spec import load_fleet
