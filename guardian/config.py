@@ -441,6 +441,13 @@ class StoreConfig(_Section):
         description="A rescue holds after its stop while the store refuses writes; past this long with no trainer "
         "running the guardian gives up in one line (exit 1; guardian run --attach resumes).",
     )
+    reread_s: float = Field(
+        STORE_REFRESH_S,
+        gt=0,
+        description="What the guard loop read from the store (incidents, interventions, checkpoint verdicts, the "
+        "events to notify) is read again after its own writes, else this often: how soon it sees what another "
+        "process changed (guardian incidents close).",
+    )
 
     @model_validator(mode="after")
     def _statement_outlasts_lock_wait(self) -> StoreConfig:

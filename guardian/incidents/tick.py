@@ -31,6 +31,7 @@ from guardian.sources.footprint import look
 from guardian.sources.jsonl import MetricsBatch, NewSegment
 from guardian.sources.rollouts import RolloutDir, read_finished
 from guardian.store import Store
+from guardian.store.changes import StoreMemo
 from guardian.store.writebehind import WriteBehind
 
 log = get_logger("incidents")
@@ -129,6 +130,8 @@ class IncidentTick:
         # whether the trainer process runs, as the caller sampled it for this tick (None: unknown, or no process)
         self._trainer_alive: bool | None = None
         self.writes = WriteBehind(self.store, self.clock, limit=self.config.store.max_pending_writes)
+        # the open incidents' onsets the checkpoint verdicts read, kept while nothing was written
+        self._reads = StoreMemo(self.store.writes, self.config.store.reread_s, self.clock)
 
     # -- the store's health, for the exporter ---------------------------------------------------
     @property
@@ -430,11 +433,14 @@ class IncidentTick:
         """The onsets of the run's open critical incidents: a checkpoint saved at or after one is unhealthy.
         The incident's onset, not the latest estimate (which moves as steps arrive): the rollback target
         is chosen against the same step."""
-        return [
-            i.onset_step if i.onset_step is not None else i.opened_step or 0
-            for i in store.list_incidents(self.run_id)
-            if i.is_open and i.severity == Severity.CRITICAL
-        ]
+        return self._reads.read(
+            "open_onsets",
+            lambda: [
+                i.onset_step if i.onset_step is not None else i.opened_step or 0
+                for i in store.list_incidents(self.run_id)
+                if i.is_open and i.severity == Severity.CRITICAL
+            ],
+        )
 
     def _mark_checkpoints_after(self, store: Store, onset: int, note: str, now: float) -> None:
         # inside the tick's transaction: the cache may run ahead of a commit that fails, but an outage's unit

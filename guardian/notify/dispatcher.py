@@ -15,11 +15,13 @@ from enum import StrEnum
 from typing import Protocol
 
 from guardian.backoff import doubling
+from guardian.config import STORE_REFRESH_S
 from guardian.faults import fault_fields, is_outage
 from guardian.logs import event, get_logger
 from guardian.notify.compose import Alert
 from guardian.notify.events import EventKind, GuardianEvent, is_incident_alert, load_events, opening_keys
 from guardian.store import Store
+from guardian.store.changes import StoreMemo
 from guardian.store.deliveries import DROPPED, FAILING, SENT, SUPPRESSED, DeliveryView
 
 log = get_logger("notify")
@@ -53,6 +55,7 @@ class DispatchPolicy:
     max_age_s: float = 3600.0
     retries: int = 60
     interval_s: float = 1.0
+    reread_s: float = STORE_REFRESH_S  # store.reread_s: the events and deliveries read are kept this long at most
 
 
 class Decision(StrEnum):
@@ -124,6 +127,8 @@ class Dispatcher:
         # so a busy store never makes an event go out twice
         self._unrecorded: dict[tuple[str, str], tuple[GuardianEvent, float, str | None]] = {}
         self._bugs_told: set[tuple[str, str | None, str, str]] = set()  # see ``_trouble``
+        # the events and deliveries read, kept while nothing was written (a quiet run's sweeps read nothing)
+        self._reads = StoreMemo(store.writes, policy.reread_s, clock)
 
     def announce(self, alert: Alert) -> None:
         """Send ``alert`` at once, straight to every notifier that takes its level, bypassing the store: for
@@ -142,7 +147,7 @@ class Dispatcher:
     def pass_once(self) -> int:
         """Deliver every due event; returns how many delivery attempts were made. Never raises."""
         try:
-            events = load_events(self.store, self.run_id)
+            events = self._reads.read("events", lambda: load_events(self.store, self.run_id))
         except Exception as exc:  # the store is busy: try again next sweep
             self._trouble(exc, "notify_read_failed", "notify_read_bug", None)
             return 0
@@ -172,7 +177,7 @@ class Dispatcher:
             if name == sink.name:
                 self._record(sink, ev, SENT, sent_at, external_id=external_id)
                 del self._unrecorded[name, key]
-        earlier = self.store.deliveries(self.run_id, sink.name)
+        earlier = self._reads.read(("deliveries", sink.name), lambda: self.store.deliveries(self.run_id, sink.name))
         attempts = 0
         for ev in events:
             now = self.clock()
@@ -187,7 +192,7 @@ class Dispatcher:
             else:
                 attempts += 1
                 self._send(sink, ev, earlier, now)
-            earlier = self.store.deliveries(self.run_id, sink.name)
+            earlier = self._reads.read(("deliveries", sink.name), lambda: self.store.deliveries(self.run_id, sink.name))
         return attempts
 
     def _send(self, sink: Sink, ev: GuardianEvent, earlier: Mapping[str, DeliveryView], now: float) -> None:

@@ -152,7 +152,10 @@ def notifying(
 ) -> Iterator[Dispatcher]:
     """Deliver the run's events in the background while the block runs (and flush them at its end)."""
     policy = DispatchPolicy(
-        max_age_s=config.notify.max_age_s, retries=config.notify.retries, interval_s=config.notify.interval_s
+        max_age_s=config.notify.max_age_s,
+        retries=config.notify.retries,
+        interval_s=config.notify.interval_s,
+        reread_s=config.store.reread_s,
     )
     dispatcher = Dispatcher(store, run_id, build_sinks(config, store, run_id, env), policy, clock)
     with dispatching(dispatcher):

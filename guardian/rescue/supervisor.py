@@ -37,6 +37,7 @@ from guardian.rescue.snapshot import RescueSnapshot, StandingFinding, TrainerFac
 from guardian.sources.forwarding import ForwardingWatch, dropped_fields
 from guardian.states import Kind, Mode, State
 from guardian.store import IncidentView, InterventionView, Store
+from guardian.store.changes import StoreMemo
 from guardian.store.writebehind import outage_fix
 
 log = get_logger("supervisor")
@@ -64,9 +65,11 @@ class Supervisor:
     _latest: RescueSnapshot | None = field(default=None, init=False)  # the rescue pass's last snapshot (the pin pass)
     _on_disk: CheckpointsView = field(default_factory=CheckpointsView, init=False)  # the checkpoint dir this tick
     _store_wait: StoreWait = field(init=False)
+    _reads: StoreMemo = field(init=False)  # the snapshot's store reads, kept while nothing was written
 
     def __post_init__(self) -> None:
         self._store_wait = StoreWait(limit_s=self.config.store.outage_wait_s)
+        self._reads = StoreMemo(self.store.writes, self.config.store.reread_s, self.clock)
 
     @property
     def run_id(self) -> str:
@@ -256,8 +259,9 @@ class Supervisor:
 
     def snapshot(self, exit_status: ExitStatus | None) -> RescueSnapshot:
         """The run now, frozen: the guard loop's memory and the store's incidents, interventions and checkpoints."""
-        interventions = tuple(self.store.interventions(self.run_id))
-        incidents = tuple(self.store.list_incidents(self.run_id))
+        store, run_id, reads = self.store, self.run_id, self._reads
+        interventions = reads.read("interventions", lambda: tuple(store.interventions(run_id)))
+        incidents = reads.read("incidents", lambda: tuple(store.list_incidents(run_id)))
         active = next((iv for iv in reversed(interventions) if not iv.finished), None)
         at_risk = active is not None or any(i.is_open and i.severity == Severity.CRITICAL for i in incidents)
         g, attempt = self.incident_tick, self.trainer.attempt
@@ -280,7 +284,7 @@ class Supervisor:
             incidents=incidents,
             interventions=interventions,
             checkpoints=(
-                replace(self._on_disk, verdicts=tuple(self.store.checkpoints(self.run_id)))
+                replace(self._on_disk, verdicts=reads.read("checkpoints", lambda: tuple(store.checkpoints(run_id))))
                 if at_risk
                 else CheckpointsView()
             ),

@@ -14,7 +14,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, TypeVar, cast
 
-from sqlalchemy import Connection, Engine, create_engine, event, text
+from sqlalchemy import Connection, Engine, create_engine, event, inspect, text
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.engine.interfaces import DBAPIConnection
 from sqlalchemy.exc import OperationalError, SQLAlchemyError
@@ -164,13 +164,11 @@ def _upgrade(engine: Engine, url: URL) -> None:
     On SQLite the migration runs with foreign keys off (a revision that rebuilds a table drops the old one, which
     the rows referring to it would refuse) and checks them all before it commits: SQLite's own procedure for
     altering a table. The setting cannot change inside a transaction, so it is made on the driver's connection.
-    A store already at ``SCHEMA_HEAD`` is left as it is without loading Alembic."""
+    A store already at ``SCHEMA_HEAD`` is left as it is, and an empty database gets the models' schema stamped at
+    head (what the migrations build: tests/integration/test_store.py compares them), both without loading Alembic,
+    which would stay in the guardian's memory for the rest of the run."""
     if _at_head(engine):
         return
-    from alembic import command
-    from alembic.util import CommandError
-
-    config = _alembic_config(url)
     with engine.connect() as connection:
         connection.execution_options(**{WRITE_OPTION: True})
         sqlite = connection.dialect.name == "sqlite"
@@ -180,17 +178,43 @@ def _upgrade(engine: Engine, url: URL) -> None:
             with connection.begin():
                 if connection.dialect.name == "postgresql":
                     connection.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _PG_MIGRATION_LOCK})
-                config.attributes["connection"] = connection
                 with _unbounded(connection):  # rewriting a large table may take longer than one statement may
-                    try:
-                        command.upgrade(config, "head")
-                    except CommandError as exc:
-                        raise StoreError(str(exc)) from exc
+                    if inspect(connection).get_table_names():
+                        _migrate(connection, url)
+                    else:
+                        _create_at_head(connection)
                 if sqlite:
                     _sqlite_check_foreign_keys(connection)
         finally:
             if sqlite and not connection.invalidated:
                 _sqlite_foreign_keys(connection, on=True)
+
+
+def _migrate(connection: Connection, url: URL) -> None:
+    """``alembic upgrade head`` on ``connection``, inside its transaction."""
+    from alembic import command
+    from alembic.util import CommandError
+
+    config = _alembic_config(url)
+    config.attributes["connection"] = connection
+    try:
+        command.upgrade(config, "head")
+    except CommandError as exc:
+        raise StoreError(str(exc)) from exc
+
+
+def _create_at_head(connection: Connection) -> None:
+    """The models' tables, and Alembic's version table saying ``SCHEMA_HEAD``, in an empty database."""
+    from guardian.store.models import Base
+
+    Base.metadata.create_all(connection)
+    connection.execute(
+        text(
+            "CREATE TABLE alembic_version (version_num VARCHAR(32) NOT NULL, "
+            "CONSTRAINT alembic_version_pkc PRIMARY KEY (version_num))"
+        )
+    )
+    connection.execute(text("INSERT INTO alembic_version (version_num) VALUES (:head)"), {"head": SCHEMA_HEAD})
 
 
 def _at_head(engine: Engine) -> bool:

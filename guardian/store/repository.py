@@ -23,6 +23,7 @@ from guardian.config import BUSY_TIMEOUT_S, MIGRATION_WAIT_S, STATEMENT_TIMEOUT_
 from guardian.core import Finding, StepRecord
 from guardian.ids import MAX_RUN_ID
 from guardian.states import CLOSED_INCIDENT_STATUSES, IncidentStatus, RunStatus
+from guardian.store.changes import WriteCount
 from guardian.store.deliveries import DeliveryRecords
 from guardian.store.engine import WRITE_OPTION, current_revision, is_locked, mask_url, open_engine, when_free
 from guardian.store.errors import NotFoundError, StoreError
@@ -107,9 +108,13 @@ class Store(InterventionRecords, DeliveryRecords, EvaluationRecords, PinRecords)
     Build one with ``Store.open(url)``; use it as a context manager or call ``close()``.
     """
 
-    def __init__(self, engine: Engine, masked_url: str, connection: Connection | None = None) -> None:
+    def __init__(
+        self, engine: Engine, masked_url: str, connection: Connection | None = None, writes: WriteCount | None = None
+    ) -> None:
         self._engine = engine
         self._url = masked_url
+        # this process's committed writes on the engine (``changes.StoreMemo`` keeps reads while it stands still)
+        self.writes = writes if writes is not None else WriteCount.on(engine, WRITE_OPTION)
         self._joined = connection is not None  # inside ``transaction``: the caller's transaction, never retried here
         if connection is not None:  # every session joins the connection's transaction (see ``transaction``)
             self._read: sessionmaker[Session] = sessionmaker(connection)
@@ -141,7 +146,7 @@ class Store(InterventionRecords, DeliveryRecords, EvaluationRecords, PinRecords)
         with self._engine.connect() as connection:
             connection.execution_options(**{WRITE_OPTION: True})
             with connection.begin():
-                yield Store(self._engine, self._url, connection)
+                yield Store(self._engine, self._url, connection, self.writes)
 
     def probe_write(self) -> None:
         """A real write that changes nothing (the schema revision row rewritten as it is): raises the

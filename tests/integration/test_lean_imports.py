@@ -1,4 +1,4 @@
-"""What a guardian loads only when it needs it: Alembic when the store's schema is behind, the Grafana client when
+"""What a guardian loads only when it needs it: Alembic when an older store's schema is behind, the Grafana client when
 Grafana is configured (each ~10 MB of a guardian's memory), hydra when an override is parsed."""
 
 from __future__ import annotations
@@ -6,6 +6,8 @@ from __future__ import annotations
 import subprocess
 import sys
 from pathlib import Path
+
+from postgres_server import database_at
 
 from guardian.store import Store, head_revision
 from guardian.store.engine import SCHEMA_HEAD
@@ -22,13 +24,16 @@ def test_the_schema_head_constant_is_the_newest_migration() -> None:
     assert head_revision() == SCHEMA_HEAD
 
 
-def test_a_store_at_the_head_opens_without_alembic_and_a_new_one_is_migrated(tmp_path: Path) -> None:
-    url = f"sqlite:///{tmp_path / 'guardian.db'}"
-    opening = f"from guardian.store import Store\nStore.open({url!r}).close()"
-    assert "alembic" in _loaded_after(opening)  # a new database: migrated
-    with Store.open(url) as store:
-        assert store.schema_version() == SCHEMA_HEAD
-    assert "alembic" not in _loaded_after(opening)  # at the head: nothing to do
+def test_only_an_older_store_loads_alembic(tmp_path: Path) -> None:
+    new, old = (f"sqlite:///{tmp_path / name}" for name in ("new.db", "old.db"))
+    opening = "from guardian.store import Store\nStore.open({!r}).close()"
+    assert "alembic" not in _loaded_after(opening.format(new))  # a new database: created at the head
+    assert "alembic" not in _loaded_after(opening.format(new))  # at the head: nothing to do
+    database_at(old, "0005", [])
+    assert "alembic" in _loaded_after(opening.format(old))  # an older release's store: migrated
+    for url in (new, old):
+        with Store.open(url) as store:
+            assert store.schema_version() == SCHEMA_HEAD
 
 
 def test_the_sinks_of_a_config_without_grafana_load_no_grafana_client(tmp_path: Path) -> None:

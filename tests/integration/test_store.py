@@ -108,7 +108,8 @@ def test_reopening_is_a_no_op_upgrade_that_keeps_history(db_url: str) -> None:
     assert rows(db_url, "SELECT count(*) FROM findings") == [(1,)]
 
 
-def test_hand_written_migration_matches_the_models(db_url: str, store: Store) -> None:
+def test_hand_written_migration_matches_the_models(db_url: str) -> None:
+    database_at(db_url, "head", [])  # the migrations, as an older store is upgraded (a new one is created directly)
     engine = create_engine(db_url)
     try:
         with engine.connect() as connection:
@@ -116,6 +117,43 @@ def test_hand_written_migration_matches_the_models(db_url: str, store: Store) ->
     finally:
         engine.dispose()
     assert diffs == []
+
+
+def _schema(url: str) -> dict[str, object]:
+    """Every table's columns, keys, indexes and constraints, as the database reports them."""
+    engine = create_engine(url)
+    try:
+        seen = inspect(engine)
+        return {
+            table: {
+                "columns": sorted(
+                    (c["name"], str(c["type"]), c["nullable"], str(c.get("default"))) for c in seen.get_columns(table)
+                ),
+                "primary_key": seen.get_pk_constraint(table)["constrained_columns"],
+                "foreign_keys": sorted(
+                    (tuple(f["constrained_columns"]), f["referred_table"], tuple(f["referred_columns"]))
+                    for f in seen.get_foreign_keys(table)
+                ),
+                "indexes": sorted((i["name"], tuple(i["column_names"]), i["unique"]) for i in seen.get_indexes(table)),
+                "unique": sorted((u["name"], tuple(u["column_names"])) for u in seen.get_unique_constraints(table)),
+            }
+            for table in sorted(seen.get_table_names())
+        }
+    finally:
+        engine.dispose()
+
+
+def test_a_new_store_gets_the_schema_the_migrations_build(request: pytest.FixtureRequest, db_url: str) -> None:
+    """A new store is created from the models and stamped at head, without Alembic (which would stay in the
+    guardian's memory): the same tables, keys and indexes as an older store upgraded through every migration."""
+    if db_url.startswith("sqlite"):
+        migrated = f"sqlite:///{Path(db_url.removeprefix('sqlite:///')).parent / 'migrated.db'}"
+    else:
+        migrated = request.getfixturevalue("postgres").database()
+    database_at(migrated, "head", [])
+    with Store.open(db_url) as created:
+        assert created.schema_version() == head_revision()
+    assert _schema(db_url) == _schema(migrated)
 
 
 def test_in_memory_sqlite_works_across_threads() -> None:
