@@ -325,7 +325,13 @@ class IncidentTick:
     def _commit_work(self, work: TickWrites) -> TickWrites:
         """Hand ``work`` to the write-behind (which keeps it: it must not change after); returns the next one."""
         if work.parts:
-            self.writes.submit("tick", work, committed=work.say, refused=partial(self._judge_again, work.checks))
+            self.writes.submit(
+                "tick",
+                work,
+                committed=work.say,
+                refused=partial(self._judge_again, work.checks),
+                steps_only=not work.checks,  # no transition recorded: steps and rollout statistics alone
+            )
         return TickWrites()
 
     def _judge_again(self, checks: set[str], error: BaseException) -> None:

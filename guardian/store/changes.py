@@ -1,7 +1,8 @@
 """Whether the store may have changed since a read: a count of this process's committed writes, and a memo of reads.
 
 ``WriteCount`` counts the write transactions committed on one engine (every ``Store`` of one ``Store.open`` shares
-it). ``StoreMemo`` keeps a read until that count moves or the read is older than ``max_age_s``: another process's
+it), those that wrote step rows alone apart: what a memo keeps reads no step row. ``StoreMemo`` keeps a read until
+the count of the others moves or the read is older than ``max_age_s``: another process's
 writes (``guardian incidents close``) are seen within that age. It does not cover reads that must see an
 uncommitted transaction of their own (those read the store directly).
 """
@@ -14,23 +15,30 @@ from typing import Any, TypeVar
 
 from sqlalchemy import Connection, Engine, event
 
+from guardian.store.engine import STEPS_ONLY_OPTION, WRITE_OPTION
+
 T = TypeVar("T")
 
 
 class WriteCount:
-    """How many write transactions this process committed on one engine (``WRITE_OPTION`` connections)."""
+    """How many write transactions this process committed on one engine: ``steps`` those that wrote step rows alone
+    (``STEPS_ONLY_OPTION``), ``value`` every other."""
 
-    __slots__ = ("value",)
+    __slots__ = ("steps", "value")
 
     def __init__(self) -> None:
         self.value = 0
+        self.steps = 0
 
     @classmethod
-    def on(cls, engine: Engine, write_option: str) -> WriteCount:
+    def on(cls, engine: Engine) -> WriteCount:
         count = cls()
 
         def committed(connection: Connection) -> None:
-            if connection.get_execution_options().get(write_option):
+            options = connection.get_execution_options()
+            if options.get(STEPS_ONLY_OPTION):
+                count.steps += 1
+            elif options.get(WRITE_OPTION):
                 count.value += 1
 
         event.listen(engine, "commit", committed)

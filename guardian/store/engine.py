@@ -40,6 +40,9 @@ without loading Alembic, which would cost every guardian ~15 MB of memory for no
 WRITE_OPTION: Final = "guardian_write"
 """Execution option that marks a connection's transactions as writes (``BEGIN IMMEDIATE`` on SQLite)."""
 
+STEPS_ONLY_OPTION: Final = "guardian_steps_only"
+"""Execution option of a write transaction that writes step rows alone (``changes.WriteCount`` counts it apart)."""
+
 
 _SQLITE_PRAGMAS: Final = (
     "PRAGMA journal_mode=WAL",

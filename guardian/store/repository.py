@@ -25,7 +25,15 @@ from guardian.ids import MAX_RUN_ID
 from guardian.states import CLOSED_INCIDENT_STATUSES, IncidentStatus, RunStatus
 from guardian.store.changes import WriteCount
 from guardian.store.deliveries import DeliveryRecords
-from guardian.store.engine import WRITE_OPTION, current_revision, is_locked, mask_url, open_engine, when_free
+from guardian.store.engine import (
+    STEPS_ONLY_OPTION,
+    WRITE_OPTION,
+    current_revision,
+    is_locked,
+    mask_url,
+    open_engine,
+    when_free,
+)
 from guardian.store.errors import NotFoundError, StoreError
 from guardian.store.evaluations import EvaluationRecords
 from guardian.store.interventions import InterventionRecords
@@ -114,7 +122,7 @@ class Store(InterventionRecords, DeliveryRecords, EvaluationRecords, PinRecords)
         self._engine = engine
         self._url = masked_url
         # this process's committed writes on the engine (``changes.StoreMemo`` keeps reads while it stands still)
-        self.writes = writes if writes is not None else WriteCount.on(engine, WRITE_OPTION)
+        self.writes = writes if writes is not None else WriteCount.on(engine)
         self._joined = connection is not None  # inside ``transaction``: the caller's transaction, never retried here
         if connection is not None:  # every session joins the connection's transaction (see ``transaction``)
             self._read: sessionmaker[Session] = sessionmaker(connection)
@@ -140,11 +148,12 @@ class Store(InterventionRecords, DeliveryRecords, EvaluationRecords, PinRecords)
         return cls(engine, mask_url(url))
 
     @contextmanager
-    def transaction(self) -> Iterator[Store]:
+    def transaction(self, *, steps_only: bool = False) -> Iterator[Store]:
         """One write transaction around several calls: the yielded store's methods all run in it, and it
-        commits when the block ends (nothing of it is kept if the block or the commit fails)."""
+        commits when the block ends (nothing of it is kept if the block or the commit fails). ``steps_only``: it
+        writes step rows alone (the memos of ``changes`` keep their reads over it)."""
         with self._engine.connect() as connection:
-            connection.execution_options(**{WRITE_OPTION: True})
+            connection.execution_options(**{WRITE_OPTION: True, STEPS_ONLY_OPTION: steps_only})
             with connection.begin():
                 yield Store(self._engine, self._url, connection, self.writes)
 

@@ -58,6 +58,7 @@ class _Pending:
     atomic: bool
     committed: Committed | None = None
     refused: Refused | None = None
+    steps_only: bool = False
 
 
 @dataclass
@@ -93,15 +94,17 @@ class WriteBehind:
         coalesce: bool = False,
         committed: Committed | None = None,
         refused: Refused | None = None,
+        steps_only: bool = False,
     ) -> None:
         """Run ``unit`` on the store now (``atomic``: in one transaction; else each of its calls commits
         on its own, so a repeat redoes only what is left), or queue it while the store is unavailable.
         ``coalesce``: the unit redoes the whole of its job, so an older queued one of ``name`` is dropped.
         ``committed`` runs once the unit committed (now or in a replay); ``refused`` once it is lost to a
-        non-outage error (before ``submit`` raises it, or when a replay drops it)."""
+        non-outage error (before ``submit`` raises it, or when a replay drops it). ``steps_only``: an atomic unit that
+        writes step rows alone (``Store.transaction``)."""
         if coalesce:
             self._queue = deque(p for p in self._queue if p.name != name)
-        pending = _Pending(name, unit, atomic, committed, refused)
+        pending = _Pending(name, unit, atomic, committed, refused, steps_only)
         if self.degraded:
             self._enqueue(pending)
             return
@@ -205,7 +208,9 @@ class WriteBehind:
             pending.refused(exc)
 
     def _run(self, pending: _Pending) -> None:
-        scope: AbstractContextManager[Store] = self.store.transaction() if pending.atomic else nullcontext(self.store)
+        scope: AbstractContextManager[Store] = (
+            self.store.transaction(steps_only=pending.steps_only) if pending.atomic else nullcontext(self.store)
+        )
         with scope as store:
             pending.unit(store)
 

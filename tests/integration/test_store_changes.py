@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from guardian.core import Finding, Severity
+from guardian.core import Finding, Severity, StepRecord
 from guardian.store import Store
 from guardian.store.changes import StoreMemo
 
@@ -104,3 +104,12 @@ def test_a_write_during_a_read_makes_the_next_read_fetch(store: Store) -> None:
 
     assert memo.read("incidents", read_while_another_thread_writes) == 0
     assert memo.read("incidents", lambda: len(store.list_incidents(RUN))) == 1
+
+
+def test_a_transaction_of_steps_alone_leaves_the_memos_their_reads(store: Store) -> None:
+    attempt = store.start_attempt(RUN, metrics_path="m", now=T0)
+    before, steps_before = store.writes.value, store.writes.steps
+    with store.transaction(steps_only=True) as joined:
+        joined.write_steps(RUN, attempt.id, 0, [StepRecord(1, {"actor/entropy": 0.5})], T0)
+    assert (store.writes.value, store.writes.steps) == (before, steps_before + 1)
+    assert store.latest_step(RUN) is not None
