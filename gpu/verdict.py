@@ -31,6 +31,7 @@ harness's stop escalation is 20 s of SIGINT, then 10 s of SIGTERM, then SIGKILL)
 _EVENT = re.compile(r"^(\S+ \S+) (\w+) (\S+) event=(\S+)(.*)$")
 _FIELD = re.compile(r'(\w+)=("(?:[^"\\]|\\.)*"|\S+)')
 _SERVED = re.compile(r"search-server: served (.*)$", re.MULTILINE)
+_DUP = re.compile(r"\.dup[1-9][0-9]*$")  # a quarantined folder whose name was taken (checkpoints.quarantine)
 
 
 @dataclass(frozen=True)
@@ -389,11 +390,13 @@ def judge_guarded(out: Path, s: Scenario, result: Mapping[str, Any], samples: li
 
     quarantine = out / s.name / "quarantine.json"
     manifests = json.loads(quarantine.read_text()) if quarantine.exists() else {}
-    seen: dict[str, dict[str, int]] = {}
+    # every save the trainer made of each folder name: a step saved again after a rollback and quarantined by a later
+    # intervention lies beside the first as global_step_N.dupK
+    seen: dict[str, list[dict[str, int]]] = {}
     for row in samples:
         if row["kind"] == "ckpt" and row["scenario"] == s.name:
-            seen[Path(row["folder"]).name] = row["files"]
-    broken = [name for name, files in manifests.items() if files != seen.get(Path(name).name)]
+            seen.setdefault(Path(row["folder"]).name, []).append(row["files"])
+    broken = [name for name, files in manifests.items() if files not in seen.get(_DUP.sub("", Path(name).name), [])]
     _check(
         checks,
         "quarantined_checkpoints_intact",

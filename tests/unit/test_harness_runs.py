@@ -191,3 +191,21 @@ def test_the_verdict_fails_a_quarantine_that_lost_a_file_and_gpu_memory_held_aft
     samples.write_text("".join(json.dumps(r) + "\n" for r in rows))
     failed = {name for name, ok in _judge_collapse(tmp_path, samples).items() if not ok}
     assert failed == {"quarantined_checkpoints_intact", "gpu_memory_released"}
+
+
+def test_a_step_quarantined_twice_is_checked_against_each_save_of_it(tmp_path: Path) -> None:
+    """A second intervention that rolls back past a step saved again after the first lays that folder beside the first
+    as global_step_N.dup1 (a real verl call of 2026-12-02 did): it is the trainer's second save of global_step_N."""
+    shutil.copytree(HARNESS / "collapse", tmp_path / "collapse")
+    samples = tmp_path / "samples.jsonl"
+    shutil.copy(HARNESS / "collapse-call.samples.jsonl", samples)
+    quarantine = tmp_path / "collapse" / "quarantine.json"
+    manifests = json.loads(quarantine.read_text())
+    folder, files = next(iter(manifests.items()))
+    manifests[f"{folder}.dup1"] = files
+    quarantine.write_text(json.dumps(manifests))
+    assert _judge_collapse(tmp_path, samples)["quarantined_checkpoints_intact"]
+
+    manifests[f"{folder}.dup1"] = {**files, "data.pt": 1}  # not a save the trainer made
+    quarantine.write_text(json.dumps(manifests))
+    assert not _judge_collapse(tmp_path, samples)["quarantined_checkpoints_intact"]
