@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Protocol
 
 from guardian.actions import strays
-from guardian.actions.liveness import pid_alive
+from guardian.actions.liveness import pid_alive, stat_fields
 from guardian.actions.runner import pid_file_for
 from guardian.logs import event, get_logger
 
@@ -206,12 +206,7 @@ def _check_signallable(pgid: int) -> None:
 
 def _proc_state(pid: int) -> str | None:
     """The state letter (R, S, D, Z, ...) of ``pid`` per /proc, or None where it cannot be read."""
-    try:
-        with open(f"/proc/{pid}/stat", encoding="utf-8", errors="replace") as handle:
-            stat = handle.read()
-    except OSError:
-        return None
-    fields = stat[stat.rfind(")") + 2 :].split()  # after "pid (comm) ": state ppid pgrp ...
+    fields = stat_fields(pid)
     return fields[0] if fields else None
 
 
@@ -224,13 +219,8 @@ def _proc_group_states(pgid: int) -> list[str] | None:
         for entry in entries:
             if not entry.name.isdigit():
                 continue
-            try:
-                with open(f"/proc/{entry.name}/stat", encoding="utf-8", errors="replace") as handle:
-                    stat = handle.read()
-            except OSError:
-                continue
-            fields = stat[stat.rfind(")") + 2 :].split()
-            if len(fields) >= 3 and fields[2] == str(pgid):
+            fields = stat_fields(entry.name)
+            if fields is not None and len(fields) >= 3 and fields[2] == str(pgid):
                 states.append(fields[0])
     return states
 

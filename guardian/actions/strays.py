@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
+from guardian.actions.liveness import stat_fields
 from guardian.logs import event, get_logger
 
 log = get_logger("strays")
@@ -43,12 +44,8 @@ class _Stat:
 
 
 def _read_stat(entry: Path) -> _Stat | None:
-    try:
-        stat = (entry / "stat").read_text(errors="replace")
-    except OSError:
-        return None
-    fields = stat[stat.rfind(")") + 2 :].split()  # after "pid (comm) ": state ppid pgrp ... starttime (20th)
-    if len(fields) < 2 or not fields[1].lstrip("-").isdigit():
+    fields = stat_fields(entry.name, entry.parent)  # state ppid pgrp ... starttime (20th)
+    if fields is None or len(fields) < 2 or not fields[1].lstrip("-").isdigit():
         return None
     start = int(fields[19]) if len(fields) > 19 and fields[19].isdigit() else None
     return _Stat(fields[0], int(fields[1]), start)
@@ -231,8 +228,5 @@ def terminate(
 
 
 def _is_zombie(entry: Path) -> bool:
-    try:
-        stat = (entry / "stat").read_text()
-    except OSError:
-        return True
-    return stat.rsplit(")", 1)[-1].split()[:1] == ["Z"]
+    fields = stat_fields(entry.name, entry.parent)
+    return fields is None or fields[:1] == ["Z"]
