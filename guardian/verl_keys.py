@@ -9,12 +9,16 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import math
-import threading
+import subprocess
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+import orjson
+
+from guardian.hydra_compose import REFUSED
 from guardian.hydra_overrides import OverrideSyntaxError, parse
 
 __all__ = [
@@ -298,31 +302,41 @@ def verl_config_dir() -> Path | None:
     return None
 
 
-_HYDRA_LOCK = threading.Lock()
+COMPOSE_TIMEOUT_S = 120.0  # a child interpreter that imports Hydra and composes verl's tree: a few seconds
 
 
 def compose_check(overrides: Sequence[str], *, config_name: str = "ppo_trainer") -> str:
     """Compose ``overrides`` with verl's Hydra config (struct mode: unknown keys, ``+`` misuse) when verl and
-    hydra-core are installed; else check them against VERL_KEYS only. Returns what was checked; PatchError on failure.
-    """
+    hydra-core are installed - in a child interpreter (``guardian.hydra_compose``), so that what the compose loads
+    does not stay in the guardian's memory; else check them against VERL_KEYS only. Returns what was checked;
+    PatchError on failure."""
     config_dir = verl_config_dir()
     if config_dir is None or importlib.util.find_spec("hydra") is None:
         _check_known(overrides)
         return "verl or hydra-core not installed: overrides checked against the guardian's verl 0.9.1 key list only"
-    hydra: Any = importlib.import_module("hydra")
-    global_hydra: Any = importlib.import_module("hydra.core.global_hydra").GlobalHydra
-    with _HYDRA_LOCK:
-        global_hydra.instance().clear()
-        try:
-            with hydra.initialize_config_dir(config_dir=str(config_dir), version_base=None):
-                hydra.compose(config_name=config_name, overrides=list(overrides))
-        except Exception as exc:  # Hydra raises several exception types; all mean "refused"
-            raise PatchError(
-                f"verl's Hydra config ({config_dir}/{config_name}.yaml) refuses the overrides: {exc}"
-            ) from exc
-        finally:
-            global_hydra.instance().clear()
-    return f"composed with verl's Hydra config {config_dir}/{config_name}.yaml"
+    tree = f"verl's Hydra config ({config_dir}/{config_name}.yaml)"
+    request = orjson.dumps({"config_dir": str(config_dir), "config_name": config_name, "overrides": list(overrides)})
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "guardian.hydra_compose"],
+            input=request,
+            capture_output=True,
+            timeout=COMPOSE_TIMEOUT_S,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        raise PatchError(f"composing the overrides with {tree} took over {COMPOSE_TIMEOUT_S:g} s") from None
+    except OSError as exc:
+        raise PatchError(f"could not start {sys.executable} to compose the overrides with {tree}: {exc}") from None
+    if done.returncode == 0:
+        return f"composed with verl's Hydra config {config_dir}/{config_name}.yaml"
+    said = done.stdout.decode("utf-8", errors="replace").strip()
+    if done.returncode == REFUSED and said:
+        raise PatchError(f"{tree} refuses the overrides: {said}")
+    failure = done.stderr.decode("utf-8", errors="replace").strip().splitlines()
+    raise PatchError(
+        f"the compose check with {tree} failed (exit {done.returncode}): {failure[-1] if failure else 'no output'}"
+    )
 
 
 def _check_known(overrides: Sequence[str]) -> None:

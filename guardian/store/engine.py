@@ -28,6 +28,7 @@ from guardian.config import (
 from guardian.extras import MissingExtra, need
 from guardian.redact import printable, remember_url, render_db_url, scrub_text, url_problem, url_secrets
 from guardian.store.errors import StoreError
+from guardian.store.models import Base
 
 if TYPE_CHECKING:
     from alembic.config import Config
@@ -208,8 +209,6 @@ def _migrate(connection: Connection, url: URL) -> None:
 
 def _create_at_head(connection: Connection) -> None:
     """The models' tables, and Alembic's version table saying ``SCHEMA_HEAD``, in an empty database."""
-    from guardian.store.models import Base
-
     Base.metadata.create_all(connection)
     connection.execute(
         text(

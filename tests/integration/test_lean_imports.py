@@ -48,3 +48,12 @@ def test_the_sinks_of_a_config_without_grafana_load_no_grafana_client(tmp_path: 
 def test_the_cli_starts_without_hydra() -> None:
     code = "import sys, guardian.cli, guardian.overrides; assert 'hydra' not in sys.modules, 'hydra imported'"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_the_compose_check_of_a_patch_leaves_hydra_out_of_the_guardian() -> None:
+    code = (
+        "from guardian.verl_keys import compose_check\n"
+        "assert compose_check(['actor_rollout_ref.actor.optim.lr=1e-5']).startswith('composed')"
+    )
+    loaded = _loaded_after(code)
+    assert "hydra" not in loaded and "omegaconf" not in loaded
