@@ -37,6 +37,7 @@ MIGRATION_WAIT_S = 120.0
 TICK_FAILURE_LIMIT = 5
 OUTAGE_LIMIT_S = 900.0
 STORE_REFRESH_S = 5.0
+STORE_REREAD_S = 15.0  # store.reread_s: how late the guard loop may see another process's change
 # keys kept per metrics line besides the exact keys the checks read (verl logs ~150-300; sources/jsonl.py)
 MAX_KEYS_PER_STEP = 5_000
 # the longest line a source keeps: a metrics line of 5,000 keys of ~100 bytes each with room to spare (verl's are
@@ -442,7 +443,7 @@ class StoreConfig(_Section):
         "running the guardian gives up in one line (exit 1; guardian run --attach resumes).",
     )
     reread_s: float = Field(
-        STORE_REFRESH_S,
+        STORE_REREAD_S,
         gt=0,
         description="What the guard loop read from the store (incidents, interventions, checkpoint verdicts, the "
         "events to notify) is read again after its own writes, else this often: how soon it sees what another "

@@ -14,11 +14,12 @@ from pathlib import Path
 from guardian.checkpoints.pin_plan import StepHealth, plan_pins
 from guardian.checkpoints.pinning import GIB, CopyRefused, PinError, pin_checkpoint, release_pin, remove_leftovers
 from guardian.checkpoints.view import CheckpointsView
-from guardian.config import CheckpointsConfig
+from guardian.config import STORE_REREAD_S, CheckpointsConfig
 from guardian.core import Clock
 from guardian.logs import event, get_logger
 from guardian.states import Verdict
 from guardian.store import PinView, Store
+from guardian.store.changes import StoreMemo
 
 log = get_logger("pins")
 
@@ -31,8 +32,13 @@ class Pinner:
     checkpoint_dir: Path
     clock: Clock
     refused: dict[int, str] = field(default_factory=dict)  # step -> why its pin or release failed
+    reread_s: float = STORE_REREAD_S  # store.reread_s
     _branch: int | None = None
     _swept: bool = False
+    _reads: StoreMemo = field(init=False)  # the pins and verdicts read, kept while nothing was written
+
+    def __post_init__(self) -> None:
+        self._reads = StoreMemo(self.store.writes, self.reread_s, self.clock)
 
     def run(
         self,
@@ -59,7 +65,8 @@ class Pinner:
             self.refused.clear()
             self._branch = branch
         live = self._reconcile()
-        verdicts = {c.step: c.verdict for c in self.store.checkpoints(self.run_id)}
+        stored = self._reads.read("checkpoints", lambda: tuple(self.store.checkpoints(self.run_id)))
+        verdicts = {c.step: c.verdict for c in stored}
         plan = plan_pins(
             verdicts=verdicts,
             resumable=on_disk.resumable,
@@ -85,7 +92,7 @@ class Pinner:
     def _reconcile(self) -> dict[int, PinView]:
         """The live pins by step, once rows whose folder is gone are marked released."""
         live: dict[int, PinView] = {}
-        for pin in self.store.pins(self.run_id, live=True):
+        for pin in self._reads.read("live_pins", lambda: tuple(self.store.pins(self.run_id, live=True))):
             if Path(pin.pinned_path).is_dir():
                 live[pin.step] = pin
                 continue

@@ -132,7 +132,7 @@ def pinner(config: GuardianConfig, store: Store, layout: RunLayout, clock: Clock
     pins = config.checkpoints
     if Mode(config.mode) is Mode.OBSERVE or pins.pin_keep <= 0:
         return None
-    return Pinner(pins, store, layout.run_id, layout.checkpoint_dir, clock)
+    return Pinner(pins, store, layout.run_id, layout.checkpoint_dir, clock, reread_s=config.store.reread_s)
 
 
 def supervisor(

@@ -15,7 +15,7 @@ from enum import StrEnum
 from typing import Protocol
 
 from guardian.backoff import doubling
-from guardian.config import STORE_REFRESH_S
+from guardian.config import STORE_REREAD_S
 from guardian.faults import fault_fields, is_outage
 from guardian.logs import event, get_logger
 from guardian.notify.compose import Alert
@@ -55,7 +55,7 @@ class DispatchPolicy:
     max_age_s: float = 3600.0
     retries: int = 60
     interval_s: float = 1.0
-    reread_s: float = STORE_REFRESH_S  # store.reread_s: the events and deliveries read are kept this long at most
+    reread_s: float = STORE_REREAD_S  # store.reread_s: the events and deliveries read are kept this long at most
 
 
 class Decision(StrEnum):
