@@ -177,7 +177,11 @@ class Dispatcher:
             if name == sink.name:
                 self._record(sink, ev, SENT, sent_at, external_id=external_id)
                 del self._unrecorded[name, key]
-        earlier = self._reads.read(("deliveries", sink.name), lambda: self.store.deliveries(self.run_id, sink.name))
+
+        def delivered() -> Mapping[str, DeliveryView]:
+            return self._reads.read(("deliveries", sink.name), lambda: self.store.deliveries(self.run_id, sink.name))
+
+        earlier = delivered()
         attempts = 0
         for ev in events:
             now = self.clock()
@@ -192,7 +196,7 @@ class Dispatcher:
             else:
                 attempts += 1
                 self._send(sink, ev, earlier, now)
-            earlier = self._reads.read(("deliveries", sink.name), lambda: self.store.deliveries(self.run_id, sink.name))
+            earlier = delivered()
         return attempts
 
     def _send(self, sink: Sink, ev: GuardianEvent, earlier: Mapping[str, DeliveryView], now: float) -> None:

@@ -71,6 +71,3 @@ class StoreMemo:
         value = fetch()
         self._entries[key] = _Entry(before, now, value)
         return value
-
-    def forget(self) -> None:
-        self._entries.clear()
