@@ -23,6 +23,10 @@ export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 RAY_USAGE_S
 rm -rf /tmp/harness  # a warm machine keeps the last call's scratch folder
 python3 -m gpu.bundle install --target /tmp/site > "$result/install.log" 2>&1 || { tail -20 "$result/install.log"; exit 3; }
 export PYTHONPATH=/tmp/site:$PWD VERL_USE_EXTERNAL_MODULES=gpu.verl_plugin
+# --profile samples the guardians with py-spy: a stripped binary, xz-packed, carried as gpu/.tools/py-spy.xz
+mkdir -p /tmp/bin && export PATH=/tmp/bin:$PATH
+[[ -f gpu/.tools/py-spy.xz ]] && python3 -c "import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), sys.stdout.buffer)" \
+  gpu/.tools/py-spy.xz > /tmp/bin/py-spy && chmod +x /tmp/bin/py-spy
 python3 -m gpu.tiny --out /tmp/tiny > "$result/tiny.log" 2>&1 || { tail -20 "$result/tiny.log"; exit 4; }
 search=()
 fixture=tests/fixtures/recipe/hotpotqa_train_100.json
@@ -48,11 +52,9 @@ if [[ ,$scenarios, == *,search-8gpu,* ]]; then
   search+=(--search-shape /tmp/shape-search)
 fi
 if ((${#search[@]})); then
-  mkdir -p /tmp/bin
   printf '#!/bin/sh\nexec python3 -m guardian "$@"\n' > /tmp/bin/guardian
   printf '#!/bin/sh\nexec python3 -c "import sys; from ray.scripts.scripts import main; sys.exit(main())" "$@"\n' > /tmp/bin/ray
   chmod +x /tmp/bin/guardian /tmp/bin/ray
-  export PATH=/tmp/bin:$PATH
   # a head without the dashboard (the bundle's Ray has no dashboard build); run.sh finds it and reuses it. The
   # object store is sized explicitly: these machines' MemTotal starts small and grows as memory is used (KINDS.md),
   # and every step sends each hf replica the whole state dict through it (search-8gpu: 8 x 4 GB in bf16)

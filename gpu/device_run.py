@@ -144,6 +144,19 @@ def kill_and_reattach(launch: Launch, setup: TrainerSetup, env: dict[str, str], 
     start(launch, setup, env)
 
 
+def profile(pid: int, out: Path) -> subprocess.Popen[bytes] | None:
+    """Sample the guardian ``pid`` with py-spy (when on PATH) into ``out`` (folded stacks, one line per stack and
+    its count) until it exits; None, said on stderr, when py-spy is not there."""
+    spy = shutil.which("py-spy")
+    if spy is None:
+        print("gpu.device_run: --profile: py-spy is not on PATH; no profile taken", file=sys.stderr)
+        return None
+    out.parent.mkdir(parents=True, exist_ok=True)
+    argv = [spy, "record", "--pid", str(pid), "--rate", "100", "--nonblocking", "--format", "raw", "-o", str(out)]
+    with out.with_suffix(".log").open("ab") as log:
+        return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+
+
 def stop_everything(launches: Sequence[Launch]) -> None:
     """The deadline passed: stop guardians the way a user would (SIGINT), then whatever is left of the trainers."""
     for launch in launches:
@@ -242,6 +255,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--deadline-s", type=float, default=520.0, help="stop everything still running after this")
     p.add_argument("--extra", action="append", default=[], help="key=value added to every trainer command")
     p.add_argument("--sample-s", type=float, default=1.0)
+    p.add_argument("--profile", action="store_true", help="sample every guardian with py-spy into <out>/<scenario>/")
     args = p.parse_args(argv)
 
     known = scenarios(
@@ -304,11 +318,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                 t.start()
                 threads.append(t)
         timed_out = False
+        profilers: dict[int, subprocess.Popen[bytes] | None] = {}
         while True:
             for launch in launches:
                 pid = guardian_pid(launch)
                 if pid is not None:
                     sampler.guardians[launch.scenario.name] = pid
+                    if args.profile and pid not in profilers:
+                        profilers[pid] = profile(pid, args.out / launch.scenario.name / f"guardian-profile-{pid}.txt")
                 else:
                     sampler.guardians.pop(launch.scenario.name, None)
             sampler.sample()
@@ -325,6 +342,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             if launch.process is not None:
                 launch.returncodes.append(launch.process.wait())
         sampler.sample()
+        for spy in profilers.values():  # each ends with its guardian
+            if spy is not None:
+                try:
+                    spy.wait(timeout=STOP_GRACE_S)
+                except subprocess.TimeoutExpired:
+                    spy.send_signal(signal.SIGINT)
 
     results = {}
     for launch in launches:
