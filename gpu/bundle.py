@@ -73,7 +73,14 @@ class Requirement:
         return canonical(match.group(0))
 
 
-RAY_TRIM = ("ray/jars/*", "ray/rllib/*", "ray/dashboard/client/build/*", "*.js.map")
+RAY_TRIM = (
+    "ray/jars/*",
+    "ray/rllib/*",
+    "ray/dashboard/client/build/*",
+    "*.js.map",
+    # libraries on top of Ray core that neither verl nor Ray core imports
+    *(f"ray/{library}/*" for library in ("air", "data", "llm", "serve", "train", "tune")),
+)
 
 # What verl 0.9.1's trainer (V1, FSDP, Ray, TransferQueue, Hydra) and the guardian need beyond the GPU machine's
 # own packages.

@@ -14,7 +14,7 @@ EXITED_STATES = ("Z", "X")  # zombie, dead
 STAT_BYTES = 4096  # a /proc/PID/stat line is a few hundred bytes
 
 
-def stat_fields(pid: int | str, proc: Path = PROC) -> list[str] | None:
+def stat_fields(pid: int | str, proc: Path | str = PROC) -> list[str] | None:
     """The fields of ``/proc/PID/stat`` after "pid (comm) " - state, ppid, pgrp, ... (proc(5) fields 3 on); None
     where it cannot be read. One open and one read, no text layer: a tick may read a few hundred of them."""
     try:

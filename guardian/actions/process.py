@@ -32,10 +32,20 @@ POLL_INTERVAL_S = 0.05
 CMDLINE_ATTEMPTS = 20
 CMDLINE_RETRY_S = 0.01
 STRAY_ROUNDS = 3  # scans for processes outside the group (a stray may fork while it is stopped)
-TREE_SCAN_S = 5.0  # a running trainer's descendants are recorded at most this often (strays.track)
+TREE_SCAN_S = 5.0  # a running trainer's descendants are recorded this often while its tree grows (strays.track)
+TREE_SCAN_MAX_S = 30.0  # ... the wait doubles up to this while a look finds no new descendant
 # ... but in its first seconds after these intervals: helpers are spawned at start, and a child is only found while
 # its parent lives (a short trainer's children are re-parented to init when it ends)
 TREE_SCAN_FIRST_S = (0.2, 0.3, 0.5, 1.0, 1.0, 2.0)
+
+
+def next_tree_scan_s(looks: int, previous_s: float, grew: bool) -> float:
+    """The wait before the next look at a trainer's process tree, after ``looks`` looks: ``TREE_SCAN_FIRST_S`` at
+    first, then ``TREE_SCAN_S`` while looks find new descendants, doubling to ``TREE_SCAN_MAX_S`` while they do not
+    (a stable tree - verl's Ray workers once started - costs a /proc reading every half minute, not every 5 s)."""
+    if looks <= len(TREE_SCAN_FIRST_S):
+        return TREE_SCAN_FIRST_S[looks - 1]
+    return TREE_SCAN_S if grew else min(max(previous_s, TREE_SCAN_S) * 2, TREE_SCAN_MAX_S)
 
 
 @dataclass(frozen=True)
@@ -289,7 +299,8 @@ class LocalProcessControl:
         self._poll_interval_s = poll_interval_s
         self._python = python
         self._children: dict[int, subprocess.Popen[bytes]] = {}
-        self._tree_scanned: dict[int, tuple[float, int]] = {}  # wrapper pid -> (last look at its tree, looks)
+        # wrapper pid -> (last look at its tree, looks, wait before the next)
+        self._tree_scanned: dict[int, tuple[float, int, float]] = {}
 
     def launch(
         self,
@@ -473,19 +484,18 @@ class LocalProcessControl:
     def _track(self, handle: TrainerHandle, *, force: bool = False) -> None:
         """Record the trainer's descendants by pid tree (``strays.track``) while its wrapper runs: a child that
         leaves both the group and the environment is still found by ``stop`` and the end-of-run sweep. At most
-        every ``TREE_SCAN_S`` (``TREE_SCAN_FIRST_S`` apart at first) unless ``force``, from a reading of /proc
-        another run's tick made within ``strays.TABLE_REUSE_S`` (but for the first look and a forced one); our own
-        wrapper once reaped (its pid may be reused) never."""
+        ``next_tree_scan_s`` apart unless ``force``, from a reading of /proc another run's tick made within
+        ``strays.TABLE_REUSE_S`` (but for the first look and a forced one); our own wrapper once reaped (its pid may
+        be reused) never."""
         child = self._children.get(handle.pid)
         if child is not None and child.returncode is not None:
             return
         now = time.monotonic()
-        last, looks = self._tree_scanned.get(handle.pid, (None, 0))
-        interval = TREE_SCAN_FIRST_S[looks - 1] if 0 < looks <= len(TREE_SCAN_FIRST_S) else TREE_SCAN_S
-        if not force and last is not None and now - last < interval:
+        last, looks, wait_s = self._tree_scanned.get(handle.pid, (None, 0, 0.0))
+        if not force and last is not None and now - last < wait_s:
             return
-        self._tree_scanned[handle.pid] = (now, looks + 1)
-        strays.track(str(handle.exit_file), handle.pid, fresh=force or last is None)  # a first look reads /proc now
+        grew = strays.track(str(handle.exit_file), handle.pid, fresh=force or last is None)  # a first look: /proc now
+        self._tree_scanned[handle.pid] = (now, looks + 1, next_tree_scan_s(looks + 1, wait_s, grew > 0))
 
     def _wait_gone(self, handle: TrainerHandle, wait_s: float) -> bool:
         """Poll until the group has no live member (True) or ``wait_s`` has passed (False); reaps our child."""

@@ -44,7 +44,10 @@ class _Stat:
 
 
 def _read_stat(entry: Path) -> _Stat | None:
-    fields = stat_fields(entry.name, entry.parent)  # state ppid pgrp ... starttime (20th)
+    return _parse_stat(stat_fields(entry.name, entry.parent))
+
+
+def _parse_stat(fields: list[str] | None) -> _Stat | None:  # state ppid pgrp ... starttime (20th)
     if fields is None or len(fields) < 2 or not fields[1].lstrip("-").isdigit():
         return None
     start = int(fields[19]) if len(fields) > 19 and fields[19].isdigit() else None
@@ -53,14 +56,15 @@ def _read_stat(entry: Path) -> _Stat | None:
 
 def _table(proc: Path) -> dict[int, _Stat]:
     table: dict[int, _Stat] = {}
+    root = str(proc)
     try:
-        entries = [e for e in proc.iterdir() if e.name.isdigit()]
+        names = [name for name in os.listdir(root) if name.isdigit()]
     except OSError:
         return table
-    for entry in entries:
-        stat = _read_stat(entry)
+    for name in names:  # a Ray node has hundreds: names as strings, one open and one read each
+        stat = _parse_stat(stat_fields(name, root))
         if stat is not None:
-            table[int(entry.name)] = stat
+            table[int(name)] = stat
     return table
 
 
@@ -100,11 +104,12 @@ def _shared_table(proc: Path) -> dict[int, _Stat]:
     return table
 
 
-def track(value: str, root: int, proc: Path = PROC, *, fresh: bool = False) -> None:
+def track(value: str, root: int, proc: Path = PROC, *, fresh: bool = False) -> int:
     """Record the live descendants of ``root`` (the trainer's wrapper, the leader of its group) under the marker
     ``value``: what ``find`` also returns later, whatever became of their group and environment. ``root`` counts
     as the one first seen under ``value`` only while its start time stays the same (a reused pid adopts nothing).
-    ``fresh``: read /proc now (a stop's last look), not a reading another run's tick made a moment ago."""
+    ``fresh``: read /proc now (a stop's last look), not a reading another run's tick made a moment ago. Returns
+    how many descendants were recorded for the first time."""
     table = _table(proc) if fresh else _shared_table(proc)
     root_stat = table.get(root)
     with _TREE_LOCK:
@@ -113,13 +118,16 @@ def track(value: str, root: int, proc: Path = PROC, *, fresh: bool = False) -> N
             if table.get(pid) is None or table[pid].start != start or not _live(table[pid]):
                 del known[pid]
         if not _live(root_stat) or root_stat is None or root_stat.start is None:
-            return
+            return 0
         first = _ROOTS.setdefault(value, (root, root_stat.start))
         if first != (root, root_stat.start):
-            return
+            return 0
+        new = 0
         for pid, stat in _descendants(table, [root]).items():
             if stat.start is not None and _live(stat) and pid != os.getpid():
+                new += known.get(pid) != stat.start
                 known[pid] = stat.start
+        return new
 
 
 def _tracked(value: str, under: bool) -> dict[int, int]:

@@ -19,11 +19,15 @@ import pytest
 
 from guardian.actions import strays
 from guardian.actions.process import (
+    TREE_SCAN_FIRST_S,
+    TREE_SCAN_MAX_S,
+    TREE_SCAN_S,
     ExitStatus,
     LocalProcessControl,
     StopPolicy,
     TrainerControl,
     TrainerHandle,
+    next_tree_scan_s,
     read_exit_file,
     read_runner_start,
 )
@@ -475,3 +479,34 @@ def test_stray_scan_matches_the_exact_marker_of_live_processes_only(tmp_path: Pa
     assert strays.find("/runs/a/attempt-1/exit.json", proc) == [101]
     assert strays.command_of(101, proc) == "python -c work" and strays.command_of(999, proc) == "?"
     assert strays.find("/runs/a/attempt-1/exit.json", tmp_path / "no-proc") == []  # no /proc: nothing, logged
+
+
+def test_a_look_at_the_tree_counts_the_descendants_it_records_for_the_first_time(tmp_path: Path) -> None:
+    proc = tmp_path / "proc"
+
+    def process(pid: int, ppid: int, start: int) -> None:
+        (proc / str(pid)).mkdir(parents=True, exist_ok=True)
+        fields = ["S", str(ppid), *["0"] * 17, str(start)]  # state ppid ... starttime (proc(5) field 22)
+        (proc / str(pid) / "stat").write_text(f"{pid} (python) {' '.join(fields)}")
+
+    exit_file = str(tmp_path / "attempt-1" / "exit.json")
+    process(200, 1, 50)  # the wrapper
+    process(201, 200, 60)
+    process(300, 1, 70)  # not ours
+    assert strays.track(exit_file, 200, proc, fresh=True) == 1
+    assert strays.track(exit_file, 200, proc, fresh=True) == 0  # the same tree: nothing new
+    process(202, 201, 80)
+    assert strays.track(exit_file, 200, proc, fresh=True) == 1
+    process(201, 200, 90)  # pid 201 reused by another process
+    assert strays.track(exit_file, 200, proc, fresh=True) == 1
+
+
+def test_looks_at_a_stable_tree_back_off_and_a_growing_one_brings_them_back() -> None:
+    first = [next_tree_scan_s(looks, 0.0, grew=True) for looks in range(1, len(TREE_SCAN_FIRST_S) + 1)]
+    assert first == list(TREE_SCAN_FIRST_S)
+    waits, wait = [], TREE_SCAN_FIRST_S[-1]
+    for looks in range(len(TREE_SCAN_FIRST_S) + 1, len(TREE_SCAN_FIRST_S) + 5):
+        wait = next_tree_scan_s(looks, wait, grew=False)
+        waits.append(wait)
+    assert waits == [2 * TREE_SCAN_S, 4 * TREE_SCAN_S, TREE_SCAN_MAX_S, TREE_SCAN_MAX_S]
+    assert next_tree_scan_s(20, TREE_SCAN_MAX_S, grew=True) == TREE_SCAN_S
